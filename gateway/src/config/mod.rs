@@ -1,0 +1,460 @@
+//! The gateway's configuration: the TOML schema, its defaults, and validation.
+//!
+//! This module owns turning a TOML file into a [`Config`] and refusing a bad one with an error
+//! that names the file, the key and why ([`ConfigError`]). Unknown keys are errors (a typo must
+//! not silently fall back to a default). It does not start anything; `server` and `workers`
+//! read the validated values.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+
+/// Why a configuration could not be used.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("{file}: cannot read the config file: {source}")]
+    Read {
+        /// The config file.
+        file: PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// The file is not valid TOML, has an unknown key, or a value of the wrong type.
+    #[error("{file}: {message}")]
+    Parse {
+        /// The config file.
+        file: PathBuf,
+        /// The parser's message, which quotes the offending line and key.
+        message: String,
+    },
+    /// A value is well-typed but unusable.
+    #[error("{file}: key `{key}`: {reason}")]
+    Invalid {
+        /// The config file.
+        file: PathBuf,
+        /// The dotted key path, e.g. `workers[2].url`.
+        key: String,
+        /// Why the value is refused.
+        reason: String,
+    },
+}
+
+/// Whether the gateway runs for development or production.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    /// Development: a self-signed certificate is generated when none is configured.
+    #[default]
+    Dev,
+    /// Production: a certificate (or an explicit `plaintext = true`) is required.
+    Production,
+}
+
+/// The whole configuration file.
+#[derive(Debug, Clone, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// `dev` or `production`.
+    #[serde(default)]
+    pub mode: Mode,
+    /// The client-facing listener.
+    #[serde(default)]
+    pub server: ServerConfig,
+    /// Active health checks of workers.
+    #[serde(default)]
+    pub health: HealthConfig,
+    /// How requests are forwarded to workers.
+    #[serde(default)]
+    pub forwarding: ForwardingConfig,
+    /// Simulated workers started inside the gateway process.
+    #[serde(default)]
+    pub embedded_mockers: Option<EmbeddedMockers>,
+    /// Workers reachable over HTTP.
+    #[serde(default)]
+    pub workers: Vec<WorkerConfig>,
+}
+
+/// `[server]`: the client-facing listener and its limits.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ServerConfig {
+    /// Address to listen on.
+    pub listen: SocketAddr,
+    /// Serve plain HTTP instead of TLS. Must be set explicitly.
+    pub plaintext: bool,
+    /// Certificate and key; absent in dev mode means a generated self-signed certificate.
+    pub tls: Option<TlsConfig>,
+    /// Largest request body accepted, in bytes.
+    pub max_body_bytes: usize,
+    /// Largest request head (request line and headers), in bytes.
+    pub max_header_bytes: usize,
+    /// Time allowed for a new connection's first request head to arrive.
+    pub header_read_timeout_ms: u64,
+    /// Time a connection may sit idle between requests (HTTP/1.1 keep-alive, HTTP/2 pings).
+    pub idle_timeout_ms: u64,
+    /// Time allowed for the TLS handshake.
+    pub tls_handshake_timeout_ms: u64,
+}
+
+impl Default for ServerConfig {
+    fn default() -> ServerConfig {
+        ServerConfig {
+            listen: SocketAddr::from(([127, 0, 0, 1], 8443)),
+            plaintext: false,
+            tls: None,
+            max_body_bytes: 32 << 20,
+            max_header_bytes: 64 << 10,
+            header_read_timeout_ms: 10_000,
+            idle_timeout_ms: 120_000,
+            tls_handshake_timeout_ms: 10_000,
+        }
+    }
+}
+
+/// `[server.tls]`: PEM files.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TlsConfig {
+    /// Certificate chain, leaf first (PEM).
+    pub cert: PathBuf,
+    /// Private key (PEM: PKCS#8, PKCS#1 or SEC1).
+    pub key: PathBuf,
+}
+
+/// `[health]`: active health checks (`GET /healthz` on every worker).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct HealthConfig {
+    /// Time between checks of one worker.
+    pub interval_ms: u64,
+    /// Time a check may take.
+    pub timeout_ms: u64,
+    /// Consecutive failures that take a worker out of rotation.
+    pub failures_to_eject: u32,
+    /// Consecutive successes that bring it back.
+    pub successes_to_restore: u32,
+}
+
+impl Default for HealthConfig {
+    fn default() -> HealthConfig {
+        HealthConfig { interval_ms: 1_000, timeout_ms: 1_000, failures_to_eject: 2, successes_to_restore: 1 }
+    }
+}
+
+/// `[forwarding]`: the HTTP client to workers.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ForwardingConfig {
+    /// Time allowed to connect to a worker.
+    pub connect_timeout_ms: u64,
+    /// Time allowed for a worker's response headers to arrive.
+    pub response_timeout_ms: u64,
+    /// Idle pooled connections kept per worker.
+    pub pool_max_idle_per_worker: usize,
+    /// Other workers tried when one fails before its first byte.
+    pub retries: u32,
+}
+
+impl Default for ForwardingConfig {
+    fn default() -> ForwardingConfig {
+        ForwardingConfig { connect_timeout_ms: 2_000, response_timeout_ms: 300_000, pool_max_idle_per_worker: 256, retries: 1 }
+    }
+}
+
+/// `[embedded_mockers]`: simulated workers inside the gateway process (the embedded default).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct EmbeddedMockers {
+    /// How many engines to start.
+    pub count: usize,
+    /// The model name they serve.
+    pub model: String,
+    /// Tokens per KV block.
+    pub block_size: usize,
+    /// KV blocks per engine.
+    pub num_gpu_blocks: usize,
+    /// Token budget per engine step.
+    pub max_num_batched_tokens: usize,
+    /// Most sequences running at once per engine.
+    pub max_num_seqs: usize,
+    /// Simulated time runs this many times faster than the perf model.
+    pub speedup: f64,
+    /// Tokens generated when a request sets no limit.
+    pub default_max_tokens: u32,
+}
+
+impl Default for EmbeddedMockers {
+    fn default() -> EmbeddedMockers {
+        EmbeddedMockers {
+            count: 4,
+            model: "mock".into(),
+            block_size: 64,
+            num_gpu_blocks: 16_384,
+            max_num_batched_tokens: 8_192,
+            max_num_seqs: 256,
+            speedup: 1.0,
+            default_max_tokens: 32,
+        }
+    }
+}
+
+/// What a worker does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    /// Generates tokens (prefill and decode).
+    #[default]
+    Llm,
+    /// Encodes images or video frames.
+    Vision,
+    /// Encodes audio.
+    Audio,
+}
+
+/// `[[workers]]`: one worker reachable over HTTP.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WorkerConfig {
+    /// A unique name (metrics label); defaults to the URL's authority.
+    #[serde(default)]
+    pub name: Option<String>,
+    /// Base URL, e.g. `http://10.0.0.5:8000`.
+    pub url: String,
+    /// The model it serves.
+    pub model: String,
+    /// What it does.
+    #[serde(default)]
+    pub role: Role,
+    /// Tokens per KV block.
+    #[serde(default = "default_block_size")]
+    pub block_size: usize,
+    /// Capabilities, e.g. `text`, `image`, `audio`.
+    #[serde(default = "default_capabilities")]
+    pub capabilities: Vec<String>,
+    /// Relative cost of a token on this worker (spot < reserved).
+    #[serde(default = "default_cost")]
+    pub cost: f64,
+}
+
+fn default_block_size() -> usize {
+    64
+}
+
+fn default_capabilities() -> Vec<String> {
+    vec!["text".into()]
+}
+
+fn default_cost() -> f64 {
+    1.0
+}
+
+impl Config {
+    /// Reads and validates a configuration file.
+    ///
+    /// # Errors
+    ///
+    /// Returns [`ConfigError`] naming the file (and the key, where there is one) if the file
+    /// cannot be read, is not valid TOML for this schema, or holds an unusable value.
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|source| ConfigError::Read { file: path.to_path_buf(), source })?;
+        Config::parse(&text, path)
+    }
+
+    /// Parses and validates configuration text; `file` is only used in error messages.
+    ///
+    /// # Errors
+    ///
+    /// As for [`Config::load`].
+    pub fn parse(text: &str, file: &Path) -> Result<Config, ConfigError> {
+        let config: Config = toml::from_str(text)
+            .map_err(|err| ConfigError::Parse { file: file.to_path_buf(), message: err.to_string() })?;
+        config.validate(file)?;
+        Ok(config)
+    }
+
+    /// Checks every value a parser cannot: ranges, URLs, files, uniqueness.
+    ///
+    /// # Errors
+    ///
+    /// Returns [`ConfigError::Invalid`] for the first unusable value.
+    pub fn validate(&self, file: &Path) -> Result<(), ConfigError> {
+        let invalid = |key: &str, reason: String| ConfigError::Invalid {
+            file: file.to_path_buf(),
+            key: key.to_string(),
+            reason,
+        };
+        let server = &self.server;
+        if server.plaintext && server.tls.is_some() {
+            return Err(invalid("server.plaintext", "`plaintext = true` conflicts with `[server.tls]`; choose one".into()));
+        }
+        if self.mode == Mode::Production && !server.plaintext && server.tls.is_none() {
+            return Err(invalid(
+                "server.tls",
+                "production mode needs a certificate and key (`[server.tls] cert = ..., key = ...`) or an explicit `plaintext = true`".into(),
+            ));
+        }
+        if let Some(tls) = &server.tls {
+            for (key, path) in [("server.tls.cert", &tls.cert), ("server.tls.key", &tls.key)] {
+                if !path.is_file() {
+                    return Err(invalid(key, format!("file `{}` does not exist", path.display())));
+                }
+            }
+        }
+        for (key, value) in [
+            ("server.max_body_bytes", server.max_body_bytes as u64),
+            ("server.max_header_bytes", server.max_header_bytes as u64),
+            ("server.header_read_timeout_ms", server.header_read_timeout_ms),
+            ("server.idle_timeout_ms", server.idle_timeout_ms),
+            ("server.tls_handshake_timeout_ms", server.tls_handshake_timeout_ms),
+            ("health.interval_ms", self.health.interval_ms),
+            ("health.timeout_ms", self.health.timeout_ms),
+            ("health.failures_to_eject", u64::from(self.health.failures_to_eject)),
+            ("health.successes_to_restore", u64::from(self.health.successes_to_restore)),
+            ("forwarding.connect_timeout_ms", self.forwarding.connect_timeout_ms),
+            ("forwarding.response_timeout_ms", self.forwarding.response_timeout_ms),
+        ] {
+            if value == 0 {
+                return Err(invalid(key, "must be greater than 0".into()));
+            }
+        }
+        if server.max_header_bytes < 8192 {
+            return Err(invalid("server.max_header_bytes", "must be at least 8192 (hyper's minimum read buffer)".into()));
+        }
+        if let Some(mockers) = &self.embedded_mockers {
+            if mockers.model.is_empty() {
+                return Err(invalid("embedded_mockers.model", "must not be empty".into()));
+            }
+            for (key, value) in [
+                ("embedded_mockers.block_size", mockers.block_size),
+                ("embedded_mockers.num_gpu_blocks", mockers.num_gpu_blocks),
+                ("embedded_mockers.max_num_batched_tokens", mockers.max_num_batched_tokens),
+                ("embedded_mockers.max_num_seqs", mockers.max_num_seqs),
+            ] {
+                if value == 0 {
+                    return Err(invalid(key, "must be greater than 0".into()));
+                }
+            }
+            if !(mockers.speedup.is_finite() && mockers.speedup > 0.0) {
+                return Err(invalid("embedded_mockers.speedup", format!("must be a positive number, got {}", mockers.speedup)));
+            }
+        }
+        let mut names = std::collections::HashSet::new();
+        for (index, worker) in self.workers.iter().enumerate() {
+            let key = |field: &str| format!("workers[{index}].{field}");
+            let uri: http::Uri = worker
+                .url
+                .parse()
+                .map_err(|err| invalid(&key("url"), format!("`{}` is not a URL: {err}", worker.url)))?;
+            if uri.scheme_str() != Some("http") || uri.authority().is_none() {
+                return Err(invalid(
+                    &key("url"),
+                    format!("`{}` must be an absolute `http://host:port` URL (workers are reached over plain HTTP)", worker.url),
+                ));
+            }
+            if worker.model.is_empty() {
+                return Err(invalid(&key("model"), "must not be empty".into()));
+            }
+            if worker.block_size == 0 {
+                return Err(invalid(&key("block_size"), "must be greater than 0".into()));
+            }
+            if !(worker.cost.is_finite() && worker.cost >= 0.0) {
+                return Err(invalid(&key("cost"), format!("must be a non-negative number, got {}", worker.cost)));
+            }
+            if !names.insert(worker.display_name()) {
+                return Err(invalid(&key("name"), format!("worker name `{}` is used twice", worker.display_name())));
+            }
+        }
+        if self.workers.is_empty() && self.embedded_mockers.as_ref().is_none_or(|m| m.count == 0) {
+            return Err(invalid(
+                "workers",
+                "no workers configured: add `[[workers]]` entries or `[embedded_mockers] count = N`".into(),
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl ServerConfig {
+    /// [`ServerConfig::header_read_timeout_ms`] as a duration.
+    pub fn header_read_timeout(&self) -> Duration {
+        Duration::from_millis(self.header_read_timeout_ms)
+    }
+
+    /// [`ServerConfig::idle_timeout_ms`] as a duration.
+    pub fn idle_timeout(&self) -> Duration {
+        Duration::from_millis(self.idle_timeout_ms)
+    }
+
+    /// [`ServerConfig::tls_handshake_timeout_ms`] as a duration.
+    pub fn tls_handshake_timeout(&self) -> Duration {
+        Duration::from_millis(self.tls_handshake_timeout_ms)
+    }
+}
+
+impl WorkerConfig {
+    /// The worker's name: its configured name or its URL's authority.
+    pub fn display_name(&self) -> String {
+        self.name.clone().unwrap_or_else(|| {
+            self.url
+                .parse::<http::Uri>()
+                .ok()
+                .and_then(|uri| uri.authority().map(|a| a.to_string()))
+                .unwrap_or_else(|| self.url.clone())
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<Config, ConfigError> {
+        Config::parse(text, Path::new("test.toml"))
+    }
+
+    #[test]
+    fn the_embedded_default_parses() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../config/dev.toml");
+        let config = Config::load(&path).expect("config/dev.toml is valid");
+        assert_eq!(config.embedded_mockers.map(|m| m.count), Some(4));
+    }
+
+    #[test]
+    fn unknown_keys_are_named() {
+        let err = parse("[server]\nlisten = \"127.0.0.1:1\"\nmax_body = 3\n").unwrap_err().to_string();
+        assert!(err.starts_with("test.toml:"), "{err}");
+        assert!(err.contains("max_body"), "{err}");
+    }
+
+    #[test]
+    fn wrong_types_are_named() {
+        let err = parse("[server]\nlisten = 42\n").unwrap_err().to_string();
+        assert!(err.contains("listen"), "{err}");
+    }
+
+    #[test]
+    fn bad_values_name_the_key() {
+        let err = parse("[[workers]]\nurl = \"ftp://x\"\nmodel = \"m\"\n").unwrap_err();
+        assert!(matches!(&err, ConfigError::Invalid { key, .. } if key == "workers[0].url"), "{err}");
+        let err = parse("[embedded_mockers]\ncount = 1\nspeedup = -1.0\n").unwrap_err();
+        assert!(err.to_string().contains("embedded_mockers.speedup"), "{err}");
+        let err = parse("mode = \"production\"\n[embedded_mockers]\n").unwrap_err();
+        assert!(err.to_string().contains("server.tls"), "{err}");
+        let err = parse("").unwrap_err();
+        assert!(err.to_string().contains("no workers configured"), "{err}");
+        let err = parse("[server]\nmax_body_bytes = 0\n[embedded_mockers]\n").unwrap_err();
+        assert!(err.to_string().contains("server.max_body_bytes"), "{err}");
+    }
+
+    #[test]
+    fn duplicate_worker_names_are_refused() {
+        let err = parse("[[workers]]\nurl = \"http://a:1\"\nmodel = \"m\"\n[[workers]]\nurl = \"http://a:1\"\nmodel = \"m\"\n")
+            .unwrap_err();
+        assert!(err.to_string().contains("workers[1].name"), "{err}");
+    }
+}

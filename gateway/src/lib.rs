@@ -1,0 +1,147 @@
+//! Switchyard: a TLS gateway that speaks the OpenAI API and routes each request to a worker.
+//!
+//! [`Gateway::start`] takes a validated [`Config`](config::Config), starts any embedded mockers,
+//! the health checker and the client listener, and returns a handle that keeps them running.
+//! The modules follow the request: [`server`] (connections, TLS, handlers, relay) →
+//! [`workers`] (registry, health, client) with [`metrics`] on the side and [`config`] at the
+//! start.
+
+#![deny(missing_docs, missing_debug_implementations, unsafe_op_in_unsafe_fn)]
+#![warn(unreachable_pub)]
+
+pub mod config;
+pub mod metrics;
+pub mod server;
+pub mod state;
+pub mod workers;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use switchyard_workers::mocker::MockerServer;
+use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
+
+use crate::config::{Config, Mode};
+use crate::metrics::Metrics;
+use crate::state::AppState;
+use crate::workers::WorkerPool;
+use crate::workers::client::WorkerClient;
+
+/// Why the gateway could not start.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The configuration is unusable.
+    #[error(transparent)]
+    Config(#[from] config::ConfigError),
+    /// TLS could not be set up.
+    #[error(transparent)]
+    Tls(#[from] server::tls::TlsError),
+    /// The listener could not be bound.
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        /// The address.
+        addr: SocketAddr,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// The embedded mockers could not start.
+    #[error("cannot start the embedded mockers: {0}")]
+    Mockers(std::io::Error),
+    /// A worker URL did not parse.
+    #[error("invalid worker URL: {0}")]
+    WorkerUrl(#[from] http::uri::InvalidUri),
+}
+
+/// A running gateway; dropping it stops the listener, the health checker and embedded mockers.
+#[derive(Debug)]
+pub struct Gateway {
+    addr: SocketAddr,
+    tls: Option<server::tls::Tls>,
+    state: Arc<AppState>,
+    tasks: Vec<JoinHandle<()>>,
+    _mockers: Vec<MockerServer>,
+}
+
+impl Gateway {
+    /// Starts the gateway described by `config` on the current tokio runtime.
+    ///
+    /// # Errors
+    ///
+    /// Returns [`Error`] if the configuration is invalid, TLS cannot be set up, the listen
+    /// address cannot be bound, or embedded mockers cannot start.
+    pub async fn start(mut config: Config) -> Result<Gateway, Error> {
+        config.validate(std::path::Path::new("<config>"))?;
+        let tls = match (&config.server.tls, config.server.plaintext) {
+            (_, true) => None,
+            (Some(files), false) => Some(server::tls::from_files(files)?),
+            (None, false) => {
+                // Validation allows this only in dev mode.
+                debug_assert_eq!(config.mode, Mode::Dev);
+                Some(server::tls::self_signed()?)
+            }
+        };
+        if let Some(tls) = &tls {
+            tracing::info!(fingerprint = %tls.fingerprint, self_signed = tls.self_signed, "TLS certificate (SHA-256)");
+        }
+        let mut mockers = Vec::new();
+        if let Some(embedded) = config.embedded_mockers.as_ref().filter(|m| m.count > 0) {
+            let (fleet, entries) = workers::embedded::start(embedded).await.map_err(Error::Mockers)?;
+            mockers = fleet;
+            config.workers.extend(entries);
+        }
+        let metrics = Arc::new(Metrics::new());
+        let pool = Arc::new(WorkerPool::new(&config.workers, &metrics)?);
+        let client = WorkerClient::new(&config.forwarding);
+        let listener = TcpListener::bind(config.server.listen)
+            .await
+            .map_err(|source| Error::Bind { addr: config.server.listen, source })?;
+        let addr = listener.local_addr().map_err(|source| Error::Bind { addr: config.server.listen, source })?;
+        let health = workers::health::spawn(pool.clone(), client.clone(), config.health.clone());
+        let state = Arc::new(AppState { config, pool, client, metrics });
+        let accept = tokio::spawn(server::conn::accept_loop(listener, tls.clone(), state.clone()));
+        Ok(Gateway { addr, tls, state, tasks: vec![health, accept], _mockers: mockers })
+    }
+
+    /// The address the client listener is bound to.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// `https://ADDR` or `http://ADDR`.
+    pub fn url(&self) -> String {
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
+        format!("{scheme}://{}", self.addr)
+    }
+
+    /// The SHA-256 fingerprint of the served certificate, if TLS is on.
+    pub fn fingerprint(&self) -> Option<&str> {
+        self.tls.as_ref().map(|tls| tls.fingerprint.as_str())
+    }
+
+    /// The shared state (workers, metrics, configuration).
+    pub fn state(&self) -> &Arc<AppState> {
+        &self.state
+    }
+}
+
+impl Drop for Gateway {
+    fn drop(&mut self) {
+        for task in &self.tasks {
+            task.abort();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    fn assert_send_sync<T: Send + Sync>() {}
+
+    #[test]
+    fn shared_handles_are_send_and_sync() {
+        assert_send_sync::<crate::Gateway>();
+        assert_send_sync::<crate::state::AppState>();
+        assert_send_sync::<crate::workers::WorkerPool>();
+    }
+}

@@ -1,0 +1,160 @@
+//! Accepting client connections: TCP, TLS, protocol choice, connection-level limits.
+//!
+//! Each accepted socket gets its own task: the TLS handshake (bounded in time), then HTTP/2
+//! when ALPN chose `h2` (or a plaintext client sent the HTTP/2 preface), HTTP/1.1 otherwise.
+//! For HTTP/1.1 the first request head is read here, under `header_read_timeout`, so that a
+//! client too slow to send its headers gets an OpenAI-style 408 instead of a silent close;
+//! later heads on a keep-alive connection are bounded by hyper's own timer (`idle_timeout`).
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Instant;
+
+use bytes::{Bytes, BytesMut};
+use http::StatusCode;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use switchyard_workers::api::ApiError;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::TcpListener;
+
+use crate::server::rewind::Rewind;
+use crate::server::routes;
+use crate::server::tls::Tls;
+use crate::state::AppState;
+
+const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+/// Accepts connections on `listener` until the task is aborted.
+pub(crate) async fn accept_loop(listener: TcpListener, tls: Option<Tls>, state: Arc<AppState>) {
+    loop {
+        let (socket, peer) = match listener.accept().await {
+            Ok(accepted) => accepted,
+            Err(err) => {
+                // Out of file descriptors and similar: back off instead of spinning.
+                tracing::warn!(error = %err, "accept failed");
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let _ = socket.set_nodelay(true);
+        let state = state.clone();
+        let tls = tls.clone();
+        tokio::spawn(async move {
+            match tls {
+                Some(tls) => {
+                    let handshake = tokio::time::timeout(state.config.server.tls_handshake_timeout(), tls.acceptor.accept(socket)).await;
+                    match handshake {
+                        Ok(Ok(stream)) => {
+                            let h2 = stream.get_ref().1.alpn_protocol() == Some(b"h2");
+                            serve(stream, h2, state).await;
+                        }
+                        Ok(Err(err)) => {
+                            state.metrics.error("tls_handshake_failed");
+                            tracing::debug!(%peer, error = %err, "TLS handshake failed");
+                        }
+                        Err(_) => {
+                            state.metrics.error("tls_handshake_timeout");
+                            tracing::debug!(%peer, "TLS handshake timed out");
+                        }
+                    }
+                }
+                None => serve(socket, false, state).await,
+            }
+        });
+    }
+}
+
+async fn serve<S>(mut stream: S, h2: bool, state: Arc<AppState>)
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let service_state = state.clone();
+    let service = service_fn(move |request| {
+        let state = service_state.clone();
+        async move { Ok::<_, Infallible>(routes::handle(state, request, Instant::now()).await) }
+    });
+    let server = &state.config.server;
+    if h2 {
+        let mut builder = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
+        builder
+            .timer(TokioTimer::new())
+            .keep_alive_interval(Some(server.idle_timeout() / 2))
+            .keep_alive_timeout(server.idle_timeout() / 2)
+            .max_header_list_size(u32::try_from(server.max_header_bytes).unwrap_or(u32::MAX));
+        if let Err(err) = builder.serve_connection(TokioIo::new(stream), service).await {
+            tracing::debug!(error = %err, "HTTP/2 connection ended with an error");
+        }
+        return;
+    }
+    let head = match read_first_head(&mut stream, server.max_header_bytes, server.header_read_timeout()).await {
+        FirstHead::Read(bytes) => bytes,
+        FirstHead::Closed => return,
+        FirstHead::TimedOut => {
+            state.metrics.error("header_timeout");
+            let err = ApiError::new(
+                StatusCode::REQUEST_TIMEOUT,
+                "invalid_request_error",
+                "header_timeout",
+                format!("request headers not received within {} ms", server.header_read_timeout_ms),
+            );
+            let body = err.to_json();
+            let response = format!(
+                "HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+                body.len()
+            );
+            let _ = stream.write_all(response.as_bytes()).await;
+            let _ = stream.write_all(&body).await;
+            let _ = stream.shutdown().await;
+            return;
+        }
+    };
+    if head.starts_with(H2_PREFACE) {
+        let builder = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
+        if let Err(err) = builder.serve_connection(TokioIo::new(Rewind::new(head, stream)), service).await {
+            tracing::debug!(error = %err, "HTTP/2 (prior knowledge) connection ended with an error");
+        }
+        return;
+    }
+    let mut builder = hyper::server::conn::http1::Builder::new();
+    builder
+        .timer(TokioTimer::new())
+        .header_read_timeout(server.idle_timeout())
+        .max_buf_size(server.max_header_bytes.max(8192));
+    if let Err(err) = builder.serve_connection(TokioIo::new(Rewind::new(head, stream)), service).await {
+        tracing::debug!(error = %err, "HTTP/1.1 connection ended with an error");
+    }
+}
+
+enum FirstHead {
+    /// Bytes up to (at least) the end of the first head, or as many as the limit allows.
+    Read(Bytes),
+    /// The client closed the connection before sending a request.
+    Closed,
+    /// The head did not arrive in time.
+    TimedOut,
+}
+
+/// Reads until the first request head is complete (`\r\n\r\n`), the head limit is reached
+/// (hyper then answers 431), the HTTP/2 preface is seen, or the time runs out.
+async fn read_first_head<S: AsyncRead + Unpin>(stream: &mut S, limit: usize, timeout: std::time::Duration) -> FirstHead {
+    let mut buffer = BytesMut::with_capacity(4096);
+    let reading = async {
+        loop {
+            let searched_from = buffer.len().saturating_sub(3);
+            match stream.read_buf(&mut buffer).await {
+                Ok(0) | Err(_) => return buffer.is_empty(),
+                Ok(_) => {}
+            }
+            let complete = buffer[searched_from..].windows(4).any(|w| w == b"\r\n\r\n");
+            if complete || buffer.len() >= limit || buffer.starts_with(H2_PREFACE) {
+                return false;
+            }
+        }
+    };
+    match tokio::time::timeout(timeout, reading).await {
+        Ok(true) => FirstHead::Closed,
+        Ok(false) => FirstHead::Read(buffer.freeze()),
+        Err(_) => FirstHead::TimedOut,
+    }
+}

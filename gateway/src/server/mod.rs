@@ -1,0 +1,12 @@
+//! The client-facing server: listener, TLS, HTTP/1.1 and HTTP/2, OpenAI handlers, SSE relay.
+//!
+//! This module owns everything between a client's socket and a worker request: accepting and
+//! limiting connections ([`conn`]), TLS ([`tls`]), dispatch by method and path ([`routes`]), and
+//! forwarding with retries and streaming relay ([`relay`]). It may call `workers` (to choose
+//! and reach a worker) and `metrics`; nothing below it knows about HTTP bodies.
+
+pub(crate) mod conn;
+pub mod relay;
+mod rewind;
+pub(crate) mod routes;
+pub mod tls;

@@ -1,0 +1,277 @@
+//! Forwarding a generation request to a worker and relaying its answer.
+//!
+//! The body is read under the size limit and validated before any worker is chosen, so bad
+//! input never costs a worker anything. The request then goes to the chosen worker unchanged.
+//! A worker that cannot be reached, answers 5xx, or breaks off before its first body byte is
+//! left for another worker (up to `forwarding.retries` times); an unreachable one is also taken
+//! out of rotation at once. Streamed answers are relayed frame by frame as they arrive, with no
+//! buffering; if the worker fails mid-stream the client gets a final SSE error event and a
+//! clean end of stream. Whole answers are read to the end first, so a failure becomes a 502.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Instant;
+
+use bytes::Bytes;
+use http::{HeaderValue, Request, Response, StatusCode, header};
+use http_body::Frame;
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use switchyard_workers::api::{self, ApiError, Endpoint};
+use switchyard_workers::respond::{self, Body};
+
+use crate::metrics::Metrics;
+use crate::state::AppState;
+use crate::workers::{InFlight, Worker};
+
+/// Largest whole (non-streamed) answer accepted from a worker.
+const MAX_WORKER_RESPONSE_BYTES: usize = 64 << 20;
+
+/// Header naming the worker that served a request.
+pub const WORKER_HEADER: &str = "x-switchyard-worker";
+
+/// Validates a generation request, forwards it, and relays the answer.
+pub(crate) async fn generate(
+    state: &AppState,
+    endpoint: Endpoint,
+    request: Request<Incoming>,
+    started: Instant,
+) -> Result<Response<Body>, ApiError> {
+    let (parts, body) = request.into_parts();
+    let body = respond::read_limited(&parts.headers, body, state.config.server.max_body_bytes).await?;
+    let parsed = api::parse_generate_request(endpoint, &body)?;
+    let model = parsed.model();
+    if !state.pool.serves(model) {
+        return Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            "invalid_request_error",
+            "model_not_found",
+            format!("model `{model}` does not exist; available models: {}", state.pool.models().join(", ")),
+        )
+        .with_param(Some("model".into())));
+    }
+    let stream = parsed.is_stream();
+    let mut tried: Vec<Arc<Worker>> = Vec::new();
+    let mut last_failure: Option<String> = None;
+    for attempt in 0..=state.config.forwarding.retries {
+        let Some(worker) = state.pool.pick(model, &tried) else { break };
+        if attempt > 0 {
+            state.metrics.retry();
+        }
+        tried.push(worker.clone());
+        let in_flight = InFlight::new(worker.clone());
+        match attempt_on(state, &worker, endpoint, body.clone(), stream).await {
+            Attempt::Answered(response) => {
+                let response = finish(state, endpoint, response, in_flight, started, stream).await;
+                return Ok(with_worker_header(response, &worker.name));
+            }
+            Attempt::Failed(reason) => {
+                tracing::warn!(worker = %worker.name, %reason, "worker failed before its first byte");
+                last_failure = Some(format!("worker `{}`: {reason}", worker.name));
+            }
+        }
+    }
+    Err(match last_failure {
+        None => ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "server_error",
+            "no_healthy_worker",
+            format!("no healthy worker is available for model `{model}`; try again shortly"),
+        ),
+        Some(reason) => ApiError::new(
+            StatusCode::BAD_GATEWAY,
+            "server_error",
+            "worker_unavailable",
+            format!("every worker tried failed before answering; last: {reason}"),
+        ),
+    })
+}
+
+/// A worker's answer whose first body bytes (if any) have already arrived.
+struct Answer {
+    response: http::response::Parts,
+    first: Option<Bytes>,
+    rest: Incoming,
+}
+
+enum Attempt {
+    Answered(Answer),
+    Failed(String),
+}
+
+async fn attempt_on(state: &AppState, worker: &Worker, endpoint: Endpoint, body: Bytes, stream: bool) -> Attempt {
+    let request = Request::post(worker.uri(endpoint.path()))
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(Full::new(body));
+    let request = match request {
+        Ok(request) => request,
+        Err(err) => return Attempt::Failed(format!("could not build the request: {err}")),
+    };
+    let response = match state.client.send(request).await {
+        Ok(response) => response,
+        Err(err) => {
+            if err.is_connect() {
+                worker.eject();
+            }
+            return Attempt::Failed(err.to_string());
+        }
+    };
+    let (parts, mut rest) = response.into_parts();
+    if parts.status.is_server_error() {
+        let detail = read_error_message(rest).await;
+        return Attempt::Failed(format!("answered {}: {detail}", parts.status));
+    }
+    if !stream || !parts.status.is_success() {
+        return Attempt::Answered(Answer { response: parts, first: None, rest });
+    }
+    // Wait for the first data bytes: a worker that dies before them is retried elsewhere.
+    loop {
+        match rest.frame().await {
+            Some(Ok(frame)) => match frame.into_data() {
+                Ok(data) if data.is_empty() => continue,
+                Ok(data) => return Attempt::Answered(Answer { response: parts, first: Some(data), rest }),
+                Err(_) => continue,
+            },
+            Some(Err(err)) => return Attempt::Failed(format!("stream broke before the first byte: {err}")),
+            None => return Attempt::Failed("stream ended before the first byte".into()),
+        }
+    }
+}
+
+async fn read_error_message(body: Incoming) -> String {
+    match http_body_util::Limited::new(body, 64 << 10).collect().await {
+        Ok(collected) => {
+            let bytes = collected.to_bytes();
+            serde_json::from_slice::<api::ErrorBody>(&bytes)
+                .map(|body| body.error.message)
+                .unwrap_or_else(|_| String::from_utf8_lossy(&bytes).into_owned())
+        }
+        Err(err) => format!("(error body unreadable: {err})"),
+    }
+}
+
+async fn finish(
+    state: &AppState,
+    endpoint: Endpoint,
+    answer: Answer,
+    in_flight: InFlight,
+    started: Instant,
+    stream: bool,
+) -> Response<Body> {
+    let label = endpoint.label();
+    let Answer { response: parts, first, rest } = answer;
+    if stream && parts.status.is_success() {
+        state.metrics.time_to_first_byte(label, started.elapsed().as_secs_f64());
+        let body = RelayBody {
+            first,
+            inner: rest,
+            done: false,
+            in_flight: Some(in_flight),
+            metrics: state.metrics.clone(),
+            label,
+            started,
+        };
+        let mut response = respond::event_stream(Body::new(body));
+        *response.status_mut() = parts.status;
+        return response;
+    }
+    match http_body_util::Limited::new(rest, MAX_WORKER_RESPONSE_BYTES).collect().await {
+        Ok(collected) => {
+            drop(in_flight);
+            let elapsed = started.elapsed().as_secs_f64();
+            state.metrics.time_to_first_byte(label, elapsed);
+            state.metrics.request_duration(label, elapsed);
+            let mut response = Response::new(respond::full(collected.to_bytes()));
+            *response.status_mut() = parts.status;
+            if let Some(content_type) = parts.headers.get(header::CONTENT_TYPE) {
+                response.headers_mut().insert(header::CONTENT_TYPE, content_type.clone());
+            }
+            response
+        }
+        Err(err) => {
+            let worker = in_flight.worker().name.clone();
+            let err = ApiError::new(
+                StatusCode::BAD_GATEWAY,
+                "server_error",
+                "worker_failed_mid_response",
+                format!("worker `{worker}` failed while sending its answer: {err}"),
+            );
+            state.metrics.error(err.code());
+            respond::error(&err)
+        }
+    }
+}
+
+fn with_worker_header(mut response: Response<Body>, worker: &str) -> Response<Body> {
+    if let Ok(value) = HeaderValue::from_str(worker) {
+        response.headers_mut().insert(WORKER_HEADER, value);
+    }
+    response
+}
+
+/// Relays a worker's SSE stream frame by frame and keeps the worker's in-flight count until
+/// the stream ends or the client goes away.
+struct RelayBody {
+    first: Option<Bytes>,
+    inner: Incoming,
+    done: bool,
+    in_flight: Option<InFlight>,
+    metrics: Arc<Metrics>,
+    label: &'static str,
+    started: Instant,
+}
+
+impl RelayBody {
+    fn end(&mut self) {
+        self.done = true;
+        self.in_flight = None;
+        self.metrics.request_duration(self.label, self.started.elapsed().as_secs_f64());
+    }
+}
+
+impl http_body::Body for RelayBody {
+    type Data = Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        let this = self.get_mut();
+        if let Some(first) = this.first.take() {
+            return Poll::Ready(Some(Ok(Frame::data(first))));
+        }
+        if this.done {
+            return Poll::Ready(None);
+        }
+        match Pin::new(&mut this.inner).poll_frame(cx) {
+            Poll::Pending => Poll::Pending,
+            Poll::Ready(Some(Ok(frame))) => match frame.into_data() {
+                Ok(data) => Poll::Ready(Some(Ok(Frame::data(data)))),
+                // Trailers are not part of the OpenAI stream; skip them.
+                Err(_) => {
+                    cx.waker().wake_by_ref();
+                    Poll::Pending
+                }
+            },
+            Poll::Ready(Some(Err(err))) => {
+                let worker = this.in_flight.as_ref().map(|f| f.worker().name.clone()).unwrap_or_default();
+                let error = ApiError::new(
+                    StatusCode::BAD_GATEWAY,
+                    "server_error",
+                    "worker_failed_mid_stream",
+                    format!("worker `{worker}` failed mid-stream: {err}"),
+                );
+                this.metrics.error(error.code());
+                this.end();
+                Poll::Ready(Some(Ok(Frame::data(error.to_sse_event()))))
+            }
+            Poll::Ready(None) => {
+                this.end();
+                Poll::Ready(None)
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.done && self.first.is_none()
+    }
+}

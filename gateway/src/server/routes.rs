@@ -1,0 +1,59 @@
+//! Request dispatch: which handler answers which method and path.
+//!
+//! Generation endpoints go to [`relay`](crate::server::relay); the rest (`/v1/models`,
+//! `/healthz`, `/readyz`, `/metrics`) are answered here. Every answer is counted by endpoint
+//! and status, and every error by its code.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use http::{Method, Request, Response, StatusCode};
+use hyper::body::Incoming;
+use switchyard_workers::api::{self, ApiError, Endpoint, ModelList};
+use switchyard_workers::respond::{self, Body};
+
+use crate::server::relay;
+use crate::state::AppState;
+
+/// Answers one client request.
+pub(crate) async fn handle(state: Arc<AppState>, request: Request<Incoming>, started: Instant) -> Response<Body> {
+    let path = request.uri().path().to_string();
+    let method = request.method().clone();
+    let (label, result) = match (&method, path.as_str()) {
+        (&Method::POST, api::CHAT_COMPLETIONS_PATH | api::COMPLETIONS_PATH) => {
+            let endpoint = Endpoint::from_path(&path).unwrap_or(Endpoint::Chat);
+            (endpoint.label(), relay::generate(&state, endpoint, request, started).await)
+        }
+        (&Method::GET, api::MODELS_PATH) => ("models", Ok(respond::json(StatusCode::OK, &ModelList::new(state.pool.models(), "switchyard")))),
+        (&Method::GET, "/healthz") => ("healthz", Ok(respond::text(StatusCode::OK, "text/plain", "ok\n"))),
+        (&Method::GET, "/readyz") => ("readyz", ready(&state)),
+        (&Method::GET, "/metrics") => (
+            "metrics",
+            Ok(respond::text(StatusCode::OK, "text/plain; version=0.0.4; charset=utf-8", state.metrics.encode())),
+        ),
+        (_, api::CHAT_COMPLETIONS_PATH | api::COMPLETIONS_PATH) => ("other", Err(respond::method_not_allowed(&method, &path, "POST"))),
+        (_, api::MODELS_PATH | "/healthz" | "/readyz" | "/metrics") => {
+            ("other", Err(respond::method_not_allowed(&method, &path, "GET")))
+        }
+        _ => ("other", Err(respond::not_found(&path))),
+    };
+    let response = result.unwrap_or_else(|err| {
+        state.metrics.error(err.code());
+        respond::error(&err)
+    });
+    state.metrics.request(label, response.status().as_u16());
+    response
+}
+
+fn ready(state: &AppState) -> Result<Response<Body>, ApiError> {
+    if state.pool.any_healthy() {
+        Ok(respond::text(StatusCode::OK, "text/plain", "ready\n"))
+    } else {
+        Err(ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "server_error",
+            "no_healthy_worker",
+            format!("not ready: none of the {} configured workers is healthy", state.pool.workers().len()),
+        ))
+    }
+}

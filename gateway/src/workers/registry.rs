@@ -1,0 +1,242 @@
+//! The worker registry and least-in-flight selection.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
+
+use prometheus_client::metrics::gauge::Gauge;
+
+use crate::config::{Role, WorkerConfig};
+use crate::metrics::Metrics;
+
+/// One worker and its live state.
+#[derive(Debug)]
+pub struct Worker {
+    /// Unique name (metrics label, logs, `x-switchyard-worker` header).
+    pub name: String,
+    /// Base URL: scheme and authority.
+    pub base: http::Uri,
+    /// Model served.
+    pub model: String,
+    /// What it does.
+    pub role: Role,
+    /// Tokens per KV block.
+    pub block_size: usize,
+    /// Capabilities (`text`, `image`, ...).
+    pub capabilities: Vec<String>,
+    /// Relative token cost.
+    pub cost: f64,
+    healthy: AtomicBool,
+    failures: AtomicU32,
+    successes: AtomicU32,
+    in_flight: Gauge,
+    healthy_gauge: Gauge,
+}
+
+impl Worker {
+    fn new(config: &WorkerConfig, metrics: &Metrics) -> Result<Worker, http::uri::InvalidUri> {
+        let name = config.display_name();
+        let worker = Worker {
+            base: config.url.trim_end_matches('/').parse()?,
+            model: config.model.clone(),
+            role: config.role,
+            block_size: config.block_size,
+            capabilities: config.capabilities.clone(),
+            cost: config.cost,
+            healthy: AtomicBool::new(true),
+            failures: AtomicU32::new(0),
+            successes: AtomicU32::new(0),
+            in_flight: metrics.worker_in_flight(&name),
+            healthy_gauge: metrics.worker_healthy(&name),
+            name,
+        };
+        worker.healthy_gauge.set(1);
+        Ok(worker)
+    }
+
+    /// Whether the worker is in rotation.
+    pub fn is_healthy(&self) -> bool {
+        self.healthy.load(Ordering::Relaxed)
+    }
+
+    /// Requests in flight on this worker through this gateway.
+    pub fn in_flight(&self) -> i64 {
+        self.in_flight.get()
+    }
+
+    /// The URI of `path` on this worker.
+    pub fn uri(&self, path: &str) -> http::Uri {
+        let mut parts = self.base.clone().into_parts();
+        parts.path_and_query = Some(http::uri::PathAndQuery::from_maybe_shared(bytes::Bytes::copy_from_slice(path.as_bytes()))
+            .unwrap_or_else(|_| http::uri::PathAndQuery::from_static("/")));
+        http::Uri::from_parts(parts).unwrap_or_else(|_| self.base.clone())
+    }
+
+    /// Takes the worker out of rotation at once (a request could not reach it).
+    pub fn eject(&self) {
+        self.successes.store(0, Ordering::Relaxed);
+        if self.healthy.swap(false, Ordering::Relaxed) {
+            self.healthy_gauge.set(0);
+            tracing::warn!(worker = %self.name, "worker out of rotation");
+        }
+    }
+
+    /// Records a failed health check; ejects after `threshold` in a row.
+    pub fn record_failure(&self, threshold: u32) {
+        self.successes.store(0, Ordering::Relaxed);
+        let failures = self.failures.fetch_add(1, Ordering::Relaxed) + 1;
+        if failures >= threshold {
+            self.eject();
+        }
+    }
+
+    /// Records a passed health check; restores after `threshold` in a row.
+    pub fn record_success(&self, threshold: u32) {
+        self.failures.store(0, Ordering::Relaxed);
+        let successes = self.successes.fetch_add(1, Ordering::Relaxed) + 1;
+        if successes >= threshold && !self.healthy.swap(true, Ordering::Relaxed) {
+            self.healthy_gauge.set(1);
+            tracing::info!(worker = %self.name, "worker back in rotation");
+        }
+    }
+}
+
+/// Counts a request as in flight on a worker until dropped.
+#[derive(Debug)]
+pub struct InFlight {
+    worker: Arc<Worker>,
+}
+
+impl InFlight {
+    /// Starts counting a request on `worker`.
+    pub fn new(worker: Arc<Worker>) -> InFlight {
+        worker.in_flight.inc();
+        InFlight { worker }
+    }
+
+    /// The worker.
+    pub fn worker(&self) -> &Arc<Worker> {
+        &self.worker
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.worker.in_flight.dec();
+    }
+}
+
+/// Every configured worker.
+#[derive(Debug)]
+pub struct WorkerPool {
+    workers: Vec<Arc<Worker>>,
+    rotation: AtomicUsize,
+}
+
+impl WorkerPool {
+    /// Builds the pool from validated worker entries.
+    ///
+    /// # Errors
+    ///
+    /// Returns the invalid URI of a worker whose URL does not parse (validation prevents it).
+    pub fn new(configs: &[WorkerConfig], metrics: &Metrics) -> Result<WorkerPool, http::uri::InvalidUri> {
+        let workers = configs.iter().map(|c| Worker::new(c, metrics).map(Arc::new)).collect::<Result<_, _>>()?;
+        Ok(WorkerPool { workers, rotation: AtomicUsize::new(0) })
+    }
+
+    /// Every worker.
+    pub fn workers(&self) -> &[Arc<Worker>] {
+        &self.workers
+    }
+
+    /// The distinct models served, sorted.
+    pub fn models(&self) -> Vec<&str> {
+        let mut models: Vec<&str> = self.workers.iter().filter(|w| w.role == Role::Llm).map(|w| w.model.as_str()).collect();
+        models.sort_unstable();
+        models.dedup();
+        models
+    }
+
+    /// Whether any LLM worker serves `model`, healthy or not.
+    pub fn serves(&self, model: &str) -> bool {
+        self.workers.iter().any(|w| w.role == Role::Llm && w.model == model)
+    }
+
+    /// Whether any worker is in rotation.
+    pub fn any_healthy(&self) -> bool {
+        self.workers.iter().any(|w| w.is_healthy())
+    }
+
+    /// The healthy LLM worker of `model` with the fewest requests in flight, skipping the
+    /// workers in `exclude`. Ties are broken by rotating the starting point.
+    pub fn pick(&self, model: &str, exclude: &[Arc<Worker>]) -> Option<Arc<Worker>> {
+        let count = self.workers.len();
+        if count == 0 {
+            return None;
+        }
+        let start = self.rotation.fetch_add(1, Ordering::Relaxed) % count;
+        (0..count)
+            .map(|offset| &self.workers[(start + offset) % count])
+            .filter(|w| w.role == Role::Llm && w.model == model && w.is_healthy())
+            .filter(|w| !exclude.iter().any(|e| Arc::ptr_eq(e, w)))
+            .min_by_key(|w| w.in_flight())
+            .cloned()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pool(n: usize) -> WorkerPool {
+        let configs: Vec<WorkerConfig> = (0..n)
+            .map(|i| WorkerConfig {
+                name: Some(format!("w{i}")),
+                url: format!("http://127.0.0.1:{}", 9000 + i),
+                model: "m".into(),
+                role: Role::Llm,
+                block_size: 64,
+                capabilities: vec!["text".into()],
+                cost: 1.0,
+            })
+            .collect();
+        WorkerPool::new(&configs, &Metrics::new()).expect("valid urls")
+    }
+
+    #[test]
+    fn picks_the_least_loaded_healthy_worker() {
+        let pool = pool(3);
+        let _a = InFlight::new(pool.workers()[0].clone());
+        let _b = InFlight::new(pool.workers()[1].clone());
+        assert_eq!(pool.pick("m", &[]).map(|w| w.name.clone()).as_deref(), Some("w2"));
+        pool.workers()[2].eject();
+        let picked = pool.pick("m", &[]).expect("two healthy");
+        assert_ne!(picked.name, "w2");
+        assert!(pool.pick("other", &[]).is_none());
+        let all: Vec<_> = pool.workers().to_vec();
+        assert!(pool.pick("m", &all).is_none());
+    }
+
+    #[test]
+    fn health_thresholds_eject_and_restore() {
+        let pool = pool(1);
+        let worker = &pool.workers()[0];
+        worker.record_failure(2);
+        assert!(worker.is_healthy());
+        worker.record_failure(2);
+        assert!(!worker.is_healthy());
+        worker.record_success(2);
+        assert!(!worker.is_healthy());
+        worker.record_success(2);
+        assert!(worker.is_healthy());
+    }
+
+    #[test]
+    fn in_flight_is_counted_until_dropped() {
+        let pool = pool(1);
+        let guard = InFlight::new(pool.workers()[0].clone());
+        assert_eq!(pool.workers()[0].in_flight(), 1);
+        drop(guard);
+        assert_eq!(pool.workers()[0].in_flight(), 0);
+        assert_eq!(pool.workers()[0].uri("/v1/models").to_string(), "http://127.0.0.1:9000/v1/models");
+    }
+}

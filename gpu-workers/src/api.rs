@@ -1,0 +1,506 @@
+//! The OpenAI wire format as Switchyard speaks it, shared by the gateway and every worker.
+//!
+//! This module owns the request types (chat and text completions, including token-id prompts),
+//! the response and streaming-chunk types, the OpenAI error object, and the strict parsing that
+//! turns a request body into a typed request or a client error naming what is wrong and where.
+//! It knows nothing about HTTP transport; `server` modules wrap these types in responses.
+
+use serde::{Deserialize, Serialize};
+
+/// The HTTP path of the chat completions endpoint.
+pub const CHAT_COMPLETIONS_PATH: &str = "/v1/chat/completions";
+/// The HTTP path of the text completions endpoint.
+pub const COMPLETIONS_PATH: &str = "/v1/completions";
+/// The HTTP path of the model list endpoint.
+pub const MODELS_PATH: &str = "/v1/models";
+
+/// The SSE line that ends every OpenAI stream.
+pub const SSE_DONE: &[u8] = b"data: [DONE]\n\n";
+
+/// `POST /v1/chat/completions` request body (the fields Switchyard acts on; others are ignored).
+#[derive(Debug, Clone, Deserialize)]
+pub struct ChatCompletionRequest {
+    /// The model to serve the request.
+    pub model: String,
+    /// The conversation so far.
+    pub messages: Vec<ChatMessage>,
+    /// Stream the answer as server-sent events.
+    #[serde(default)]
+    pub stream: Option<bool>,
+    /// Upper bound on generated tokens (legacy name).
+    #[serde(default)]
+    pub max_tokens: Option<u32>,
+    /// Upper bound on generated tokens (current name; wins over `max_tokens`).
+    #[serde(default)]
+    pub max_completion_tokens: Option<u32>,
+    /// Number of choices; only 1 is supported.
+    #[serde(default)]
+    pub n: Option<u32>,
+}
+
+/// One message of a chat conversation.
+#[derive(Debug, Clone, Deserialize)]
+pub struct ChatMessage {
+    /// `system`, `user`, `assistant`, `tool` or `developer`.
+    pub role: String,
+    /// Text, a list of content parts, or absent (assistant tool calls).
+    #[serde(default)]
+    pub content: Option<MessageContent>,
+}
+
+/// The content of a chat message.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum MessageContent {
+    /// Plain text.
+    Text(String),
+    /// Typed content parts (text, images, audio, ...).
+    Parts(Vec<ContentPart>),
+}
+
+/// One typed content part. Media parts are carried through; their decoding belongs to the
+/// modality-aware path.
+#[derive(Debug, Clone, Deserialize)]
+pub struct ContentPart {
+    /// The part type: `text`, `image_url`, `input_audio`, ...
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// The text of a `text` part.
+    #[serde(default)]
+    pub text: Option<String>,
+}
+
+impl MessageContent {
+    /// The text of this content: the string itself, or its text parts joined by newlines.
+    pub fn text(&self) -> String {
+        match self {
+            MessageContent::Text(text) => text.clone(),
+            MessageContent::Parts(parts) => parts
+                .iter()
+                .filter_map(|part| part.text.as_deref())
+                .collect::<Vec<_>>()
+                .join("\n"),
+        }
+    }
+}
+
+impl ChatCompletionRequest {
+    /// Whether the answer is streamed.
+    pub fn is_stream(&self) -> bool {
+        self.stream.unwrap_or(false)
+    }
+
+    /// The requested token limit, preferring `max_completion_tokens`.
+    pub fn token_limit(&self) -> Option<u32> {
+        self.max_completion_tokens.or(self.max_tokens)
+    }
+}
+
+/// `POST /v1/completions` request body.
+#[derive(Debug, Clone, Deserialize)]
+pub struct CompletionRequest {
+    /// The model to serve the request.
+    pub model: String,
+    /// The prompt: text or token ids.
+    pub prompt: Prompt,
+    /// Stream the answer as server-sent events.
+    #[serde(default)]
+    pub stream: Option<bool>,
+    /// Upper bound on generated tokens.
+    #[serde(default)]
+    pub max_tokens: Option<u32>,
+    /// Number of choices; only 1 is supported.
+    #[serde(default)]
+    pub n: Option<u32>,
+}
+
+impl CompletionRequest {
+    /// Whether the answer is streamed.
+    pub fn is_stream(&self) -> bool {
+        self.stream.unwrap_or(false)
+    }
+}
+
+/// A completions prompt, in any of the shapes OpenAI accepts.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum Prompt {
+    /// One text prompt.
+    Text(String),
+    /// One prompt as token ids.
+    Tokens(Vec<u32>),
+    /// Several text prompts (not supported by Switchyard yet; rejected with a clear error).
+    TextBatch(Vec<String>),
+    /// Several token-id prompts (not supported by Switchyard yet; rejected with a clear error).
+    TokenBatch(Vec<Vec<u32>>),
+}
+
+/// Either kind of generation request, parsed and validated.
+#[derive(Debug, Clone)]
+pub enum GenerateRequest {
+    /// A chat completion.
+    Chat(ChatCompletionRequest),
+    /// A text completion.
+    Completion(CompletionRequest),
+}
+
+impl GenerateRequest {
+    /// The requested model.
+    pub fn model(&self) -> &str {
+        match self {
+            GenerateRequest::Chat(req) => &req.model,
+            GenerateRequest::Completion(req) => &req.model,
+        }
+    }
+
+    /// Whether the answer is streamed.
+    pub fn is_stream(&self) -> bool {
+        match self {
+            GenerateRequest::Chat(req) => req.is_stream(),
+            GenerateRequest::Completion(req) => req.is_stream(),
+        }
+    }
+
+    /// The requested token limit, if any.
+    pub fn token_limit(&self) -> Option<u32> {
+        match self {
+            GenerateRequest::Chat(req) => req.token_limit(),
+            GenerateRequest::Completion(req) => req.max_tokens,
+        }
+    }
+}
+
+/// Which generation endpoint a body was sent to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Endpoint {
+    /// `/v1/chat/completions`.
+    Chat,
+    /// `/v1/completions`.
+    Completion,
+}
+
+impl Endpoint {
+    /// The endpoint for an HTTP path, if it is a generation endpoint.
+    pub fn from_path(path: &str) -> Option<Endpoint> {
+        match path {
+            CHAT_COMPLETIONS_PATH => Some(Endpoint::Chat),
+            COMPLETIONS_PATH => Some(Endpoint::Completion),
+            _ => None,
+        }
+    }
+
+    /// The endpoint's HTTP path.
+    pub fn path(self) -> &'static str {
+        match self {
+            Endpoint::Chat => CHAT_COMPLETIONS_PATH,
+            Endpoint::Completion => COMPLETIONS_PATH,
+        }
+    }
+
+    /// A short label for metrics: `chat` or `completions`.
+    pub fn label(self) -> &'static str {
+        match self {
+            Endpoint::Chat => "chat",
+            Endpoint::Completion => "completions",
+        }
+    }
+}
+
+/// Parses and validates a generation request body sent to `endpoint`.
+///
+/// # Errors
+///
+/// Returns an [`ApiError`] with status 400 when the body is not UTF-8, not JSON, has a field of
+/// the wrong type, lacks a required field, or asks for something Switchyard does not support
+/// (several choices or batched prompts). The message names the offending field path.
+pub fn parse_generate_request(endpoint: Endpoint, body: &[u8]) -> Result<GenerateRequest, ApiError> {
+    let text = std::str::from_utf8(body).map_err(|err| {
+        ApiError::invalid_request(
+            "invalid_utf8",
+            format!(
+                "request body is not valid UTF-8 (first invalid byte at offset {})",
+                err.valid_up_to()
+            ),
+        )
+    })?;
+    if text.trim().is_empty() {
+        return Err(ApiError::invalid_request(
+            "invalid_json",
+            "request body is empty; expected a JSON object",
+        ));
+    }
+    let request = match endpoint {
+        Endpoint::Chat => GenerateRequest::Chat(parse_json(text)?),
+        Endpoint::Completion => GenerateRequest::Completion(parse_json(text)?),
+    };
+    validate(&request)?;
+    Ok(request)
+}
+
+fn parse_json<T: serde::de::DeserializeOwned>(text: &str) -> Result<T, ApiError> {
+    let mut deserializer = serde_json::Deserializer::from_str(text);
+    let value: T = serde_path_to_error::deserialize(&mut deserializer).map_err(|err| {
+        let path = err.path().to_string();
+        let inner = err.into_inner();
+        let code = match inner.classify() {
+            serde_json::error::Category::Data => "invalid_type",
+            _ => "invalid_json",
+        };
+        let message = if code == "invalid_json" {
+            format!("request body is not valid JSON: {inner}")
+        } else if path == "." {
+            format!("invalid request: {inner}")
+        } else {
+            format!("invalid value for `{path}`: {inner}")
+        };
+        ApiError::invalid_request(code, message).with_param((path != ".").then_some(path))
+    })?;
+    deserializer.end().map_err(|err| {
+        ApiError::invalid_request(
+            "invalid_json",
+            format!("request body is not valid JSON: {err}"),
+        )
+    })?;
+    Ok(value)
+}
+
+fn validate(request: &GenerateRequest) -> Result<(), ApiError> {
+    if request.model().is_empty() {
+        return Err(ApiError::invalid_request("missing_model", "`model` must not be empty")
+            .with_param(Some("model".into())));
+    }
+    let n = match request {
+        GenerateRequest::Chat(req) => req.n,
+        GenerateRequest::Completion(req) => req.n,
+    };
+    if n.is_some_and(|n| n != 1) {
+        return Err(ApiError::invalid_request(
+            "unsupported",
+            "only `n = 1` is supported",
+        )
+        .with_param(Some("n".into())));
+    }
+    match request {
+        GenerateRequest::Chat(req) if req.messages.is_empty() => Err(ApiError::invalid_request(
+            "invalid_value",
+            "`messages` must hold at least one message",
+        )
+        .with_param(Some("messages".into()))),
+        GenerateRequest::Completion(CompletionRequest {
+            prompt: Prompt::TextBatch(_) | Prompt::TokenBatch(_),
+            ..
+        }) => Err(ApiError::invalid_request(
+            "unsupported",
+            "batched prompts are not supported; send one prompt per request",
+        )
+        .with_param(Some("prompt".into()))),
+        _ => Ok(()),
+    }
+}
+
+/// The OpenAI error object: `{"error": {"message", "type", "param", "code"}}`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct ErrorBody {
+    /// The error itself.
+    pub error: ErrorDetail,
+}
+
+/// The inside of an [`ErrorBody`].
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct ErrorDetail {
+    /// What went wrong, for a person.
+    pub message: String,
+    /// The OpenAI error type, e.g. `invalid_request_error`.
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// The request field at fault, when there is one.
+    pub param: Option<String>,
+    /// A stable machine-readable code, e.g. `model_not_found`.
+    pub code: Option<String>,
+}
+
+/// An error to answer a client with: an HTTP status and an OpenAI error object.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{status} {}: {}", body.error.kind, body.error.message)]
+pub struct ApiError {
+    /// The HTTP status to answer with.
+    pub status: http::StatusCode,
+    /// The error object.
+    pub body: ErrorBody,
+}
+
+impl ApiError {
+    /// An error with the given status, OpenAI type, code and message.
+    pub fn new(
+        status: http::StatusCode,
+        kind: &str,
+        code: &str,
+        message: impl Into<String>,
+    ) -> ApiError {
+        ApiError {
+            status,
+            body: ErrorBody {
+                error: ErrorDetail {
+                    message: message.into(),
+                    kind: kind.to_string(),
+                    param: None,
+                    code: Some(code.to_string()),
+                },
+            },
+        }
+    }
+
+    /// A 400 `invalid_request_error` with the given code.
+    pub fn invalid_request(code: &str, message: impl Into<String>) -> ApiError {
+        ApiError::new(
+            http::StatusCode::BAD_REQUEST,
+            "invalid_request_error",
+            code,
+            message,
+        )
+    }
+
+    /// Sets the `param` field.
+    pub fn with_param(mut self, param: Option<String>) -> ApiError {
+        self.body.error.param = param;
+        self
+    }
+
+    /// The stable code of this error (used as a metrics label).
+    pub fn code(&self) -> &str {
+        self.body.error.code.as_deref().unwrap_or("unknown")
+    }
+
+    /// The error object as JSON bytes.
+    pub fn to_json(&self) -> bytes::Bytes {
+        // Serializing a struct of strings cannot fail.
+        serde_json::to_vec(&self.body).unwrap_or_default().into()
+    }
+
+    /// The error as one SSE event, for errors that happen after a stream has started.
+    pub fn to_sse_event(&self) -> bytes::Bytes {
+        let mut event = b"data: ".to_vec();
+        event.extend_from_slice(&self.to_json());
+        event.extend_from_slice(b"\n\n");
+        event.into()
+    }
+}
+
+/// Token counts of one request.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Usage {
+    /// Tokens in the prompt.
+    pub prompt_tokens: u32,
+    /// Tokens generated.
+    pub completion_tokens: u32,
+    /// Sum of the two.
+    pub total_tokens: u32,
+    /// Prompt tokens served from the prefix cache.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompt_tokens_details: Option<PromptTokensDetails>,
+}
+
+/// Breakdown of prompt tokens.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct PromptTokensDetails {
+    /// Prompt tokens whose KV came from the prefix cache.
+    pub cached_tokens: u32,
+}
+
+/// A model entry of `GET /v1/models`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct ModelCard {
+    /// The model name clients send as `model`.
+    pub id: String,
+    /// Always `model`.
+    pub object: String,
+    /// Unix seconds; 0 when unknown.
+    pub created: u64,
+    /// Who serves it.
+    pub owned_by: String,
+}
+
+/// The body of `GET /v1/models`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct ModelList {
+    /// Always `list`.
+    pub object: String,
+    /// The models.
+    pub data: Vec<ModelCard>,
+}
+
+impl ModelList {
+    /// A list of the given model names, owned by `owner`.
+    pub fn new<'a>(names: impl IntoIterator<Item = &'a str>, owner: &str) -> ModelList {
+        ModelList {
+            object: "list".into(),
+            data: names
+                .into_iter()
+                .map(|name| ModelCard {
+                    id: name.to_string(),
+                    object: "model".into(),
+                    created: 0,
+                    owned_by: owner.to_string(),
+                })
+                .collect(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse_err(endpoint: Endpoint, body: &str) -> ApiError {
+        parse_generate_request(endpoint, body.as_bytes()).expect_err("must be rejected")
+    }
+
+    #[test]
+    fn parses_chat_and_completion_requests() {
+        let chat = parse_generate_request(
+            Endpoint::Chat,
+            br#"{"model":"m","messages":[{"role":"user","content":"hi"}],"stream":true,"temperature":0.2}"#,
+        )
+        .expect("valid chat");
+        assert_eq!(chat.model(), "m");
+        assert!(chat.is_stream());
+        let completion =
+            parse_generate_request(Endpoint::Completion, br#"{"model":"m","prompt":[1,2,3]}"#)
+                .expect("valid completion");
+        assert!(matches!(
+            completion,
+            GenerateRequest::Completion(CompletionRequest { prompt: Prompt::Tokens(ref ids), .. }) if ids == &[1, 2, 3]
+        ));
+    }
+
+    #[test]
+    fn content_parts_join_their_text() {
+        let request = parse_generate_request(
+            Endpoint::Chat,
+            br#"{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"a"},{"type":"image_url","image_url":{"url":"x"}},{"type":"text","text":"b"}]}]}"#,
+        )
+        .expect("valid");
+        let GenerateRequest::Chat(chat) = request else { panic!("chat expected") };
+        assert_eq!(chat.messages[0].content.as_ref().map(MessageContent::text).as_deref(), Some("a\nb"));
+    }
+
+    #[test]
+    fn rejects_bad_bodies_with_named_fields() {
+        let err = parse_err(Endpoint::Chat, "{not json");
+        assert_eq!(err.code(), "invalid_json");
+        let err = parse_err(Endpoint::Chat, r#"{"messages":[]}"#);
+        assert_eq!(err.code(), "invalid_type");
+        assert!(err.body.error.message.contains("model"), "{err}");
+        let err = parse_err(Endpoint::Chat, r#"{"model":"m","messages":[],"stream":"yes"}"#);
+        assert_eq!(err.body.error.param.as_deref(), Some("stream"));
+        let err = parse_err(Endpoint::Chat, r#"{"model":"m","messages":[]}"#);
+        assert_eq!(err.body.error.param.as_deref(), Some("messages"));
+        let err = parse_err(Endpoint::Completion, r#"{"model":"m","prompt":["a","b"]}"#);
+        assert_eq!(err.code(), "unsupported");
+        let err = parse_err(Endpoint::Completion, r#"{"model":"m","prompt":"a"} trailing"#);
+        assert_eq!(err.code(), "invalid_json");
+        let err = parse_generate_request(Endpoint::Chat, b"{\"model\":\"\xff\"}").expect_err("bad utf-8");
+        assert_eq!(err.code(), "invalid_utf8");
+        assert_eq!(err.status, http::StatusCode::BAD_REQUEST);
+    }
+}

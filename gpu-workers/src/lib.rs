@@ -1,0 +1,26 @@
+//! Switchyard's workers.
+//!
+//! The crate owns everything that runs behind the gateway: the OpenAI wire format both sides
+//! speak ([`api`], [`respond`]), the fallback tokenizer ([`tokenize`]), Dynamo-compatible KV
+//! block hashing ([`blocks`]), and the simulated engine ([`mocker`]). Native LLM and encoder
+//! engines join it as their own modules.
+
+#![deny(missing_docs, missing_debug_implementations, unsafe_op_in_unsafe_fn)]
+#![warn(unreachable_pub)]
+
+pub mod api;
+pub mod blocks;
+pub mod mocker;
+pub mod respond;
+pub mod tokenize;
+
+#[cfg(test)]
+mod tests {
+    fn assert_send_sync<T: Send + Sync>() {}
+
+    #[test]
+    fn shared_handles_are_send_and_sync() {
+        assert_send_sync::<crate::mocker::EngineHandle>();
+        assert_send_sync::<crate::mocker::MockerServer>();
+    }
+}

@@ -1,0 +1,275 @@
+//! The mocker's KV block manager: which simulated GPU blocks are in use, cached or free.
+//!
+//! Full blocks are named by their sequence hash (see [`crate::blocks`]) and are shared between
+//! sequences by reference count. A full block whose count drops to zero stays cached in an LRU
+//! *inactive* pool, where a later request with the same prefix can take it back; a new
+//! allocation with no free block evicts the least recently used inactive one. Blocks that are
+//! still filling (prompt chunks in flight, the tail of a generation) are *anonymous*: private
+//! to one sequence and never shared. Every change to the set of cached blocks is recorded as a
+//! [`KvEvent`] (`stored`, `removed`), the same events a real engine publishes, so the KV index
+//! can follow this engine exactly.
+
+use std::collections::HashMap;
+
+use lru::LruCache;
+
+use crate::blocks::BlockHash;
+
+/// One block of a `stored` event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StoredBlock {
+    /// The block's sequence hash (what the engine names it by).
+    pub block_hash: u64,
+    /// The hash of the block's own tokens.
+    pub tokens_hash: u64,
+}
+
+/// A change to the set of blocks this engine holds in its prefix cache.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KvEvent {
+    /// Blocks became cached, chained after `parent` (`None`: at the start of a sequence).
+    Stored {
+        /// The sequence hash of the block before the first stored one.
+        parent: Option<u64>,
+        /// The stored blocks, in sequence order.
+        blocks: Vec<StoredBlock>,
+    },
+    /// Blocks were evicted.
+    Removed {
+        /// Sequence hashes of the evicted blocks.
+        block_hashes: Vec<u64>,
+    },
+    /// Every cached block was dropped.
+    Cleared,
+}
+
+/// The simulated GPU block pool of one engine.
+#[derive(Debug)]
+pub struct BlockManager {
+    capacity: usize,
+    prefix_caching: bool,
+    active: HashMap<u64, usize>,
+    inactive: LruCache<u64, ()>,
+    anonymous: usize,
+    events: Vec<KvEvent>,
+}
+
+impl BlockManager {
+    /// A pool of `capacity` blocks. Without prefix caching, released blocks are freed at once.
+    pub fn new(capacity: usize, prefix_caching: bool) -> BlockManager {
+        BlockManager {
+            capacity,
+            prefix_caching,
+            active: HashMap::new(),
+            inactive: LruCache::unbounded(),
+            anonymous: 0,
+            events: Vec::new(),
+        }
+    }
+
+    /// Total blocks in the pool.
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    /// Blocks referenced by at least one running sequence (shared and anonymous).
+    pub fn active_blocks(&self) -> usize {
+        self.active.len() + self.anonymous
+    }
+
+    /// Cached blocks no sequence references (evictable).
+    pub fn inactive_blocks(&self) -> usize {
+        self.inactive.len()
+    }
+
+    /// Blocks a new allocation can obtain: free ones plus evictable cached ones.
+    pub fn available(&self) -> usize {
+        self.capacity - self.active_blocks()
+    }
+
+    /// Fraction of the pool referenced by running sequences.
+    pub fn usage(&self) -> f64 {
+        if self.capacity == 0 {
+            return 1.0;
+        }
+        self.active_blocks() as f64 / self.capacity as f64
+    }
+
+    /// How many leading blocks of `hashes` are cached (referenced or inactive).
+    pub fn cached_prefix(&self, hashes: &[BlockHash]) -> usize {
+        if !self.prefix_caching {
+            return 0;
+        }
+        hashes
+            .iter()
+            .take_while(|hash| {
+                self.active.contains_key(&hash.sequence) || self.inactive.contains(&hash.sequence)
+            })
+            .count()
+    }
+
+    /// Whether a sequence can take the cached blocks `cached` and `new_blocks` fresh ones.
+    pub fn can_admit(&self, cached: &[BlockHash], new_blocks: usize) -> bool {
+        let revived = cached.iter().filter(|hash| self.inactive.contains(&hash.sequence)).count();
+        self.available() >= revived + new_blocks
+    }
+
+    /// Takes a reference on a cached block. Returns false if it is not cached.
+    pub fn acquire_cached(&mut self, hash: u64) -> bool {
+        if let Some(count) = self.active.get_mut(&hash) {
+            *count += 1;
+            return true;
+        }
+        if self.inactive.pop(&hash).is_some() {
+            self.active.insert(hash, 1);
+            return true;
+        }
+        false
+    }
+
+    /// Allocates one anonymous block, evicting the least recently used cached block if no
+    /// block is free. Returns false if every block is referenced.
+    pub fn allocate_anonymous(&mut self) -> bool {
+        if self.active_blocks() + self.inactive.len() >= self.capacity {
+            match self.inactive.pop_lru() {
+                Some((evicted, ())) => self.events.push(KvEvent::Removed { block_hashes: vec![evicted] }),
+                None => return false,
+            }
+        }
+        self.anonymous += 1;
+        true
+    }
+
+    /// Releases an anonymous block.
+    pub fn release_anonymous(&mut self) {
+        debug_assert!(self.anonymous > 0, "released more anonymous blocks than allocated");
+        self.anonymous = self.anonymous.saturating_sub(1);
+    }
+
+    /// Turns one of the caller's anonymous blocks into the full block `hash`, now that its
+    /// tokens are computed. If the block is already cached (another sequence computed the same
+    /// prefix), the caller shares it and the anonymous block is freed.
+    pub fn promote(&mut self, parent: Option<u64>, hash: BlockHash) {
+        self.release_anonymous();
+        if self.acquire_cached(hash.sequence) {
+            return;
+        }
+        self.active.insert(hash.sequence, 1);
+        if self.prefix_caching {
+            self.events.push(KvEvent::Stored {
+                parent,
+                blocks: vec![StoredBlock { block_hash: hash.sequence, tokens_hash: hash.local }],
+            });
+        }
+    }
+
+    /// Drops a reference on the full block `hash`; an unreferenced block stays cached (or is
+    /// freed when prefix caching is off).
+    pub fn release_full(&mut self, hash: u64) {
+        let Some(count) = self.active.get_mut(&hash) else {
+            debug_assert!(false, "released a block that is not active");
+            return;
+        };
+        *count -= 1;
+        if *count == 0 {
+            self.active.remove(&hash);
+            if self.prefix_caching {
+                self.inactive.put(hash, ());
+            }
+        }
+    }
+
+    /// Drops every cached, unreferenced block.
+    pub fn clear_cache(&mut self) {
+        if !self.inactive.is_empty() {
+            self.inactive.clear();
+        }
+        self.events.push(KvEvent::Cleared);
+    }
+
+    /// Takes the events recorded since the last call.
+    pub fn drain_events(&mut self) -> Vec<KvEvent> {
+        std::mem::take(&mut self.events)
+    }
+
+    /// Sequence hashes of every cached block, referenced or not (for a resync dump).
+    pub fn cached_hashes(&self) -> Vec<u64> {
+        self.active.keys().chain(self.inactive.iter().map(|(hash, ())| hash)).copied().collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::blocks::block_hashes;
+
+    fn hashes(tokens: &[u32]) -> Vec<BlockHash> {
+        block_hashes(tokens, 2)
+    }
+
+    fn store(manager: &mut BlockManager, chain: &[BlockHash]) {
+        let mut parent = None;
+        for hash in chain {
+            assert!(manager.allocate_anonymous());
+            manager.promote(parent, *hash);
+            parent = Some(hash.sequence);
+        }
+    }
+
+    #[test]
+    fn shared_blocks_are_ref_counted_and_cached_after_release() {
+        let mut manager = BlockManager::new(4, true);
+        let chain = hashes(&[1, 2, 3, 4]);
+        store(&mut manager, &chain);
+        assert!(manager.acquire_cached(chain[0].sequence));
+        assert_eq!(manager.active_blocks(), 2);
+        manager.release_full(chain[0].sequence);
+        assert_eq!(manager.active_blocks(), 2, "still referenced once");
+        manager.release_full(chain[0].sequence);
+        manager.release_full(chain[1].sequence);
+        assert_eq!(manager.active_blocks(), 0);
+        assert_eq!(manager.inactive_blocks(), 2);
+        assert_eq!(manager.cached_prefix(&chain), 2);
+        let events = manager.drain_events();
+        assert_eq!(events.len(), 2);
+        assert!(matches!(&events[1], KvEvent::Stored { parent: Some(p), .. } if *p == chain[0].sequence));
+    }
+
+    #[test]
+    fn allocation_evicts_least_recently_used_and_reports_it() {
+        let mut manager = BlockManager::new(2, true);
+        let a = hashes(&[1, 1]);
+        let b = hashes(&[2, 2]);
+        store(&mut manager, &a);
+        store(&mut manager, &b);
+        manager.release_full(a[0].sequence);
+        manager.release_full(b[0].sequence);
+        manager.drain_events();
+        assert!(manager.allocate_anonymous());
+        assert_eq!(manager.drain_events(), vec![KvEvent::Removed { block_hashes: vec![a[0].sequence] }]);
+        assert_eq!(manager.cached_prefix(&b), 1);
+        assert!(manager.allocate_anonymous());
+        assert!(!manager.allocate_anonymous(), "everything is referenced");
+    }
+
+    #[test]
+    fn duplicate_promotion_shares_the_existing_block() {
+        let mut manager = BlockManager::new(4, true);
+        let chain = hashes(&[7, 7]);
+        store(&mut manager, &chain);
+        store(&mut manager, &chain);
+        assert_eq!(manager.active_blocks(), 1);
+        assert_eq!(manager.drain_events().len(), 1, "only a fresh store is reported");
+    }
+
+    #[test]
+    fn without_prefix_caching_nothing_is_kept() {
+        let mut manager = BlockManager::new(4, false);
+        let chain = hashes(&[1, 2]);
+        store(&mut manager, &chain);
+        manager.release_full(chain[0].sequence);
+        assert_eq!(manager.inactive_blocks(), 0);
+        assert_eq!(manager.cached_prefix(&chain), 0);
+        assert!(manager.drain_events().is_empty());
+    }
+}

@@ -1,0 +1,46 @@
+//! The mocker: a simulated LLM engine for fleet-scale tests without GPUs.
+//!
+//! It is a product feature, not a test stub: it schedules like vLLM ([`engine`]), manages KV
+//! blocks with prefix caching and eviction ([`kv`]), takes as long as Dynamo's fitted perf model
+//! says ([`perf`]) divided by a speed-up factor, and serves the same OpenAI endpoints as a real
+//! worker ([`server`]). [`spawn_fleet`] starts many engines in one process, one port each.
+
+pub mod engine;
+pub mod kv;
+pub mod perf;
+pub mod server;
+
+use std::net::SocketAddr;
+
+use tokio::net::TcpListener;
+
+pub use engine::{EngineConfig, EngineHandle, spawn_engine};
+pub use server::{MockerServer, ServerConfig};
+
+/// Starts `count` mockers on `host`, each with its own engine and port. With `base_port` 0
+/// every mocker gets an ephemeral port; otherwise mocker `i` listens on `base_port + i`.
+///
+/// # Errors
+///
+/// Returns the I/O error of the first port that cannot be bound.
+pub async fn spawn_fleet(
+    count: usize,
+    host: std::net::IpAddr,
+    base_port: u16,
+    engine: &EngineConfig,
+    server: &ServerConfig,
+) -> std::io::Result<Vec<MockerServer>> {
+    let mut fleet = Vec::with_capacity(count);
+    for index in 0..count {
+        let port = if base_port == 0 {
+            0
+        } else {
+            u16::try_from(usize::from(base_port) + index).map_err(|_| {
+                std::io::Error::new(std::io::ErrorKind::InvalidInput, "port range runs past 65535")
+            })?
+        };
+        let listener = TcpListener::bind(SocketAddr::new(host, port)).await?;
+        fleet.push(MockerServer::start(listener, spawn_engine(engine.clone()), server.clone())?);
+    }
+    Ok(fleet)
+}

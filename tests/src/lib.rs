@@ -1,0 +1,483 @@
+//! The end-to-end harness: real binaries, a real CA, a real TLS client.
+//!
+//! This crate owns what the cross-crate tests and the benchmark programs share: finding and
+//! starting the `switchyard` and `switchyard-mocker` binaries as child processes (killed when
+//! dropped), a throwaway certificate authority whose server certificate the gateway serves,
+//! and an HTTP client over rustls that trusts only that CA and can read a response body event
+//! by event with arrival times. Nothing here is a mock: every byte crosses a real socket.
+
+#![deny(missing_docs, missing_debug_implementations)]
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use rustls::pki_types::{CertificateDer, ServerName};
+use tokio::net::TcpStream;
+use tokio_rustls::TlsConnector;
+use tokio_rustls::client::TlsStream;
+
+/// The path of a workspace binary: `$SWITCHYARD_BIN_DIR/NAME` if set, else next to the
+/// running test executable's `deps/` folder (where `cargo test --workspace` builds it).
+///
+/// # Errors
+///
+/// Fails with a hint if the binary has not been built.
+pub fn binary(name: &str) -> anyhow::Result<PathBuf> {
+    let dir = match std::env::var_os("SWITCHYARD_BIN_DIR") {
+        Some(dir) => PathBuf::from(dir),
+        None => {
+            let exe = std::env::current_exe().context("locating the test executable")?;
+            let mut dir = exe.parent().context("test executable has no folder")?.to_path_buf();
+            if dir.ends_with("deps") {
+                dir.pop();
+            }
+            dir
+        }
+    };
+    let path = dir.join(name);
+    if !path.is_file() {
+        bail!(
+            "{} is not built; run `cargo build --workspace --bins` (or `cargo test --workspace`, which builds it)",
+            path.display()
+        );
+    }
+    Ok(path)
+}
+
+/// A child process killed on drop.
+#[derive(Debug)]
+pub struct Process {
+    child: Child,
+    lines: std::sync::mpsc::Receiver<String>,
+}
+
+impl Process {
+    /// Starts `program` with `args`, reading its stdout lines until `ready` matches one
+    /// (within `timeout`). Returns the process and every line read so far.
+    ///
+    /// # Errors
+    ///
+    /// Fails if the program cannot start, exits, or prints no ready line in time.
+    pub fn start(
+        program: &Path,
+        args: &[String],
+        ready: impl Fn(&str) -> bool,
+        timeout: Duration,
+    ) -> anyhow::Result<(Process, Vec<String>)> {
+        let mut child = Command::new(program)
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .with_context(|| format!("starting {}", program.display()))?;
+        let stdout = child.stdout.take().context("no stdout")?;
+        let (sender, lines) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if sender.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let mut process = Process { child, lines };
+        let deadline = Instant::now() + timeout;
+        let mut seen = Vec::new();
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match process.lines.recv_timeout(left) {
+                Ok(line) => {
+                    let done = ready(&line);
+                    seen.push(line);
+                    if done {
+                        return Ok((process, seen));
+                    }
+                }
+                Err(_) => {
+                    let status = process.child.try_wait().ok().flatten();
+                    bail!("{} printed no ready line within {timeout:?} (exit: {status:?}); output: {seen:?}", program.display());
+                }
+            }
+        }
+    }
+
+    /// Kills the process at once (SIGKILL) and waits for it.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// The OS process id.
+    pub fn id(&self) -> u32 {
+        self.child.id()
+    }
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// `switchyard-mocker` running N engines.
+#[derive(Debug)]
+pub struct Mockers {
+    /// The process.
+    pub process: Process,
+    /// One address per engine.
+    pub addrs: Vec<SocketAddr>,
+}
+
+impl Mockers {
+    /// Starts `switchyard-mocker` with `args` (e.g. `--num-workers 2 --speedup 10`).
+    ///
+    /// # Errors
+    ///
+    /// Fails if it cannot start or does not report its ports.
+    pub fn start(args: &[&str]) -> anyhow::Result<Mockers> {
+        let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+        let (process, lines) =
+            Process::start(&binary("switchyard-mocker")?, &args, |line| line.starts_with("mocker ready"), Duration::from_secs(30))?;
+        let addrs = lines
+            .iter()
+            .filter_map(|line| line.split("listening on http://").nth(1))
+            .map(|addr| addr.trim().parse().context("mocker printed a bad address"))
+            .collect::<anyhow::Result<Vec<SocketAddr>>>()?;
+        Ok(Mockers { process, addrs })
+    }
+}
+
+/// A throwaway certificate authority and a server certificate for `localhost`/`127.0.0.1`,
+/// written as PEM files into a temporary folder.
+#[derive(Debug)]
+pub struct TestCa {
+    /// The folder holding the files.
+    pub dir: tempfile::TempDir,
+    /// The CA certificate (DER), for clients to trust.
+    pub ca_der: CertificateDer<'static>,
+    /// The server certificate chain (PEM file).
+    pub cert_path: PathBuf,
+    /// The server key (PEM file).
+    pub key_path: PathBuf,
+}
+
+impl TestCa {
+    /// Generates the CA and the server certificate.
+    ///
+    /// # Errors
+    ///
+    /// Fails if generation or writing fails.
+    pub fn new() -> anyhow::Result<TestCa> {
+        let dir = tempfile::tempdir()?;
+        let ca_key = rcgen::KeyPair::generate()?;
+        let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new())?;
+        ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        ca_params.distinguished_name.push(rcgen::DnType::CommonName, "switchyard test CA");
+        let ca_cert = ca_params.self_signed(&ca_key)?;
+        let issuer = rcgen::Issuer::new(ca_params, ca_key);
+        let server_key = rcgen::KeyPair::generate()?;
+        let server_params = rcgen::CertificateParams::new(vec!["localhost".to_string(), "127.0.0.1".to_string()])?;
+        let server_cert = server_params.signed_by(&server_key, &issuer)?;
+        let cert_path = dir.path().join("server.pem");
+        let key_path = dir.path().join("server.key");
+        std::fs::write(&cert_path, server_cert.pem())?;
+        std::fs::write(&key_path, server_key.serialize_pem())?;
+        Ok(TestCa { ca_der: ca_cert.der().clone(), dir, cert_path, key_path })
+    }
+
+    /// A TOML `[server.tls]` table pointing at the files.
+    pub fn tls_toml(&self) -> String {
+        format!("[server.tls]\ncert = {:?}\nkey = {:?}\n", self.cert_path.display().to_string(), self.key_path.display().to_string())
+    }
+}
+
+/// The `switchyard` gateway running as a child process.
+#[derive(Debug)]
+pub struct Gateway {
+    /// The process.
+    pub process: Process,
+    /// The address it listens on.
+    pub addr: SocketAddr,
+    /// The folder holding its config file.
+    pub dir: tempfile::TempDir,
+}
+
+impl Gateway {
+    /// Writes `config` to a file and starts `switchyard --config FILE --listen 127.0.0.1:0`.
+    ///
+    /// # Errors
+    ///
+    /// Fails if the gateway does not print its ready line.
+    pub fn start(config: &str) -> anyhow::Result<Gateway> {
+        let dir = tempfile::tempdir()?;
+        let path = dir.path().join("gateway.toml");
+        std::fs::write(&path, config)?;
+        let args = vec![
+            "--config".to_string(),
+            path.display().to_string(),
+            "--listen".to_string(),
+            "127.0.0.1:0".to_string(),
+            "--log".to_string(),
+            "warn".to_string(),
+        ];
+        let (process, lines) =
+            Process::start(&binary("switchyard")?, &args, |line| line.contains("listening on "), Duration::from_secs(30))?;
+        let addr = lines
+            .iter()
+            .find_map(|line| line.split("listening on ").nth(1))
+            .and_then(|rest| rest.split_whitespace().next())
+            .map(|url| url.trim_start_matches("https://").trim_start_matches("http://").to_string())
+            .context("no listening line")?
+            .parse()
+            .context("bad listening address")?;
+        Ok(Gateway { process, addr, dir })
+    }
+}
+
+/// Which HTTP version to ask for in ALPN.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Alpn {
+    /// `h2`.
+    H2,
+    /// `http/1.1`.
+    Http1,
+}
+
+/// A response read to its end, with the arrival time of each body frame.
+#[derive(Debug)]
+pub struct Reply {
+    /// Status code.
+    pub status: http::StatusCode,
+    /// Headers.
+    pub headers: http::HeaderMap,
+    /// Body frames with their arrival times.
+    pub frames: Vec<(Instant, Bytes)>,
+    /// When the request was sent.
+    pub sent: Instant,
+    /// When the response headers arrived.
+    pub head_at: Instant,
+}
+
+impl Reply {
+    /// The whole body.
+    pub fn body(&self) -> Vec<u8> {
+        self.frames.iter().flat_map(|(_, bytes)| bytes.iter().copied()).collect()
+    }
+
+    /// The body as JSON.
+    ///
+    /// # Errors
+    ///
+    /// Fails if it is not JSON.
+    pub fn json(&self) -> anyhow::Result<serde_json::Value> {
+        serde_json::from_slice(&self.body()).with_context(|| format!("not JSON: {}", String::from_utf8_lossy(&self.body())))
+    }
+
+    /// The SSE `data:` payloads of the body, in order, with the arrival time of the frame that
+    /// completed each.
+    pub fn events(&self) -> Vec<(Instant, String)> {
+        let mut events = Vec::new();
+        let mut pending = String::new();
+        for (at, bytes) in &self.frames {
+            pending.push_str(&String::from_utf8_lossy(bytes));
+            while let Some(end) = pending.find("\n\n") {
+                let event: String = pending.drain(..end + 2).collect();
+                for line in event.lines() {
+                    if let Some(data) = line.strip_prefix("data: ") {
+                        events.push((*at, data.to_string()));
+                    }
+                }
+            }
+        }
+        events
+    }
+
+    /// Milliseconds from sending to the first body frame.
+    pub fn first_byte_ms(&self) -> Option<f64> {
+        self.frames.first().map(|(at, _)| at.duration_since(self.sent).as_secs_f64() * 1000.0)
+    }
+}
+
+/// An HTTP client over TLS that trusts one CA (or, for benchmarks, plain TCP).
+#[derive(Clone)]
+pub struct Client {
+    connector: Option<TlsConnector>,
+    addr: SocketAddr,
+}
+
+impl std::fmt::Debug for Client {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Client").field("addr", &self.addr).field("tls", &self.connector.is_some()).finish()
+    }
+}
+
+/// An open connection that can carry several requests.
+#[derive(Debug)]
+pub enum Connection {
+    /// HTTP/1.1.
+    Http1(hyper::client::conn::http1::SendRequest<Full<Bytes>>),
+    /// HTTP/2.
+    Http2(hyper::client::conn::http2::SendRequest<Full<Bytes>>),
+}
+
+impl Client {
+    /// A TLS client of `addr` trusting `ca` and offering `alpn`, with TLS 1.3 and 1.2 (or
+    /// only `versions` if given).
+    ///
+    /// # Errors
+    ///
+    /// Fails if rustls refuses the settings.
+    pub fn tls(
+        addr: SocketAddr,
+        ca: &CertificateDer<'static>,
+        alpn: Alpn,
+        versions: Option<&[&'static rustls::SupportedProtocolVersion]>,
+    ) -> anyhow::Result<Client> {
+        let mut roots = rustls::RootCertStore::empty();
+        roots.add(ca.clone())?;
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        const BOTH: &[&rustls::SupportedProtocolVersion] = &[&rustls::version::TLS13, &rustls::version::TLS12];
+        let versions = versions.unwrap_or(BOTH);
+        let mut config = rustls::ClientConfig::builder_with_provider(provider)
+            .with_protocol_versions(versions)?
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        config.alpn_protocols = vec![match alpn {
+            Alpn::H2 => b"h2".to_vec(),
+            Alpn::Http1 => b"http/1.1".to_vec(),
+        }];
+        Ok(Client { connector: Some(TlsConnector::from(Arc::new(config))), addr })
+    }
+
+    /// A plain-HTTP/1.1 client of `addr`.
+    pub fn plain(addr: SocketAddr) -> Client {
+        Client { connector: None, addr }
+    }
+
+    /// Opens a TLS session (no HTTP yet), e.g. to send raw bytes.
+    ///
+    /// # Errors
+    ///
+    /// Fails if the connection or handshake fails.
+    pub async fn raw_tls(&self) -> anyhow::Result<TlsStream<TcpStream>> {
+        let connector = self.connector.clone().context("not a TLS client")?;
+        let tcp = TcpStream::connect(self.addr).await?;
+        Ok(connector.connect(ServerName::try_from("localhost")?, tcp).await?)
+    }
+
+    /// Opens a connection and returns it with the negotiated protocol.
+    ///
+    /// # Errors
+    ///
+    /// Fails if connecting, the TLS handshake or the HTTP handshake fails.
+    pub async fn connect(&self) -> anyhow::Result<Connection> {
+        let tcp = TcpStream::connect(self.addr).await?;
+        tcp.set_nodelay(true)?;
+        let Some(connector) = &self.connector else {
+            let (sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(tcp)).await?;
+            tokio::spawn(connection);
+            return Ok(Connection::Http1(sender));
+        };
+        let tls = connector.connect(ServerName::try_from("localhost")?, tcp).await?;
+        let h2 = tls.get_ref().1.alpn_protocol() == Some(b"h2");
+        if h2 {
+            let (sender, connection) = hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(tls)).await?;
+            tokio::spawn(connection);
+            Ok(Connection::Http2(sender))
+        } else {
+            let (sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(tls)).await?;
+            tokio::spawn(connection);
+            Ok(Connection::Http1(sender))
+        }
+    }
+
+    /// Sends one request on a new connection and reads the whole response.
+    ///
+    /// # Errors
+    ///
+    /// Fails on any transport error.
+    pub async fn send(&self, method: &str, path: &str, body: impl Into<Bytes>) -> anyhow::Result<Reply> {
+        let mut connection = self.connect().await?;
+        connection.send(method, path, body).await
+    }
+
+    /// POSTs a JSON value.
+    ///
+    /// # Errors
+    ///
+    /// Fails on any transport error.
+    pub async fn post_json(&self, path: &str, body: &serde_json::Value) -> anyhow::Result<Reply> {
+        self.send("POST", path, serde_json::to_vec(body)?).await
+    }
+}
+
+impl Connection {
+    /// Sends one request on this connection and reads the whole response, timing each frame.
+    ///
+    /// # Errors
+    ///
+    /// Fails on any transport error.
+    pub async fn send(&mut self, method: &str, path: &str, body: impl Into<Bytes>) -> anyhow::Result<Reply> {
+        let request = http::Request::builder()
+            .method(method)
+            .uri(path)
+            .header(http::header::HOST, "localhost")
+            .header(http::header::CONTENT_TYPE, "application/json")
+            .body(Full::new(body.into()))?;
+        let sent = Instant::now();
+        let response = match self {
+            Connection::Http1(sender) => {
+                sender.ready().await?;
+                sender.send_request(request).await?
+            }
+            Connection::Http2(sender) => {
+                let (mut parts, body) = request.into_parts();
+                parts.uri = format!("https://localhost{path}").parse()?;
+                sender.ready().await?;
+                sender.send_request(http::Request::from_parts(parts, body)).await?
+            }
+        };
+        let head_at = Instant::now();
+        let (parts, mut body) = response.into_parts();
+        let mut frames = Vec::new();
+        while let Some(frame) = body.frame().await {
+            if let Ok(data) = frame?.into_data() {
+                frames.push((Instant::now(), data));
+            }
+        }
+        Ok(Reply { status: parts.status, headers: parts.headers, frames, sent, head_at })
+    }
+}
+
+/// A chat request body for `model` with `max_tokens`.
+pub fn chat_body(model: &str, content: &str, max_tokens: u32, stream: bool) -> serde_json::Value {
+    serde_json::json!({
+        "model": model,
+        "messages": [{"role": "user", "content": content}],
+        "max_tokens": max_tokens,
+        "stream": stream,
+    })
+}
+
+/// Polls `check` every 50 ms until it returns true or `timeout` passes.
+pub async fn eventually<F, Fut>(timeout: Duration, mut check: F) -> bool
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = Instant::now() + timeout;
+    while Instant::now() < deadline {
+        if check().await {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    false
+}
