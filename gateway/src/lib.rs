@@ -87,7 +87,9 @@ impl Gateway {
         }
         let mut mockers = Vec::new();
         if let Some(embedded) = config.embedded_mockers.as_ref().filter(|m| m.count > 0) {
-            let (fleet, entries) = workers::embedded::start(embedded).await.map_err(Error::Mockers)?;
+            let (fleet, entries) = workers::embedded::start(embedded)
+                .await
+                .map_err(Error::Mockers)?;
             mockers = fleet;
             config.workers.extend(entries);
         }
@@ -96,12 +98,33 @@ impl Gateway {
         let client = WorkerClient::new(&config.forwarding);
         let listener = TcpListener::bind(config.server.listen)
             .await
-            .map_err(|source| Error::Bind { addr: config.server.listen, source })?;
-        let addr = listener.local_addr().map_err(|source| Error::Bind { addr: config.server.listen, source })?;
+            .map_err(|source| Error::Bind {
+                addr: config.server.listen,
+                source,
+            })?;
+        let addr = listener.local_addr().map_err(|source| Error::Bind {
+            addr: config.server.listen,
+            source,
+        })?;
         let health = workers::health::spawn(pool.clone(), client.clone(), config.health.clone());
-        let state = Arc::new(AppState { config, pool, client, metrics });
-        let accept = tokio::spawn(server::conn::accept_loop(listener, tls.clone(), state.clone()));
-        Ok(Gateway { addr, tls, state, tasks: vec![health, accept], _mockers: mockers })
+        let state = Arc::new(AppState {
+            config,
+            pool,
+            client,
+            metrics,
+        });
+        let accept = tokio::spawn(server::conn::accept_loop(
+            listener,
+            tls.clone(),
+            state.clone(),
+        ));
+        Ok(Gateway {
+            addr,
+            tls,
+            state,
+            tasks: vec![health, accept],
+            _mockers: mockers,
+        })
     }
 
     /// The address the client listener is bound to.

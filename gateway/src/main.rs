@@ -38,18 +38,31 @@ fn main() -> anyhow::Result<()> {
         )
         .with_writer(std::io::stderr)
         .init();
+    // Every client stream may hold a worker connection too; lift the soft descriptor limit.
+    if let Err(err) = rlimit::increase_nofile_limit(u64::MAX) {
+        tracing::warn!(error = %err, "could not raise the open-file limit");
+    }
     let mut config = Config::load(&args.config)?;
     if let Some(listen) = args.listen {
         config.server.listen = listen;
     }
     if let Some(count) = args.mockers {
-        config.embedded_mockers.get_or_insert_with(Default::default).count = count;
+        config
+            .embedded_mockers
+            .get_or_insert_with(Default::default)
+            .count = count;
     }
     if let Some(speedup) = args.mocker_speedup {
-        config.embedded_mockers.get_or_insert_with(Default::default).speedup = speedup;
+        config
+            .embedded_mockers
+            .get_or_insert_with(Default::default)
+            .speedup = speedup;
     }
     config.validate(&args.config)?;
-    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting the runtime")?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the runtime")?;
     runtime.block_on(run(config))
 }
 
@@ -58,7 +71,14 @@ async fn run(config: Config) -> anyhow::Result<()> {
     let url = gateway.url();
     let models = gateway.state().pool.models().join(", ");
     let workers = gateway.state().pool.workers().len();
-    let model = gateway.state().pool.models().first().copied().unwrap_or("mock").to_string();
+    let model = gateway
+        .state()
+        .pool
+        .models()
+        .first()
+        .copied()
+        .unwrap_or("mock")
+        .to_string();
     println!("switchyard listening on {url} (models: {models}; {workers} workers)");
     if let Some(fingerprint) = gateway.fingerprint() {
         println!("certificate SHA-256: {fingerprint}");
@@ -67,7 +87,9 @@ async fn run(config: Config) -> anyhow::Result<()> {
     println!(
         "try: curl -N {insecure}{url}/v1/chat/completions -H 'content-type: application/json' -d '{{\"model\":\"{model}\",\"messages\":[{{\"role\":\"user\",\"content\":\"hi\"}}],\"stream\":true}}'"
     );
-    tokio::signal::ctrl_c().await.context("waiting for ctrl-c")?;
+    tokio::signal::ctrl_c()
+        .await
+        .context("waiting for ctrl-c")?;
     tracing::info!("shutting down");
     Ok(())
 }

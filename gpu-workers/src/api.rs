@@ -213,7 +213,10 @@ impl Endpoint {
 /// Returns an [`ApiError`] with status 400 when the body is not UTF-8, not JSON, has a field of
 /// the wrong type, lacks a required field, or asks for something Switchyard does not support
 /// (several choices or batched prompts). The message names the offending field path.
-pub fn parse_generate_request(endpoint: Endpoint, body: &[u8]) -> Result<GenerateRequest, ApiError> {
+pub fn parse_generate_request(
+    endpoint: Endpoint,
+    body: &[u8],
+) -> Result<GenerateRequest, ApiError> {
     let text = std::str::from_utf8(body).map_err(|err| {
         ApiError::invalid_request(
             "invalid_utf8",
@@ -266,19 +269,20 @@ fn parse_json<T: serde::de::DeserializeOwned>(text: &str) -> Result<T, ApiError>
 
 fn validate(request: &GenerateRequest) -> Result<(), ApiError> {
     if request.model().is_empty() {
-        return Err(ApiError::invalid_request("missing_model", "`model` must not be empty")
-            .with_param(Some("model".into())));
+        return Err(
+            ApiError::invalid_request("missing_model", "`model` must not be empty")
+                .with_param(Some("model".into())),
+        );
     }
     let n = match request {
         GenerateRequest::Chat(req) => req.n,
         GenerateRequest::Completion(req) => req.n,
     };
     if n.is_some_and(|n| n != 1) {
-        return Err(ApiError::invalid_request(
-            "unsupported",
-            "only `n = 1` is supported",
-        )
-        .with_param(Some("n".into())));
+        return Err(
+            ApiError::invalid_request("unsupported", "only `n = 1` is supported")
+                .with_param(Some("n".into())),
+        );
     }
     match request {
         GenerateRequest::Chat(req) if req.messages.is_empty() => Err(ApiError::invalid_request(
@@ -480,8 +484,17 @@ mod tests {
             br#"{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"a"},{"type":"image_url","image_url":{"url":"x"}},{"type":"text","text":"b"}]}]}"#,
         )
         .expect("valid");
-        let GenerateRequest::Chat(chat) = request else { panic!("chat expected") };
-        assert_eq!(chat.messages[0].content.as_ref().map(MessageContent::text).as_deref(), Some("a\nb"));
+        let GenerateRequest::Chat(chat) = request else {
+            panic!("chat expected")
+        };
+        assert_eq!(
+            chat.messages[0]
+                .content
+                .as_ref()
+                .map(MessageContent::text)
+                .as_deref(),
+            Some("a\nb")
+        );
     }
 
     #[test]
@@ -491,15 +504,22 @@ mod tests {
         let err = parse_err(Endpoint::Chat, r#"{"messages":[]}"#);
         assert_eq!(err.code(), "invalid_type");
         assert!(err.body.error.message.contains("model"), "{err}");
-        let err = parse_err(Endpoint::Chat, r#"{"model":"m","messages":[],"stream":"yes"}"#);
+        let err = parse_err(
+            Endpoint::Chat,
+            r#"{"model":"m","messages":[],"stream":"yes"}"#,
+        );
         assert_eq!(err.body.error.param.as_deref(), Some("stream"));
         let err = parse_err(Endpoint::Chat, r#"{"model":"m","messages":[]}"#);
         assert_eq!(err.body.error.param.as_deref(), Some("messages"));
         let err = parse_err(Endpoint::Completion, r#"{"model":"m","prompt":["a","b"]}"#);
         assert_eq!(err.code(), "unsupported");
-        let err = parse_err(Endpoint::Completion, r#"{"model":"m","prompt":"a"} trailing"#);
+        let err = parse_err(
+            Endpoint::Completion,
+            r#"{"model":"m","prompt":"a"} trailing"#,
+        );
         assert_eq!(err.code(), "invalid_json");
-        let err = parse_generate_request(Endpoint::Chat, b"{\"model\":\"\xff\"}").expect_err("bad utf-8");
+        let err =
+            parse_generate_request(Endpoint::Chat, b"{\"model\":\"\xff\"}").expect_err("bad utf-8");
         assert_eq!(err.code(), "invalid_utf8");
         assert_eq!(err.status, http::StatusCode::BAD_REQUEST);
     }

@@ -89,8 +89,20 @@ mod tests {
         let local1 = xxh3_64_with_seed(&second, 1337);
         let mut chained = local0.to_le_bytes().to_vec();
         chained.extend_from_slice(&local1.to_le_bytes());
-        assert_eq!(hashes[0], BlockHash { local: local0, sequence: local0 });
-        assert_eq!(hashes[1], BlockHash { local: local1, sequence: xxh3_64_with_seed(&chained, 1337) });
+        assert_eq!(
+            hashes[0],
+            BlockHash {
+                local: local0,
+                sequence: local0
+            }
+        );
+        assert_eq!(
+            hashes[1],
+            BlockHash {
+                local: local1,
+                sequence: xxh3_64_with_seed(&chained, 1337)
+            }
+        );
     }
 
     #[test]

@@ -40,7 +40,11 @@ pub fn json(status: StatusCode, value: &impl serde::Serialize) -> Response<Body>
 }
 
 /// A response with a plain-text body.
-pub fn text(status: StatusCode, content_type: &'static str, body: impl Into<Bytes>) -> Response<Body> {
+pub fn text(
+    status: StatusCode,
+    content_type: &'static str,
+    body: impl Into<Bytes>,
+) -> Response<Body> {
     with_type(status, content_type, full(body))
 }
 
@@ -52,14 +56,18 @@ pub fn error(err: &ApiError) -> Response<Body> {
 /// A streaming response of server-sent events.
 pub fn event_stream(body: Body) -> Response<Body> {
     let mut response = with_type(StatusCode::OK, EVENT_STREAM, body);
-    response.headers_mut().insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    response
+        .headers_mut()
+        .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
     response
 }
 
 fn with_type(status: StatusCode, content_type: &'static str, body: Body) -> Response<Body> {
     let mut response = Response::new(body);
     *response.status_mut() = status;
-    response.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+    response
+        .headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
     response
 }
 
@@ -69,7 +77,11 @@ fn with_type(status: StatusCode, content_type: &'static str, body: Body) -> Resp
 ///
 /// Returns a 413 [`ApiError`] (`body_too_large`) if the declared or actual length exceeds
 /// `limit`, and a 400 (`body_read_failed`) if the body cannot be read to its end.
-pub async fn read_limited<B>(headers: &http::HeaderMap, body: B, limit: usize) -> Result<Bytes, ApiError>
+pub async fn read_limited<B>(
+    headers: &http::HeaderMap,
+    body: B,
+    limit: usize,
+) -> Result<Bytes, ApiError>
 where
     B: http_body::Body<Data = Bytes>,
     B::Error: std::error::Error + Send + Sync + 'static,
@@ -101,7 +113,12 @@ where
 
 /// The 404 answer for an unknown path.
 pub fn not_found(path: &str) -> ApiError {
-    ApiError::new(StatusCode::NOT_FOUND, "invalid_request_error", "not_found", format!("no route for path `{path}`"))
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        "invalid_request_error",
+        "not_found",
+        format!("no route for path `{path}`"),
+    )
 }
 
 /// The 405 answer for a known path called with the wrong method.

@@ -54,10 +54,19 @@ mod tests {
     #[test]
     fn chat_template_is_stable() {
         let messages = vec![
-            ChatMessage { role: "system".into(), content: Some(MessageContent::Text("be brief".into())) },
-            ChatMessage { role: "user".into(), content: Some(MessageContent::Text("hi".into())) },
+            ChatMessage {
+                role: "system".into(),
+                content: Some(MessageContent::Text("be brief".into())),
+            },
+            ChatMessage {
+                role: "user".into(),
+                content: Some(MessageContent::Text("hi".into())),
+            },
         ];
-        assert_eq!(render_chat(&messages), "<|system|>\nbe brief\n<|user|>\nhi\n<|assistant|>\n");
+        assert_eq!(
+            render_chat(&messages),
+            "<|system|>\nbe brief\n<|user|>\nhi\n<|assistant|>\n"
+        );
     }
 
     #[test]

@@ -35,7 +35,10 @@ pub fn binary(name: &str) -> anyhow::Result<PathBuf> {
         Some(dir) => PathBuf::from(dir),
         None => {
             let exe = std::env::current_exe().context("locating the test executable")?;
-            let mut dir = exe.parent().context("test executable has no folder")?.to_path_buf();
+            let mut dir = exe
+                .parent()
+                .context("test executable has no folder")?
+                .to_path_buf();
             if dir.ends_with("deps") {
                 dir.pop();
             }
@@ -102,7 +105,10 @@ impl Process {
                 }
                 Err(_) => {
                     let status = process.child.try_wait().ok().flatten();
-                    bail!("{} printed no ready line within {timeout:?} (exit: {status:?}); output: {seen:?}", program.display());
+                    bail!(
+                        "{} printed no ready line within {timeout:?} (exit: {status:?}); output: {seen:?}",
+                        program.display()
+                    );
                 }
             }
         }
@@ -143,8 +149,12 @@ impl Mockers {
     /// Fails if it cannot start or does not report its ports.
     pub fn start(args: &[&str]) -> anyhow::Result<Mockers> {
         let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
-        let (process, lines) =
-            Process::start(&binary("switchyard-mocker")?, &args, |line| line.starts_with("mocker ready"), Duration::from_secs(30))?;
+        let (process, lines) = Process::start(
+            &binary("switchyard-mocker")?,
+            &args,
+            |line| line.starts_with("mocker ready"),
+            Duration::from_secs(30),
+        )?;
         let addrs = lines
             .iter()
             .filter_map(|line| line.split("listening on http://").nth(1))
@@ -179,22 +189,34 @@ impl TestCa {
         let ca_key = rcgen::KeyPair::generate()?;
         let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new())?;
         ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-        ca_params.distinguished_name.push(rcgen::DnType::CommonName, "switchyard test CA");
+        ca_params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, "switchyard test CA");
         let ca_cert = ca_params.self_signed(&ca_key)?;
         let issuer = rcgen::Issuer::new(ca_params, ca_key);
         let server_key = rcgen::KeyPair::generate()?;
-        let server_params = rcgen::CertificateParams::new(vec!["localhost".to_string(), "127.0.0.1".to_string()])?;
+        let server_params =
+            rcgen::CertificateParams::new(vec!["localhost".to_string(), "127.0.0.1".to_string()])?;
         let server_cert = server_params.signed_by(&server_key, &issuer)?;
         let cert_path = dir.path().join("server.pem");
         let key_path = dir.path().join("server.key");
         std::fs::write(&cert_path, server_cert.pem())?;
         std::fs::write(&key_path, server_key.serialize_pem())?;
-        Ok(TestCa { ca_der: ca_cert.der().clone(), dir, cert_path, key_path })
+        Ok(TestCa {
+            ca_der: ca_cert.der().clone(),
+            dir,
+            cert_path,
+            key_path,
+        })
     }
 
     /// A TOML `[server.tls]` table pointing at the files.
     pub fn tls_toml(&self) -> String {
-        format!("[server.tls]\ncert = {:?}\nkey = {:?}\n", self.cert_path.display().to_string(), self.key_path.display().to_string())
+        format!(
+            "[server.tls]\ncert = {:?}\nkey = {:?}\n",
+            self.cert_path.display().to_string(),
+            self.key_path.display().to_string()
+        )
     }
 }
 
@@ -227,13 +249,21 @@ impl Gateway {
             "--log".to_string(),
             "warn".to_string(),
         ];
-        let (process, lines) =
-            Process::start(&binary("switchyard")?, &args, |line| line.contains("listening on "), Duration::from_secs(30))?;
+        let (process, lines) = Process::start(
+            &binary("switchyard")?,
+            &args,
+            |line| line.contains("listening on "),
+            Duration::from_secs(30),
+        )?;
         let addr = lines
             .iter()
             .find_map(|line| line.split("listening on ").nth(1))
             .and_then(|rest| rest.split_whitespace().next())
-            .map(|url| url.trim_start_matches("https://").trim_start_matches("http://").to_string())
+            .map(|url| {
+                url.trim_start_matches("https://")
+                    .trim_start_matches("http://")
+                    .to_string()
+            })
             .context("no listening line")?
             .parse()
             .context("bad listening address")?;
@@ -268,7 +298,10 @@ pub struct Reply {
 impl Reply {
     /// The whole body.
     pub fn body(&self) -> Vec<u8> {
-        self.frames.iter().flat_map(|(_, bytes)| bytes.iter().copied()).collect()
+        self.frames
+            .iter()
+            .flat_map(|(_, bytes)| bytes.iter().copied())
+            .collect()
     }
 
     /// The body as JSON.
@@ -277,7 +310,8 @@ impl Reply {
     ///
     /// Fails if it is not JSON.
     pub fn json(&self) -> anyhow::Result<serde_json::Value> {
-        serde_json::from_slice(&self.body()).with_context(|| format!("not JSON: {}", String::from_utf8_lossy(&self.body())))
+        serde_json::from_slice(&self.body())
+            .with_context(|| format!("not JSON: {}", String::from_utf8_lossy(&self.body())))
     }
 
     /// The SSE `data:` payloads of the body, in order, with the arrival time of the frame that
@@ -301,7 +335,9 @@ impl Reply {
 
     /// Milliseconds from sending to the first body frame.
     pub fn first_byte_ms(&self) -> Option<f64> {
-        self.frames.first().map(|(at, _)| at.duration_since(self.sent).as_secs_f64() * 1000.0)
+        self.frames
+            .first()
+            .map(|(at, _)| at.duration_since(self.sent).as_secs_f64() * 1000.0)
     }
 }
 
@@ -314,7 +350,10 @@ pub struct Client {
 
 impl std::fmt::Debug for Client {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Client").field("addr", &self.addr).field("tls", &self.connector.is_some()).finish()
+        f.debug_struct("Client")
+            .field("addr", &self.addr)
+            .field("tls", &self.connector.is_some())
+            .finish()
     }
 }
 
@@ -343,7 +382,8 @@ impl Client {
         let mut roots = rustls::RootCertStore::empty();
         roots.add(ca.clone())?;
         let provider = Arc::new(rustls::crypto::ring::default_provider());
-        const BOTH: &[&rustls::SupportedProtocolVersion] = &[&rustls::version::TLS13, &rustls::version::TLS12];
+        const BOTH: &[&rustls::SupportedProtocolVersion] =
+            &[&rustls::version::TLS13, &rustls::version::TLS12];
         let versions = versions.unwrap_or(BOTH);
         let mut config = rustls::ClientConfig::builder_with_provider(provider)
             .with_protocol_versions(versions)?
@@ -353,12 +393,18 @@ impl Client {
             Alpn::H2 => b"h2".to_vec(),
             Alpn::Http1 => b"http/1.1".to_vec(),
         }];
-        Ok(Client { connector: Some(TlsConnector::from(Arc::new(config))), addr })
+        Ok(Client {
+            connector: Some(TlsConnector::from(Arc::new(config))),
+            addr,
+        })
     }
 
     /// A plain-HTTP/1.1 client of `addr`.
     pub fn plain(addr: SocketAddr) -> Client {
-        Client { connector: None, addr }
+        Client {
+            connector: None,
+            addr,
+        }
     }
 
     /// Opens a TLS session (no HTTP yet), e.g. to send raw bytes.
@@ -369,7 +415,9 @@ impl Client {
     pub async fn raw_tls(&self) -> anyhow::Result<TlsStream<TcpStream>> {
         let connector = self.connector.clone().context("not a TLS client")?;
         let tcp = TcpStream::connect(self.addr).await?;
-        Ok(connector.connect(ServerName::try_from("localhost")?, tcp).await?)
+        Ok(connector
+            .connect(ServerName::try_from("localhost")?, tcp)
+            .await?)
     }
 
     /// Opens a connection and returns it with the negotiated protocol.
@@ -381,18 +429,24 @@ impl Client {
         let tcp = TcpStream::connect(self.addr).await?;
         tcp.set_nodelay(true)?;
         let Some(connector) = &self.connector else {
-            let (sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(tcp)).await?;
+            let (sender, connection) =
+                hyper::client::conn::http1::handshake(TokioIo::new(tcp)).await?;
             tokio::spawn(connection);
             return Ok(Connection::Http1(sender));
         };
-        let tls = connector.connect(ServerName::try_from("localhost")?, tcp).await?;
+        let tls = connector
+            .connect(ServerName::try_from("localhost")?, tcp)
+            .await?;
         let h2 = tls.get_ref().1.alpn_protocol() == Some(b"h2");
         if h2 {
-            let (sender, connection) = hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(tls)).await?;
+            let (sender, connection) =
+                hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(tls))
+                    .await?;
             tokio::spawn(connection);
             Ok(Connection::Http2(sender))
         } else {
-            let (sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(tls)).await?;
+            let (sender, connection) =
+                hyper::client::conn::http1::handshake(TokioIo::new(tls)).await?;
             tokio::spawn(connection);
             Ok(Connection::Http1(sender))
         }
@@ -403,7 +457,12 @@ impl Client {
     /// # Errors
     ///
     /// Fails on any transport error.
-    pub async fn send(&self, method: &str, path: &str, body: impl Into<Bytes>) -> anyhow::Result<Reply> {
+    pub async fn send(
+        &self,
+        method: &str,
+        path: &str,
+        body: impl Into<Bytes>,
+    ) -> anyhow::Result<Reply> {
         let mut connection = self.connect().await?;
         connection.send(method, path, body).await
     }
@@ -424,7 +483,12 @@ impl Connection {
     /// # Errors
     ///
     /// Fails on any transport error.
-    pub async fn send(&mut self, method: &str, path: &str, body: impl Into<Bytes>) -> anyhow::Result<Reply> {
+    pub async fn send(
+        &mut self,
+        method: &str,
+        path: &str,
+        body: impl Into<Bytes>,
+    ) -> anyhow::Result<Reply> {
         let request = http::Request::builder()
             .method(method)
             .uri(path)
@@ -441,7 +505,9 @@ impl Connection {
                 let (mut parts, body) = request.into_parts();
                 parts.uri = format!("https://localhost{path}").parse()?;
                 sender.ready().await?;
-                sender.send_request(http::Request::from_parts(parts, body)).await?
+                sender
+                    .send_request(http::Request::from_parts(parts, body))
+                    .await?
             }
         };
         let head_at = Instant::now();
@@ -452,7 +518,13 @@ impl Connection {
                 frames.push((Instant::now(), data));
             }
         }
-        Ok(Reply { status: parts.status, headers: parts.headers, frames, sent, head_at })
+        Ok(Reply {
+            status: parts.status,
+            headers: parts.headers,
+            frames,
+            sent,
+            head_at,
+        })
     }
 }
 

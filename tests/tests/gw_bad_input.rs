@@ -9,9 +9,15 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 fn assert_error(reply: &switchyard_e2e::Reply, status: u16, code: &str) {
     let body = String::from_utf8_lossy(&reply.body()).into_owned();
     assert_eq!(reply.status.as_u16(), status, "{code}: {body}");
-    let json: serde_json::Value = serde_json::from_str(&body).unwrap_or_else(|_| panic!("{code}: not JSON: {body}"));
+    let json: serde_json::Value =
+        serde_json::from_str(&body).unwrap_or_else(|_| panic!("{code}: not JSON: {body}"));
     assert_eq!(json["error"]["code"], code, "{body}");
-    assert!(json["error"]["message"].as_str().is_some_and(|m| !m.is_empty()), "{body}");
+    assert!(
+        json["error"]["message"]
+            .as_str()
+            .is_some_and(|m| !m.is_empty()),
+        "{body}"
+    );
     assert!(json["error"]["type"].is_string(), "{body}");
 }
 
@@ -29,41 +35,104 @@ async fn each_bad_input_gets_its_error_and_good_requests_continue() -> anyhow::R
     // A long good stream runs through all the bad input.
     let good = {
         let h2 = h2.clone();
-        tokio::spawn(async move { h2.post_json("/v1/chat/completions", &chat_body("mock", "steady", 150, true)).await })
+        tokio::spawn(async move {
+            h2.post_json(
+                "/v1/chat/completions",
+                &chat_body("mock", "steady", 150, true),
+            )
+            .await
+        })
     };
 
     for client in [&h1, &h2] {
-        assert_error(&client.send("POST", "/v1/chat/completions", "{\"model\": ").await?, 400, "invalid_json");
-        assert_error(&client.send("POST", "/v1/chat/completions", "").await?, 400, "invalid_json");
         assert_error(
-            &client.send("POST", "/v1/chat/completions", r#"{"model":"mock","messages":"hi"}"#).await?,
+            &client
+                .send("POST", "/v1/chat/completions", "{\"model\": ")
+                .await?,
+            400,
+            "invalid_json",
+        );
+        assert_error(
+            &client.send("POST", "/v1/chat/completions", "").await?,
+            400,
+            "invalid_json",
+        );
+        assert_error(
+            &client
+                .send(
+                    "POST",
+                    "/v1/chat/completions",
+                    r#"{"model":"mock","messages":"hi"}"#,
+                )
+                .await?,
             400,
             "invalid_type",
         );
         assert_error(
-            &client.send("POST", "/v1/chat/completions", r#"{"model":"mock","messages":[],"stream":"yes"}"#).await?,
+            &client
+                .send(
+                    "POST",
+                    "/v1/chat/completions",
+                    r#"{"model":"mock","messages":[],"stream":"yes"}"#,
+                )
+                .await?,
             400,
             "invalid_type",
         );
-        let missing = client.send("POST", "/v1/chat/completions", r#"{"messages":[{"role":"user","content":"x"}]}"#).await?;
+        let missing = client
+            .send(
+                "POST",
+                "/v1/chat/completions",
+                r#"{"messages":[{"role":"user","content":"x"}]}"#,
+            )
+            .await?;
         assert_error(&missing, 400, "invalid_type");
         assert!(String::from_utf8_lossy(&missing.body()).contains("model"));
-        assert_error(&client.post_json("/v1/chat/completions", &chat_body("gpt-9", "x", 1, false)).await?, 404, "model_not_found");
         assert_error(
-            &client.send("POST", "/v1/completions", b"{\"model\":\"mock\",\"prompt\":\"\xc3\x28\"}".to_vec()).await?,
+            &client
+                .post_json("/v1/chat/completions", &chat_body("gpt-9", "x", 1, false))
+                .await?,
+            404,
+            "model_not_found",
+        );
+        assert_error(
+            &client
+                .send(
+                    "POST",
+                    "/v1/completions",
+                    b"{\"model\":\"mock\",\"prompt\":\"\xc3\x28\"}".to_vec(),
+                )
+                .await?,
             400,
             "invalid_utf8",
         );
         let big = serde_json::to_vec(&chat_body("mock", &"x".repeat(5000), 1, false))?;
-        assert_error(&client.send("POST", "/v1/chat/completions", big).await?, 413, "body_too_large");
-        assert_error(&client.send("GET", "/v1/chat/completions", "").await?, 405, "method_not_allowed");
-        assert_error(&client.send("POST", "/v1/models", "").await?, 405, "method_not_allowed");
-        assert_error(&client.send("GET", "/v2/anything", "").await?, 404, "not_found");
+        assert_error(
+            &client.send("POST", "/v1/chat/completions", big).await?,
+            413,
+            "body_too_large",
+        );
+        assert_error(
+            &client.send("GET", "/v1/chat/completions", "").await?,
+            405,
+            "method_not_allowed",
+        );
+        assert_error(
+            &client.send("POST", "/v1/models", "").await?,
+            405,
+            "method_not_allowed",
+        );
+        assert_error(
+            &client.send("GET", "/v2/anything", "").await?,
+            404,
+            "not_found",
+        );
     }
 
     // Slow headers: half a request line, then silence.
     let mut slow = h1.raw_tls().await?;
-    slow.write_all(b"POST /v1/chat/completions HTTP/1.1\r\nHost: loc").await?;
+    slow.write_all(b"POST /v1/chat/completions HTTP/1.1\r\nHost: loc")
+        .await?;
     let mut answer = Vec::new();
     tokio::time::timeout(Duration::from_secs(5), slow.read_to_end(&mut answer)).await??;
     let answer = String::from_utf8_lossy(&answer);
@@ -73,18 +142,35 @@ async fn each_bad_input_gets_its_error_and_good_requests_continue() -> anyhow::R
     // A body larger than the limit and sent without a length is cut off at the limit.
     let mut connection = h1.connect().await?;
     let unsized_big = serde_json::to_vec(&chat_body("mock", &"y".repeat(8000), 1, false))?;
-    let reply = connection.send("POST", "/v1/chat/completions", unsized_big).await?;
+    let reply = connection
+        .send("POST", "/v1/chat/completions", unsized_big)
+        .await?;
     assert_error(&reply, 413, "body_too_large");
 
     let good = good.await??;
     assert_eq!(good.status, 200);
     let events = good.events();
-    assert_eq!(events.last().map(|(_, d)| d.as_str()), Some("[DONE]"), "the good stream finished");
+    assert_eq!(
+        events.last().map(|(_, d)| d.as_str()),
+        Some("[DONE]"),
+        "the good stream finished"
+    );
     assert_eq!(events.len(), 152, "150 tokens, the finish chunk and [DONE]");
 
     let metrics = String::from_utf8(h1.send("GET", "/metrics", "").await?.body())?;
-    for kind in ["invalid_json", "invalid_type", "model_not_found", "invalid_utf8", "body_too_large", "header_timeout", "not_found"] {
-        assert!(metrics.contains(&format!("switchyard_errors_total{{kind=\"{kind}\"}}")), "no error count for {kind}");
+    for kind in [
+        "invalid_json",
+        "invalid_type",
+        "model_not_found",
+        "invalid_utf8",
+        "body_too_large",
+        "header_timeout",
+        "not_found",
+    ] {
+        assert!(
+            metrics.contains(&format!("switchyard_errors_total{{kind=\"{kind}\"}}")),
+            "no error count for {kind}"
+        );
     }
     Ok(())
 }
@@ -101,11 +187,17 @@ async fn no_healthy_worker_is_a_clear_503() -> anyhow::Result<()> {
     // The first request may find the worker still presumed healthy; it fails to connect and
     // the answer is a 502 naming it. Once ejected, the answer is 503.
     let ready = switchyard_e2e::eventually(Duration::from_secs(5), || async {
-        client.send("GET", "/readyz", "").await.map(|r| r.status == 503).unwrap_or(false)
+        client
+            .send("GET", "/readyz", "")
+            .await
+            .map(|r| r.status == 503)
+            .unwrap_or(false)
     })
     .await;
     assert!(ready, "readyz must turn 503");
-    let reply = client.post_json("/v1/chat/completions", &chat_body("mock", "x", 1, false)).await?;
+    let reply = client
+        .post_json("/v1/chat/completions", &chat_body("mock", "x", 1, false))
+        .await?;
     assert_error(&reply, 503, "no_healthy_worker");
     assert!(String::from_utf8_lossy(&reply.body()).contains("no healthy worker"));
     Ok(())

@@ -19,26 +19,54 @@ async fn whole_and_streamed_completions_over_tls() -> anyhow::Result<()> {
     for alpn in [Alpn::H2, Alpn::Http1] {
         let client = Client::tls(gateway.addr, &ca.ca_der, alpn, None)?;
 
-        let reply = client.post_json("/v1/chat/completions", &chat_body("mock", "hello there", 8, false)).await?;
-        assert_eq!(reply.status, 200, "{alpn:?}: {}", String::from_utf8_lossy(&reply.body()));
+        let reply = client
+            .post_json(
+                "/v1/chat/completions",
+                &chat_body("mock", "hello there", 8, false),
+            )
+            .await?;
+        assert_eq!(
+            reply.status,
+            200,
+            "{alpn:?}: {}",
+            String::from_utf8_lossy(&reply.body())
+        );
         let json = reply.json()?;
         assert_eq!(json["object"], "chat.completion");
         assert_eq!(json["usage"]["completion_tokens"], 8);
-        let content = json["choices"][0]["message"]["content"].as_str().unwrap_or_default();
-        assert_eq!(content.split_whitespace().count(), 8, "eight words: {content:?}");
+        let content = json["choices"][0]["message"]["content"]
+            .as_str()
+            .unwrap_or_default();
+        assert_eq!(
+            content.split_whitespace().count(),
+            8,
+            "eight words: {content:?}"
+        );
         assert!(reply.headers.contains_key("x-switchyard-worker"));
 
         let tokens = 24;
-        let reply = client.post_json("/v1/chat/completions", &chat_body("mock", "stream please", tokens, true)).await?;
+        let reply = client
+            .post_json(
+                "/v1/chat/completions",
+                &chat_body("mock", "stream please", tokens, true),
+            )
+            .await?;
         assert_eq!(reply.status, 200);
         assert_eq!(reply.headers["content-type"], "text/event-stream");
         let events = reply.events();
-        assert_eq!(events.last().map(|(_, data)| data.as_str()), Some("[DONE]"), "{alpn:?}: ends with [DONE]");
+        assert_eq!(
+            events.last().map(|(_, data)| data.as_str()),
+            Some("[DONE]"),
+            "{alpn:?}: ends with [DONE]"
+        );
         let chunks: Vec<serde_json::Value> = events[..events.len() - 1]
             .iter()
             .map(|(_, data)| serde_json::from_str(data))
             .collect::<Result<_, _>>()?;
-        let words: Vec<&str> = chunks.iter().filter_map(|c| c["choices"][0]["delta"]["content"].as_str()).collect();
+        let words: Vec<&str> = chunks
+            .iter()
+            .filter_map(|c| c["choices"][0]["delta"]["content"].as_str())
+            .collect();
         assert_eq!(words.len(), tokens as usize, "one event per token");
         assert_eq!(chunks[0]["choices"][0]["delta"]["role"], "assistant");
         let last = &chunks[chunks.len() - 1];
@@ -58,13 +86,23 @@ async fn whole_and_streamed_completions_over_tls() -> anyhow::Result<()> {
             times.dedup();
             times.len()
         };
-        assert!(distinct_arrivals >= tokens as usize / 2, "{alpn:?}: only {distinct_arrivals} separate arrivals");
+        assert!(
+            distinct_arrivals >= tokens as usize / 2,
+            "{alpn:?}: only {distinct_arrivals} separate arrivals"
+        );
 
         let reply = client
-            .post_json("/v1/completions", &serde_json::json!({"model": "mock", "prompt": [1, 2, 3, 4], "max_tokens": 3}))
+            .post_json(
+                "/v1/completions",
+                &serde_json::json!({"model": "mock", "prompt": [1, 2, 3, 4], "max_tokens": 3}),
+            )
             .await?;
         assert_eq!(reply.status, 200);
-        assert_eq!(reply.json()?["usage"]["prompt_tokens"], 4, "token-id prompts pass through");
+        assert_eq!(
+            reply.json()?["usage"]["prompt_tokens"],
+            4,
+            "token-id prompts pass through"
+        );
     }
     Ok(())
 }
@@ -73,13 +111,20 @@ async fn whole_and_streamed_completions_over_tls() -> anyhow::Result<()> {
 async fn tls12_models_health_readiness_and_metrics() -> anyhow::Result<()> {
     let ca = TestCa::new()?;
     let gateway = Gateway::start(&config(&ca))?;
-    let client = Client::tls(gateway.addr, &ca.ca_der, Alpn::Http1, Some(&[&rustls::version::TLS12]))?;
+    let client = Client::tls(
+        gateway.addr,
+        &ca.ca_der,
+        Alpn::Http1,
+        Some(&[&rustls::version::TLS12]),
+    )?;
     let models = client.send("GET", "/v1/models", "").await?;
     assert_eq!(models.status, 200);
     assert_eq!(models.json()?["data"][0]["id"], "mock");
     assert_eq!(client.send("GET", "/healthz", "").await?.status, 200);
     assert_eq!(client.send("GET", "/readyz", "").await?.status, 200);
-    let reply = client.post_json("/v1/chat/completions", &chat_body("mock", "x", 2, true)).await?;
+    let reply = client
+        .post_json("/v1/chat/completions", &chat_body("mock", "x", 2, true))
+        .await?;
     assert_eq!(reply.status, 200);
     let metrics = client.send("GET", "/metrics", "").await?;
     let text = String::from_utf8(metrics.body())?;
@@ -101,6 +146,9 @@ async fn a_client_that_trusts_another_ca_is_refused() -> anyhow::Result<()> {
     let other = TestCa::new()?;
     let gateway = Gateway::start(&config(&ca))?;
     let client = Client::tls(gateway.addr, &other.ca_der, Alpn::H2, None)?;
-    assert!(client.send("GET", "/healthz", "").await.is_err(), "the handshake must fail");
+    assert!(
+        client.send("GET", "/healthz", "").await.is_err(),
+        "the handshake must fail"
+    );
     Ok(())
 }

@@ -141,7 +141,12 @@ pub struct HealthConfig {
 
 impl Default for HealthConfig {
     fn default() -> HealthConfig {
-        HealthConfig { interval_ms: 1_000, timeout_ms: 1_000, failures_to_eject: 2, successes_to_restore: 1 }
+        HealthConfig {
+            interval_ms: 1_000,
+            timeout_ms: 1_000,
+            failures_to_eject: 2,
+            successes_to_restore: 1,
+        }
     }
 }
 
@@ -161,7 +166,12 @@ pub struct ForwardingConfig {
 
 impl Default for ForwardingConfig {
     fn default() -> ForwardingConfig {
-        ForwardingConfig { connect_timeout_ms: 2_000, response_timeout_ms: 300_000, pool_max_idle_per_worker: 256, retries: 1 }
+        ForwardingConfig {
+            connect_timeout_ms: 2_000,
+            response_timeout_ms: 300_000,
+            pool_max_idle_per_worker: 256,
+            retries: 1,
+        }
     }
 }
 
@@ -260,8 +270,10 @@ impl Config {
     /// Returns [`ConfigError`] naming the file (and the key, where there is one) if the file
     /// cannot be read, is not valid TOML for this schema, or holds an unusable value.
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|source| ConfigError::Read { file: path.to_path_buf(), source })?;
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            file: path.to_path_buf(),
+            source,
+        })?;
         Config::parse(&text, path)
     }
 
@@ -271,8 +283,10 @@ impl Config {
     ///
     /// As for [`Config::load`].
     pub fn parse(text: &str, file: &Path) -> Result<Config, ConfigError> {
-        let config: Config = toml::from_str(text)
-            .map_err(|err| ConfigError::Parse { file: file.to_path_buf(), message: err.to_string() })?;
+        let config: Config = toml::from_str(text).map_err(|err| ConfigError::Parse {
+            file: file.to_path_buf(),
+            message: err.to_string(),
+        })?;
         config.validate(file)?;
         Ok(config)
     }
@@ -290,7 +304,10 @@ impl Config {
         };
         let server = &self.server;
         if server.plaintext && server.tls.is_some() {
-            return Err(invalid("server.plaintext", "`plaintext = true` conflicts with `[server.tls]`; choose one".into()));
+            return Err(invalid(
+                "server.plaintext",
+                "`plaintext = true` conflicts with `[server.tls]`; choose one".into(),
+            ));
         }
         if self.mode == Mode::Production && !server.plaintext && server.tls.is_none() {
             return Err(invalid(
@@ -301,38 +318,68 @@ impl Config {
         if let Some(tls) = &server.tls {
             for (key, path) in [("server.tls.cert", &tls.cert), ("server.tls.key", &tls.key)] {
                 if !path.is_file() {
-                    return Err(invalid(key, format!("file `{}` does not exist", path.display())));
+                    return Err(invalid(
+                        key,
+                        format!("file `{}` does not exist", path.display()),
+                    ));
                 }
             }
         }
         for (key, value) in [
             ("server.max_body_bytes", server.max_body_bytes as u64),
             ("server.max_header_bytes", server.max_header_bytes as u64),
-            ("server.header_read_timeout_ms", server.header_read_timeout_ms),
+            (
+                "server.header_read_timeout_ms",
+                server.header_read_timeout_ms,
+            ),
             ("server.idle_timeout_ms", server.idle_timeout_ms),
-            ("server.tls_handshake_timeout_ms", server.tls_handshake_timeout_ms),
+            (
+                "server.tls_handshake_timeout_ms",
+                server.tls_handshake_timeout_ms,
+            ),
             ("health.interval_ms", self.health.interval_ms),
             ("health.timeout_ms", self.health.timeout_ms),
-            ("health.failures_to_eject", u64::from(self.health.failures_to_eject)),
-            ("health.successes_to_restore", u64::from(self.health.successes_to_restore)),
-            ("forwarding.connect_timeout_ms", self.forwarding.connect_timeout_ms),
-            ("forwarding.response_timeout_ms", self.forwarding.response_timeout_ms),
+            (
+                "health.failures_to_eject",
+                u64::from(self.health.failures_to_eject),
+            ),
+            (
+                "health.successes_to_restore",
+                u64::from(self.health.successes_to_restore),
+            ),
+            (
+                "forwarding.connect_timeout_ms",
+                self.forwarding.connect_timeout_ms,
+            ),
+            (
+                "forwarding.response_timeout_ms",
+                self.forwarding.response_timeout_ms,
+            ),
         ] {
             if value == 0 {
                 return Err(invalid(key, "must be greater than 0".into()));
             }
         }
         if server.max_header_bytes < 8192 {
-            return Err(invalid("server.max_header_bytes", "must be at least 8192 (hyper's minimum read buffer)".into()));
+            return Err(invalid(
+                "server.max_header_bytes",
+                "must be at least 8192 (hyper's minimum read buffer)".into(),
+            ));
         }
         if let Some(mockers) = &self.embedded_mockers {
             if mockers.model.is_empty() {
-                return Err(invalid("embedded_mockers.model", "must not be empty".into()));
+                return Err(invalid(
+                    "embedded_mockers.model",
+                    "must not be empty".into(),
+                ));
             }
             for (key, value) in [
                 ("embedded_mockers.block_size", mockers.block_size),
                 ("embedded_mockers.num_gpu_blocks", mockers.num_gpu_blocks),
-                ("embedded_mockers.max_num_batched_tokens", mockers.max_num_batched_tokens),
+                (
+                    "embedded_mockers.max_num_batched_tokens",
+                    mockers.max_num_batched_tokens,
+                ),
                 ("embedded_mockers.max_num_seqs", mockers.max_num_seqs),
             ] {
                 if value == 0 {
@@ -340,20 +387,25 @@ impl Config {
                 }
             }
             if !(mockers.speedup.is_finite() && mockers.speedup > 0.0) {
-                return Err(invalid("embedded_mockers.speedup", format!("must be a positive number, got {}", mockers.speedup)));
+                return Err(invalid(
+                    "embedded_mockers.speedup",
+                    format!("must be a positive number, got {}", mockers.speedup),
+                ));
             }
         }
         let mut names = std::collections::HashSet::new();
         for (index, worker) in self.workers.iter().enumerate() {
             let key = |field: &str| format!("workers[{index}].{field}");
-            let uri: http::Uri = worker
-                .url
-                .parse()
-                .map_err(|err| invalid(&key("url"), format!("`{}` is not a URL: {err}", worker.url)))?;
+            let uri: http::Uri = worker.url.parse().map_err(|err| {
+                invalid(&key("url"), format!("`{}` is not a URL: {err}", worker.url))
+            })?;
             if uri.scheme_str() != Some("http") || uri.authority().is_none() {
                 return Err(invalid(
                     &key("url"),
-                    format!("`{}` must be an absolute `http://host:port` URL (workers are reached over plain HTTP)", worker.url),
+                    format!(
+                        "`{}` must be an absolute `http://host:port` URL (workers are reached over plain HTTP)",
+                        worker.url
+                    ),
                 ));
             }
             if worker.model.is_empty() {
@@ -363,10 +415,16 @@ impl Config {
                 return Err(invalid(&key("block_size"), "must be greater than 0".into()));
             }
             if !(worker.cost.is_finite() && worker.cost >= 0.0) {
-                return Err(invalid(&key("cost"), format!("must be a non-negative number, got {}", worker.cost)));
+                return Err(invalid(
+                    &key("cost"),
+                    format!("must be a non-negative number, got {}", worker.cost),
+                ));
             }
             if !names.insert(worker.display_name()) {
-                return Err(invalid(&key("name"), format!("worker name `{}` is used twice", worker.display_name())));
+                return Err(invalid(
+                    &key("name"),
+                    format!("worker name `{}` is used twice", worker.display_name()),
+                ));
             }
         }
         if self.workers.is_empty() && self.embedded_mockers.as_ref().is_none_or(|m| m.count == 0) {
@@ -426,7 +484,9 @@ mod tests {
 
     #[test]
     fn unknown_keys_are_named() {
-        let err = parse("[server]\nlisten = \"127.0.0.1:1\"\nmax_body = 3\n").unwrap_err().to_string();
+        let err = parse("[server]\nlisten = \"127.0.0.1:1\"\nmax_body = 3\n")
+            .unwrap_err()
+            .to_string();
         assert!(err.starts_with("test.toml:"), "{err}");
         assert!(err.contains("max_body"), "{err}");
     }
@@ -440,9 +500,15 @@ mod tests {
     #[test]
     fn bad_values_name_the_key() {
         let err = parse("[[workers]]\nurl = \"ftp://x\"\nmodel = \"m\"\n").unwrap_err();
-        assert!(matches!(&err, ConfigError::Invalid { key, .. } if key == "workers[0].url"), "{err}");
+        assert!(
+            matches!(&err, ConfigError::Invalid { key, .. } if key == "workers[0].url"),
+            "{err}"
+        );
         let err = parse("[embedded_mockers]\ncount = 1\nspeedup = -1.0\n").unwrap_err();
-        assert!(err.to_string().contains("embedded_mockers.speedup"), "{err}");
+        assert!(
+            err.to_string().contains("embedded_mockers.speedup"),
+            "{err}"
+        );
         let err = parse("mode = \"production\"\n[embedded_mockers]\n").unwrap_err();
         assert!(err.to_string().contains("server.tls"), "{err}");
         let err = parse("").unwrap_err();

@@ -31,7 +31,9 @@ pub struct Metrics {
 
 fn latency_histogram() -> Histogram {
     // 0.5 ms .. ~65 s, doubling.
-    Histogram::new(prometheus_client::metrics::histogram::exponential_buckets(0.0005, 2.0, 18))
+    Histogram::new(prometheus_client::metrics::histogram::exponential_buckets(
+        0.0005, 2.0, 18,
+    ))
 }
 
 impl Metrics {
@@ -45,8 +47,16 @@ impl Metrics {
         let worker_in_flight = Family::<Labels, Gauge>::default();
         let worker_healthy = Family::<Labels, Gauge>::default();
         let retries = Counter::default();
-        registry.register("requests", "Client requests answered, by endpoint and status", requests.clone());
-        registry.register("errors", "Client requests that ended in an error, by kind", errors.clone());
+        registry.register(
+            "requests",
+            "Client requests answered, by endpoint and status",
+            requests.clone(),
+        );
+        registry.register(
+            "errors",
+            "Client requests that ended in an error, by kind",
+            errors.clone(),
+        );
         registry.register(
             "time_to_first_byte_seconds",
             "Time from request arrival to the first body byte relayed from a worker",
@@ -57,40 +67,76 @@ impl Metrics {
             "Time from request arrival to the end of the response",
             request_duration.clone(),
         );
-        registry.register("worker_in_flight", "Requests in flight per worker", worker_in_flight.clone());
-        registry.register("worker_healthy", "1 while a worker is in rotation, 0 while ejected", worker_healthy.clone());
-        registry.register("worker_retries", "Requests retried on another worker after a failure before the first byte", retries.clone());
-        Metrics { registry, requests, errors, time_to_first_byte, request_duration, worker_in_flight, worker_healthy, retries }
+        registry.register(
+            "worker_in_flight",
+            "Requests in flight per worker",
+            worker_in_flight.clone(),
+        );
+        registry.register(
+            "worker_healthy",
+            "1 while a worker is in rotation, 0 while ejected",
+            worker_healthy.clone(),
+        );
+        registry.register(
+            "worker_retries",
+            "Requests retried on another worker after a failure before the first byte",
+            retries.clone(),
+        );
+        Metrics {
+            registry,
+            requests,
+            errors,
+            time_to_first_byte,
+            request_duration,
+            worker_in_flight,
+            worker_healthy,
+            retries,
+        }
     }
 
     /// Counts one answered request.
     pub fn request(&self, endpoint: &'static str, status: u16) {
-        self.requests.get_or_create(&vec![("endpoint", endpoint.to_string()), ("status", status.to_string())]).inc();
+        self.requests
+            .get_or_create(&vec![
+                ("endpoint", endpoint.to_string()),
+                ("status", status.to_string()),
+            ])
+            .inc();
     }
 
     /// Counts one error of `kind` (a stable code such as `invalid_json`).
     pub fn error(&self, kind: &str) {
-        self.errors.get_or_create(&vec![("kind", kind.to_string())]).inc();
+        self.errors
+            .get_or_create(&vec![("kind", kind.to_string())])
+            .inc();
     }
 
     /// Records a time to first byte.
     pub fn time_to_first_byte(&self, endpoint: &'static str, seconds: f64) {
-        self.time_to_first_byte.get_or_create(&vec![("endpoint", endpoint.to_string())]).observe(seconds);
+        self.time_to_first_byte
+            .get_or_create(&vec![("endpoint", endpoint.to_string())])
+            .observe(seconds);
     }
 
     /// Records a whole request's duration.
     pub fn request_duration(&self, endpoint: &'static str, seconds: f64) {
-        self.request_duration.get_or_create(&vec![("endpoint", endpoint.to_string())]).observe(seconds);
+        self.request_duration
+            .get_or_create(&vec![("endpoint", endpoint.to_string())])
+            .observe(seconds);
     }
 
     /// The in-flight gauge of a worker.
     pub fn worker_in_flight(&self, worker: &str) -> Gauge {
-        self.worker_in_flight.get_or_create(&vec![("worker", worker.to_string())]).clone()
+        self.worker_in_flight
+            .get_or_create(&vec![("worker", worker.to_string())])
+            .clone()
     }
 
     /// The health gauge of a worker.
     pub fn worker_healthy(&self, worker: &str) -> Gauge {
-        self.worker_healthy.get_or_create(&vec![("worker", worker.to_string())]).clone()
+        self.worker_healthy
+            .get_or_create(&vec![("worker", worker.to_string())])
+            .clone()
     }
 
     /// Counts one retry.
@@ -125,9 +171,21 @@ mod tests {
         metrics.time_to_first_byte("chat", 0.01);
         metrics.worker_in_flight("w0").inc();
         let text = metrics.encode();
-        assert!(text.contains("switchyard_requests_total{endpoint=\"chat\",status=\"200\"} 1"), "{text}");
-        assert!(text.contains("switchyard_errors_total{kind=\"invalid_json\"} 1"), "{text}");
-        assert!(text.contains("switchyard_time_to_first_byte_seconds_count{endpoint=\"chat\"} 1"), "{text}");
-        assert!(text.contains("switchyard_worker_in_flight{worker=\"w0\"} 1"), "{text}");
+        assert!(
+            text.contains("switchyard_requests_total{endpoint=\"chat\",status=\"200\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("switchyard_errors_total{kind=\"invalid_json\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("switchyard_time_to_first_byte_seconds_count{endpoint=\"chat\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("switchyard_worker_in_flight{worker=\"w0\"} 1"),
+            "{text}"
+        );
     }
 }

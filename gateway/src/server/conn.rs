@@ -43,7 +43,11 @@ pub(crate) async fn accept_loop(listener: TcpListener, tls: Option<Tls>, state: 
         tokio::spawn(async move {
             match tls {
                 Some(tls) => {
-                    let handshake = tokio::time::timeout(state.config.server.tls_handshake_timeout(), tls.acceptor.accept(socket)).await;
+                    let handshake = tokio::time::timeout(
+                        state.config.server.tls_handshake_timeout(),
+                        tls.acceptor.accept(socket),
+                    )
+                    .await;
                     match handshake {
                         Ok(Ok(stream)) => {
                             let h2 = stream.get_ref().1.alpn_protocol() == Some(b"h2");
@@ -82,12 +86,21 @@ where
             .keep_alive_interval(Some(server.idle_timeout() / 2))
             .keep_alive_timeout(server.idle_timeout() / 2)
             .max_header_list_size(u32::try_from(server.max_header_bytes).unwrap_or(u32::MAX));
-        if let Err(err) = builder.serve_connection(TokioIo::new(stream), service).await {
+        if let Err(err) = builder
+            .serve_connection(TokioIo::new(stream), service)
+            .await
+        {
             tracing::debug!(error = %err, "HTTP/2 connection ended with an error");
         }
         return;
     }
-    let head = match read_first_head(&mut stream, server.max_header_bytes, server.header_read_timeout()).await {
+    let head = match read_first_head(
+        &mut stream,
+        server.max_header_bytes,
+        server.header_read_timeout(),
+    )
+    .await
+    {
         FirstHead::Read(bytes) => bytes,
         FirstHead::Closed => return,
         FirstHead::TimedOut => {
@@ -96,7 +109,10 @@ where
                 StatusCode::REQUEST_TIMEOUT,
                 "invalid_request_error",
                 "header_timeout",
-                format!("request headers not received within {} ms", server.header_read_timeout_ms),
+                format!(
+                    "request headers not received within {} ms",
+                    server.header_read_timeout_ms
+                ),
             );
             let body = err.to_json();
             let response = format!(
@@ -111,7 +127,10 @@ where
     };
     if head.starts_with(H2_PREFACE) {
         let builder = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
-        if let Err(err) = builder.serve_connection(TokioIo::new(Rewind::new(head, stream)), service).await {
+        if let Err(err) = builder
+            .serve_connection(TokioIo::new(Rewind::new(head, stream)), service)
+            .await
+        {
             tracing::debug!(error = %err, "HTTP/2 (prior knowledge) connection ended with an error");
         }
         return;
@@ -121,7 +140,10 @@ where
         .timer(TokioTimer::new())
         .header_read_timeout(server.idle_timeout())
         .max_buf_size(server.max_header_bytes.max(8192));
-    if let Err(err) = builder.serve_connection(TokioIo::new(Rewind::new(head, stream)), service).await {
+    if let Err(err) = builder
+        .serve_connection(TokioIo::new(Rewind::new(head, stream)), service)
+        .await
+    {
         tracing::debug!(error = %err, "HTTP/1.1 connection ended with an error");
     }
 }
@@ -137,7 +159,11 @@ enum FirstHead {
 
 /// Reads until the first request head is complete (`\r\n\r\n`), the head limit is reached
 /// (hyper then answers 431), the HTTP/2 preface is seen, or the time runs out.
-async fn read_first_head<S: AsyncRead + Unpin>(stream: &mut S, limit: usize, timeout: std::time::Duration) -> FirstHead {
+async fn read_first_head<S: AsyncRead + Unpin>(
+    stream: &mut S,
+    limit: usize,
+    timeout: std::time::Duration,
+) -> FirstHead {
     let mut buffer = BytesMut::with_capacity(4096);
     let reading = async {
         loop {

@@ -39,7 +39,8 @@ pub(crate) async fn generate(
     started: Instant,
 ) -> Result<Response<Body>, ApiError> {
     let (parts, body) = request.into_parts();
-    let body = respond::read_limited(&parts.headers, body, state.config.server.max_body_bytes).await?;
+    let body =
+        respond::read_limited(&parts.headers, body, state.config.server.max_body_bytes).await?;
     let parsed = api::parse_generate_request(endpoint, &body)?;
     let model = parsed.model();
     if !state.pool.serves(model) {
@@ -47,7 +48,10 @@ pub(crate) async fn generate(
             StatusCode::NOT_FOUND,
             "invalid_request_error",
             "model_not_found",
-            format!("model `{model}` does not exist; available models: {}", state.pool.models().join(", ")),
+            format!(
+                "model `{model}` does not exist; available models: {}",
+                state.pool.models().join(", ")
+            ),
         )
         .with_param(Some("model".into())));
     }
@@ -55,7 +59,9 @@ pub(crate) async fn generate(
     let mut tried: Vec<Arc<Worker>> = Vec::new();
     let mut last_failure: Option<String> = None;
     for attempt in 0..=state.config.forwarding.retries {
-        let Some(worker) = state.pool.pick(model, &tried) else { break };
+        let Some(worker) = state.pool.pick(model, &tried) else {
+            break;
+        };
         if attempt > 0 {
             state.metrics.retry();
         }
@@ -100,7 +106,13 @@ enum Attempt {
     Failed(String),
 }
 
-async fn attempt_on(state: &AppState, worker: &Worker, endpoint: Endpoint, body: Bytes, stream: bool) -> Attempt {
+async fn attempt_on(
+    state: &AppState,
+    worker: &Worker,
+    endpoint: Endpoint,
+    body: Bytes,
+    stream: bool,
+) -> Attempt {
     let request = Request::post(worker.uri(endpoint.path()))
         .header(header::CONTENT_TYPE, "application/json")
         .body(Full::new(body));
@@ -123,17 +135,29 @@ async fn attempt_on(state: &AppState, worker: &Worker, endpoint: Endpoint, body:
         return Attempt::Failed(format!("answered {}: {detail}", parts.status));
     }
     if !stream || !parts.status.is_success() {
-        return Attempt::Answered(Answer { response: parts, first: None, rest });
+        return Attempt::Answered(Answer {
+            response: parts,
+            first: None,
+            rest,
+        });
     }
     // Wait for the first data bytes: a worker that dies before them is retried elsewhere.
     loop {
         match rest.frame().await {
             Some(Ok(frame)) => match frame.into_data() {
                 Ok(data) if data.is_empty() => continue,
-                Ok(data) => return Attempt::Answered(Answer { response: parts, first: Some(data), rest }),
+                Ok(data) => {
+                    return Attempt::Answered(Answer {
+                        response: parts,
+                        first: Some(data),
+                        rest,
+                    });
+                }
                 Err(_) => continue,
             },
-            Some(Err(err)) => return Attempt::Failed(format!("stream broke before the first byte: {err}")),
+            Some(Err(err)) => {
+                return Attempt::Failed(format!("stream broke before the first byte: {err}"));
+            }
             None => return Attempt::Failed("stream ended before the first byte".into()),
         }
     }
@@ -160,9 +184,15 @@ async fn finish(
     stream: bool,
 ) -> Response<Body> {
     let label = endpoint.label();
-    let Answer { response: parts, first, rest } = answer;
+    let Answer {
+        response: parts,
+        first,
+        rest,
+    } = answer;
     if stream && parts.status.is_success() {
-        state.metrics.time_to_first_byte(label, started.elapsed().as_secs_f64());
+        state
+            .metrics
+            .time_to_first_byte(label, started.elapsed().as_secs_f64());
         let body = RelayBody {
             first,
             inner: rest,
@@ -176,7 +206,10 @@ async fn finish(
         *response.status_mut() = parts.status;
         return response;
     }
-    match http_body_util::Limited::new(rest, MAX_WORKER_RESPONSE_BYTES).collect().await {
+    match http_body_util::Limited::new(rest, MAX_WORKER_RESPONSE_BYTES)
+        .collect()
+        .await
+    {
         Ok(collected) => {
             drop(in_flight);
             let elapsed = started.elapsed().as_secs_f64();
@@ -185,7 +218,9 @@ async fn finish(
             let mut response = Response::new(respond::full(collected.to_bytes()));
             *response.status_mut() = parts.status;
             if let Some(content_type) = parts.headers.get(header::CONTENT_TYPE) {
-                response.headers_mut().insert(header::CONTENT_TYPE, content_type.clone());
+                response
+                    .headers_mut()
+                    .insert(header::CONTENT_TYPE, content_type.clone());
             }
             response
         }
@@ -226,7 +261,8 @@ impl RelayBody {
     fn end(&mut self) {
         self.done = true;
         self.in_flight = None;
-        self.metrics.request_duration(self.label, self.started.elapsed().as_secs_f64());
+        self.metrics
+            .request_duration(self.label, self.started.elapsed().as_secs_f64());
     }
 }
 
@@ -234,7 +270,10 @@ impl http_body::Body for RelayBody {
     type Data = Bytes;
     type Error = std::convert::Infallible;
 
-    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
         let this = self.get_mut();
         if let Some(first) = this.first.take() {
             return Poll::Ready(Some(Ok(Frame::data(first))));
@@ -253,7 +292,11 @@ impl http_body::Body for RelayBody {
                 }
             },
             Poll::Ready(Some(Err(err))) => {
-                let worker = this.in_flight.as_ref().map(|f| f.worker().name.clone()).unwrap_or_default();
+                let worker = this
+                    .in_flight
+                    .as_ref()
+                    .map(|f| f.worker().name.clone())
+                    .unwrap_or_default();
                 let error = ApiError::new(
                     StatusCode::BAD_GATEWAY,
                     "server_error",

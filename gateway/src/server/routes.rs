@@ -16,25 +16,49 @@ use crate::server::relay;
 use crate::state::AppState;
 
 /// Answers one client request.
-pub(crate) async fn handle(state: Arc<AppState>, request: Request<Incoming>, started: Instant) -> Response<Body> {
+pub(crate) async fn handle(
+    state: Arc<AppState>,
+    request: Request<Incoming>,
+    started: Instant,
+) -> Response<Body> {
     let path = request.uri().path().to_string();
     let method = request.method().clone();
     let (label, result) = match (&method, path.as_str()) {
         (&Method::POST, api::CHAT_COMPLETIONS_PATH | api::COMPLETIONS_PATH) => {
             let endpoint = Endpoint::from_path(&path).unwrap_or(Endpoint::Chat);
-            (endpoint.label(), relay::generate(&state, endpoint, request, started).await)
+            (
+                endpoint.label(),
+                relay::generate(&state, endpoint, request, started).await,
+            )
         }
-        (&Method::GET, api::MODELS_PATH) => ("models", Ok(respond::json(StatusCode::OK, &ModelList::new(state.pool.models(), "switchyard")))),
-        (&Method::GET, "/healthz") => ("healthz", Ok(respond::text(StatusCode::OK, "text/plain", "ok\n"))),
+        (&Method::GET, api::MODELS_PATH) => (
+            "models",
+            Ok(respond::json(
+                StatusCode::OK,
+                &ModelList::new(state.pool.models(), "switchyard"),
+            )),
+        ),
+        (&Method::GET, "/healthz") => (
+            "healthz",
+            Ok(respond::text(StatusCode::OK, "text/plain", "ok\n")),
+        ),
         (&Method::GET, "/readyz") => ("readyz", ready(&state)),
         (&Method::GET, "/metrics") => (
             "metrics",
-            Ok(respond::text(StatusCode::OK, "text/plain; version=0.0.4; charset=utf-8", state.metrics.encode())),
+            Ok(respond::text(
+                StatusCode::OK,
+                "text/plain; version=0.0.4; charset=utf-8",
+                state.metrics.encode(),
+            )),
         ),
-        (_, api::CHAT_COMPLETIONS_PATH | api::COMPLETIONS_PATH) => ("other", Err(respond::method_not_allowed(&method, &path, "POST"))),
-        (_, api::MODELS_PATH | "/healthz" | "/readyz" | "/metrics") => {
-            ("other", Err(respond::method_not_allowed(&method, &path, "GET")))
-        }
+        (_, api::CHAT_COMPLETIONS_PATH | api::COMPLETIONS_PATH) => (
+            "other",
+            Err(respond::method_not_allowed(&method, &path, "POST")),
+        ),
+        (_, api::MODELS_PATH | "/healthz" | "/readyz" | "/metrics") => (
+            "other",
+            Err(respond::method_not_allowed(&method, &path, "GET")),
+        ),
         _ => ("other", Err(respond::not_found(&path))),
     };
     let response = result.unwrap_or_else(|err| {
@@ -53,7 +77,10 @@ fn ready(state: &AppState) -> Result<Response<Body>, ApiError> {
             StatusCode::SERVICE_UNAVAILABLE,
             "server_error",
             "no_healthy_worker",
-            format!("not ready: none of the {} configured workers is healthy", state.pool.workers().len()),
+            format!(
+                "not ready: none of the {} configured workers is healthy",
+                state.pool.workers().len()
+            ),
         ))
     }
 }

@@ -46,7 +46,10 @@ pub struct Tls {
 
 impl std::fmt::Debug for Tls {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Tls").field("fingerprint", &self.fingerprint).field("self_signed", &self.self_signed).finish()
+        f.debug_struct("Tls")
+            .field("fingerprint", &self.fingerprint)
+            .field("self_signed", &self.self_signed)
+            .finish()
     }
 }
 
@@ -57,7 +60,10 @@ impl std::fmt::Debug for Tls {
 /// Returns [`TlsError`] naming the file if it cannot be read or parsed, or if rustls refuses
 /// the pair.
 pub fn from_files(config: &TlsConfig) -> Result<Tls, TlsError> {
-    let pem_error = |path: &Path, reason: String| TlsError::Pem { path: path.display().to_string(), reason };
+    let pem_error = |path: &Path, reason: String| TlsError::Pem {
+        path: path.display().to_string(),
+        reason,
+    };
     let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(&config.cert)
         .map_err(|err| pem_error(&config.cert, err.to_string()))?
         .collect::<Result<_, _>>()
@@ -65,7 +71,8 @@ pub fn from_files(config: &TlsConfig) -> Result<Tls, TlsError> {
     if certs.is_empty() {
         return Err(pem_error(&config.cert, "holds no CERTIFICATE block".into()));
     }
-    let key = PrivateKeyDer::from_pem_file(&config.key).map_err(|err| pem_error(&config.key, err.to_string()))?;
+    let key = PrivateKeyDer::from_pem_file(&config.key)
+        .map_err(|err| pem_error(&config.key, err.to_string()))?;
     build(certs, key, false)
 }
 
@@ -75,14 +82,26 @@ pub fn from_files(config: &TlsConfig) -> Result<Tls, TlsError> {
 ///
 /// Returns [`TlsError`] if generation fails.
 pub fn self_signed() -> Result<Tls, TlsError> {
-    let generated = rcgen::generate_simple_self_signed(vec!["localhost".to_string(), "127.0.0.1".to_string(), "::1".to_string()])?;
+    let generated = rcgen::generate_simple_self_signed(vec![
+        "localhost".to_string(),
+        "127.0.0.1".to_string(),
+        "::1".to_string(),
+    ])?;
     let cert = generated.cert.der().clone();
-    let key = PrivateKeyDer::try_from(generated.signing_key.serialize_der())
-        .map_err(|reason| TlsError::Pem { path: "<generated>".into(), reason: reason.to_string() })?;
+    let key = PrivateKeyDer::try_from(generated.signing_key.serialize_der()).map_err(|reason| {
+        TlsError::Pem {
+            path: "<generated>".into(),
+            reason: reason.to_string(),
+        }
+    })?;
     build(vec![cert], key, true)
 }
 
-fn build(certs: Vec<CertificateDer<'static>>, key: PrivateKeyDer<'static>, self_signed: bool) -> Result<Tls, TlsError> {
+fn build(
+    certs: Vec<CertificateDer<'static>>,
+    key: PrivateKeyDer<'static>,
+    self_signed: bool,
+) -> Result<Tls, TlsError> {
     let fingerprint = fingerprint(&certs[0]);
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let mut config = rustls::ServerConfig::builder_with_provider(provider)
@@ -90,10 +109,18 @@ fn build(certs: Vec<CertificateDer<'static>>, key: PrivateKeyDer<'static>, self_
         .with_no_client_auth()
         .with_single_cert(certs, key)?;
     config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
-    Ok(Tls { acceptor: TlsAcceptor::from(Arc::new(config)), fingerprint, self_signed })
+    Ok(Tls {
+        acceptor: TlsAcceptor::from(Arc::new(config)),
+        fingerprint,
+        self_signed,
+    })
 }
 
 /// The SHA-256 fingerprint of a DER certificate, as colon-separated upper-case hex.
 pub fn fingerprint(cert: &[u8]) -> String {
-    Sha256::digest(cert).iter().map(|byte| format!("{byte:02X}")).collect::<Vec<_>>().join(":")
+    Sha256::digest(cert)
+        .iter()
+        .map(|byte| format!("{byte:02X}"))
+        .collect::<Vec<_>>()
+        .join(":")
 }

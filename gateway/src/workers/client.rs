@@ -50,7 +50,10 @@ impl WorkerClient {
             .pool_idle_timeout(Duration::from_secs(90))
             .pool_max_idle_per_host(config.pool_max_idle_per_worker)
             .build(connector);
-        WorkerClient { client, response_timeout: Duration::from_millis(config.response_timeout_ms) }
+        WorkerClient {
+            client,
+            response_timeout: Duration::from_millis(config.response_timeout_ms),
+        }
     }
 
     /// Sends `request` and waits for the response headers.
@@ -63,7 +66,10 @@ impl WorkerClient {
     /// # Cancel safety
     ///
     /// Dropping the future abandons the request; the pooled connection is closed.
-    pub async fn send(&self, request: http::Request<Full<Bytes>>) -> Result<http::Response<Incoming>, ForwardError> {
+    pub async fn send(
+        &self,
+        request: http::Request<Full<Bytes>>,
+    ) -> Result<http::Response<Incoming>, ForwardError> {
         self.send_within(request, self.response_timeout).await
     }
 

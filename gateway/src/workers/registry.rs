@@ -66,8 +66,12 @@ impl Worker {
     /// The URI of `path` on this worker.
     pub fn uri(&self, path: &str) -> http::Uri {
         let mut parts = self.base.clone().into_parts();
-        parts.path_and_query = Some(http::uri::PathAndQuery::from_maybe_shared(bytes::Bytes::copy_from_slice(path.as_bytes()))
-            .unwrap_or_else(|_| http::uri::PathAndQuery::from_static("/")));
+        parts.path_and_query = Some(
+            http::uri::PathAndQuery::from_maybe_shared(bytes::Bytes::copy_from_slice(
+                path.as_bytes(),
+            ))
+            .unwrap_or_else(|_| http::uri::PathAndQuery::from_static("/")),
+        );
         http::Uri::from_parts(parts).unwrap_or_else(|_| self.base.clone())
     }
 
@@ -138,9 +142,18 @@ impl WorkerPool {
     /// # Errors
     ///
     /// Returns the invalid URI of a worker whose URL does not parse (validation prevents it).
-    pub fn new(configs: &[WorkerConfig], metrics: &Metrics) -> Result<WorkerPool, http::uri::InvalidUri> {
-        let workers = configs.iter().map(|c| Worker::new(c, metrics).map(Arc::new)).collect::<Result<_, _>>()?;
-        Ok(WorkerPool { workers, rotation: AtomicUsize::new(0) })
+    pub fn new(
+        configs: &[WorkerConfig],
+        metrics: &Metrics,
+    ) -> Result<WorkerPool, http::uri::InvalidUri> {
+        let workers = configs
+            .iter()
+            .map(|c| Worker::new(c, metrics).map(Arc::new))
+            .collect::<Result<_, _>>()?;
+        Ok(WorkerPool {
+            workers,
+            rotation: AtomicUsize::new(0),
+        })
     }
 
     /// Every worker.
@@ -150,7 +163,12 @@ impl WorkerPool {
 
     /// The distinct models served, sorted.
     pub fn models(&self) -> Vec<&str> {
-        let mut models: Vec<&str> = self.workers.iter().filter(|w| w.role == Role::Llm).map(|w| w.model.as_str()).collect();
+        let mut models: Vec<&str> = self
+            .workers
+            .iter()
+            .filter(|w| w.role == Role::Llm)
+            .map(|w| w.model.as_str())
+            .collect();
         models.sort_unstable();
         models.dedup();
         models
@@ -158,7 +176,9 @@ impl WorkerPool {
 
     /// Whether any LLM worker serves `model`, healthy or not.
     pub fn serves(&self, model: &str) -> bool {
-        self.workers.iter().any(|w| w.role == Role::Llm && w.model == model)
+        self.workers
+            .iter()
+            .any(|w| w.role == Role::Llm && w.model == model)
     }
 
     /// Whether any worker is in rotation.
@@ -207,7 +227,10 @@ mod tests {
         let pool = pool(3);
         let _a = InFlight::new(pool.workers()[0].clone());
         let _b = InFlight::new(pool.workers()[1].clone());
-        assert_eq!(pool.pick("m", &[]).map(|w| w.name.clone()).as_deref(), Some("w2"));
+        assert_eq!(
+            pool.pick("m", &[]).map(|w| w.name.clone()).as_deref(),
+            Some("w2")
+        );
         pool.workers()[2].eject();
         let picked = pool.pick("m", &[]).expect("two healthy");
         assert_ne!(picked.name, "w2");
@@ -237,6 +260,9 @@ mod tests {
         assert_eq!(pool.workers()[0].in_flight(), 1);
         drop(guard);
         assert_eq!(pool.workers()[0].in_flight(), 0);
-        assert_eq!(pool.workers()[0].uri("/v1/models").to_string(), "http://127.0.0.1:9000/v1/models");
+        assert_eq!(
+            pool.workers()[0].uri("/v1/models").to_string(),
+            "http://127.0.0.1:9000/v1/models"
+        );
     }
 }

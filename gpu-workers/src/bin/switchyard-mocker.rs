@@ -57,11 +57,20 @@ async fn main() -> anyhow::Result<()> {
         .with_writer(std::io::stderr)
         .init();
     let args = Args::parse();
+    if let Err(err) = rlimit::increase_nofile_limit(u64::MAX) {
+        tracing::warn!(error = %err, "could not raise the open-file limit");
+    }
     anyhow::ensure!(args.num_workers > 0, "--num-workers must be at least 1");
     anyhow::ensure!(args.block_size > 0, "--block-size must be at least 1");
-    anyhow::ensure!(args.max_num_batched_tokens > 0, "--max-num-batched-tokens must be at least 1");
+    anyhow::ensure!(
+        args.max_num_batched_tokens > 0,
+        "--max-num-batched-tokens must be at least 1"
+    );
     anyhow::ensure!(args.max_num_seqs > 0, "--max-num-seqs must be at least 1");
-    anyhow::ensure!(args.speedup.is_finite() && args.speedup > 0.0, "--speedup must be a positive number");
+    anyhow::ensure!(
+        args.speedup.is_finite() && args.speedup > 0.0,
+        "--speedup must be a positive number"
+    );
     let engine = EngineConfig {
         block_size: args.block_size,
         num_gpu_blocks: args.num_gpu_blocks,
@@ -71,14 +80,24 @@ async fn main() -> anyhow::Result<()> {
         enable_prefix_caching: !args.no_prefix_caching,
         speedup: args.speedup,
     };
-    let server = ServerConfig { model: args.model.clone(), default_max_tokens: args.default_max_tokens, ..ServerConfig::default() };
+    let server = ServerConfig {
+        model: args.model.clone(),
+        default_max_tokens: args.default_max_tokens,
+        ..ServerConfig::default()
+    };
     let fleet = mocker::spawn_fleet(args.num_workers, args.host, args.port, &engine, &server)
         .await
         .context("could not bind the mocker ports")?;
     for (index, worker) in fleet.iter().enumerate() {
         println!("mocker {index} listening on http://{}", worker.addr());
     }
-    println!("mocker ready: {} worker(s), model `{}`", fleet.len(), args.model);
-    tokio::signal::ctrl_c().await.context("waiting for ctrl-c")?;
+    println!(
+        "mocker ready: {} worker(s), model `{}`",
+        fleet.len(),
+        args.model
+    );
+    tokio::signal::ctrl_c()
+        .await
+        .context("waiting for ctrl-c")?;
     Ok(())
 }

@@ -170,11 +170,19 @@ impl EngineHandle {
         let tokens = prompt.len() + max_tokens;
         let needed = tokens.div_ceil(self.config.block_size);
         if needed > self.config.num_gpu_blocks {
-            return Err(SubmitError::TooLong { tokens, needed, capacity: self.config.num_gpu_blocks });
+            return Err(SubmitError::TooLong {
+                tokens,
+                needed,
+                capacity: self.config.num_gpu_blocks,
+            });
         }
         let (out, receiver) = mpsc::unbounded_channel();
         self.submissions
-            .send(Submission { prompt, max_tokens: max_tokens.max(1), out })
+            .send(Submission {
+                prompt,
+                max_tokens: max_tokens.max(1),
+                out,
+            })
             .map_err(|_| SubmitError::Stopped)?;
         Ok(receiver)
     }
@@ -201,7 +209,9 @@ impl EngineHandle {
 pub fn spawn_engine(config: EngineConfig) -> EngineHandle {
     let (submissions, receiver) = mpsc::unbounded_channel();
     let stats = Arc::new(EngineStats::default());
-    stats.total_blocks.store(config.num_gpu_blocks as u64, Ordering::Relaxed);
+    stats
+        .total_blocks
+        .store(config.num_gpu_blocks as u64, Ordering::Relaxed);
     let events = Arc::new(std::sync::Mutex::new(None));
     let handle = EngineHandle {
         submissions,
@@ -405,7 +415,10 @@ impl Scheduler {
             let needed = self.blocks_for(seq.computed + tokens) - seq.slots.len();
             while self.blocks.available() < needed {
                 preempted = true;
-                let victim = self.running.pop().expect("running holds at least this sequence");
+                let victim = self
+                    .running
+                    .pop()
+                    .expect("running holds at least this sequence");
                 let victim_is_current = self.running.len() == index;
                 self.preempt(victim);
                 if victim_is_current {
@@ -423,19 +436,25 @@ impl Scheduler {
         }
         // Like vLLM, admit nothing new in a step that had to preempt.
         while !preempted && budget > 0 && self.running.len() < self.config.max_num_seqs {
-            let Some(seq) = self.waiting.front() else { break };
+            let Some(seq) = self.waiting.front() else {
+                break;
+            };
             let mut cached = self.blocks.cached_prefix(&seq.hashes);
             if cached * self.config.block_size >= seq.tokens.len() {
                 // At least one token must be computed to produce the next one.
                 cached -= 1;
             }
             let computed = cached * self.config.block_size;
-            let Some(tokens) = self.chunk(seq.tokens.len() - computed, budget) else { break };
+            let Some(tokens) = self.chunk(seq.tokens.len() - computed, budget) else {
+                break;
+            };
             let new_blocks = self.blocks_for(computed + tokens) - cached;
             if !self.blocks.can_admit(&seq.hashes[..cached], new_blocks) {
                 break;
             }
-            let Some(mut seq) = self.waiting.pop_front() else { break };
+            let Some(mut seq) = self.waiting.pop_front() else {
+                break;
+            };
             for hash in &seq.hashes[..cached] {
                 let acquired = self.blocks.acquire_cached(hash.sequence);
                 debug_assert!(acquired, "cached_prefix found it");
@@ -451,14 +470,22 @@ impl Scheduler {
             if seq.cached_tokens.is_none() {
                 let cached_prompt = computed.min(seq.prompt_len);
                 seq.cached_tokens = Some(cached_prompt);
-                self.stats.prompt_tokens.fetch_add(seq.prompt_len as u64, Ordering::Relaxed);
-                self.stats.cached_prompt_tokens.fetch_add(cached_prompt as u64, Ordering::Relaxed);
+                self.stats
+                    .prompt_tokens
+                    .fetch_add(seq.prompt_len as u64, Ordering::Relaxed);
+                self.stats
+                    .cached_prompt_tokens
+                    .fetch_add(cached_prompt as u64, Ordering::Relaxed);
             }
             self.running.push(seq);
             work.push((self.running.len() - 1, tokens));
             budget -= tokens;
         }
-        let mut plan = Plan { work, prefill_tokens: 0, decode_seqs: 0 };
+        let mut plan = Plan {
+            work,
+            prefill_tokens: 0,
+            decode_seqs: 0,
+        };
         for &(index, tokens) in &plan.work {
             if self.running[index].is_decoding() {
                 plan.decode_seqs += 1;
@@ -483,9 +510,14 @@ impl Scheduler {
                     let start = block * block_size;
                     let local = local_hash(&seq.tokens[start..start + block_size]);
                     let parent = seq.hashes.last().map(|hash| hash.sequence);
-                    seq.hashes.push(BlockHash { local, sequence: chain_hash(parent, local) });
+                    seq.hashes.push(BlockHash {
+                        local,
+                        sequence: chain_hash(parent, local),
+                    });
                 }
-                let parent = block.checked_sub(1).map(|previous| seq.hashes[previous].sequence);
+                let parent = block
+                    .checked_sub(1)
+                    .map(|previous| seq.hashes[previous].sequence);
                 let hash = seq.hashes[block];
                 seq.slots[block] = Slot::Full(hash.sequence);
                 self.blocks.promote(parent, hash);
@@ -521,9 +553,15 @@ impl Scheduler {
     }
 
     fn update_gauges(&self) {
-        self.stats.waiting.store(self.waiting.len() as u64, Ordering::Relaxed);
-        self.stats.running.store(self.running.len() as u64, Ordering::Relaxed);
-        self.stats.active_blocks.store(self.blocks.active_blocks() as u64, Ordering::Relaxed);
+        self.stats
+            .waiting
+            .store(self.waiting.len() as u64, Ordering::Relaxed);
+        self.stats
+            .running
+            .store(self.running.len() as u64, Ordering::Relaxed);
+        self.stats
+            .active_blocks
+            .store(self.blocks.active_blocks() as u64, Ordering::Relaxed);
     }
 
     fn publish(&mut self) {
@@ -551,13 +589,70 @@ pub const MOCK_VOCABULARY: u32 = 64;
 pub const MOCK_TOKEN_BASE: u32 = 256;
 
 const WORDS: [&str; MOCK_VOCABULARY as usize] = [
-    "the", "switchyard", "routes", "tokens", "to", "workers", "with", "cached", "prefixes", "and",
-    "a", "policy", "that", "operators", "swap", "live", "while", "traffic", "flows", "through",
-    "gateway", "on", "every", "request", "it", "picks", "least", "loaded", "engine", "for",
-    "prompt", "blocks", "stream", "back", "as", "they", "arrive", "from", "simulated", "GPUs",
-    "mock", "answer", "is", "deterministic", "so", "tests", "can", "check", "each", "word",
-    "in", "order", "of", "generation", "under", "load", "without", "real", "weights", "or",
-    "kernels", "here", "now", "done",
+    "the",
+    "switchyard",
+    "routes",
+    "tokens",
+    "to",
+    "workers",
+    "with",
+    "cached",
+    "prefixes",
+    "and",
+    "a",
+    "policy",
+    "that",
+    "operators",
+    "swap",
+    "live",
+    "while",
+    "traffic",
+    "flows",
+    "through",
+    "gateway",
+    "on",
+    "every",
+    "request",
+    "it",
+    "picks",
+    "least",
+    "loaded",
+    "engine",
+    "for",
+    "prompt",
+    "blocks",
+    "stream",
+    "back",
+    "as",
+    "they",
+    "arrive",
+    "from",
+    "simulated",
+    "GPUs",
+    "mock",
+    "answer",
+    "is",
+    "deterministic",
+    "so",
+    "tests",
+    "can",
+    "check",
+    "each",
+    "word",
+    "in",
+    "order",
+    "of",
+    "generation",
+    "under",
+    "load",
+    "without",
+    "real",
+    "weights",
+    "or",
+    "kernels",
+    "here",
+    "now",
+    "done",
 ];
 
 /// The token a mock sequence generates at position `position` (deterministic per request).
@@ -601,9 +696,17 @@ mod tests {
     #[tokio::test]
     async fn generates_exactly_max_tokens() {
         let engine = spawn_engine(config());
-        let (tokens, finished) = collect(engine.submit((0..10).collect(), 5).expect("accepted")).await;
+        let (tokens, finished) =
+            collect(engine.submit((0..10).collect(), 5).expect("accepted")).await;
         assert_eq!(tokens.len(), 5);
-        assert!(matches!(finished, Output::Finished { completion_tokens: 5, prompt_tokens: 10, .. }));
+        assert!(matches!(
+            finished,
+            Output::Finished {
+                completion_tokens: 5,
+                prompt_tokens: 10,
+                ..
+            }
+        ));
     }
 
     #[tokio::test]
@@ -614,21 +717,32 @@ mod tests {
         let prompt: Vec<u32> = (0..40).collect();
         collect(engine.submit(prompt.clone(), 2).expect("accepted")).await;
         let (_, second) = collect(engine.submit(prompt, 2).expect("accepted")).await;
-        let Output::Finished { cached_tokens, .. } = second else { unreachable!() };
-        assert_eq!(cached_tokens, 36, "all full blocks but the one recomputed for sampling");
+        let Output::Finished { cached_tokens, .. } = second else {
+            unreachable!()
+        };
+        assert_eq!(
+            cached_tokens, 36,
+            "all full blocks but the one recomputed for sampling"
+        );
         let mut stored = 0;
         while let Ok(event) = events.try_recv() {
             if let KvEvent::Stored { blocks, .. } = event {
                 stored += blocks.len();
             }
         }
-        assert!(stored >= 10, "the prompt's 10 full blocks were stored, got {stored}");
+        assert!(
+            stored >= 10,
+            "the prompt's 10 full blocks were stored, got {stored}"
+        );
     }
 
     #[tokio::test]
     async fn preemption_lets_every_request_finish() {
         // 8 blocks of 4 tokens: two sequences of 12 + 12 tokens cannot both be resident.
-        let engine = spawn_engine(EngineConfig { num_gpu_blocks: 8, ..config() });
+        let engine = spawn_engine(EngineConfig {
+            num_gpu_blocks: 8,
+            ..config()
+        });
         let first = engine.submit((0..12).collect(), 12).expect("accepted");
         let second = engine.submit((100..112).collect(), 12).expect("accepted");
         let (a, b) = tokio::join!(collect(first), collect(second));
@@ -639,9 +753,18 @@ mod tests {
 
     #[tokio::test]
     async fn oversized_requests_are_refused() {
-        let engine = spawn_engine(EngineConfig { num_gpu_blocks: 2, ..config() });
-        assert!(matches!(engine.submit((0..8).collect(), 4), Err(SubmitError::TooLong { .. })));
-        assert_eq!(engine.submit(Vec::new(), 4).unwrap_err(), SubmitError::EmptyPrompt);
+        let engine = spawn_engine(EngineConfig {
+            num_gpu_blocks: 2,
+            ..config()
+        });
+        assert!(matches!(
+            engine.submit((0..8).collect(), 4),
+            Err(SubmitError::TooLong { .. })
+        ));
+        assert_eq!(
+            engine.submit(Vec::new(), 4).unwrap_err(),
+            SubmitError::EmptyPrompt
+        );
     }
 
     #[tokio::test]

@@ -110,7 +110,10 @@ impl BlockManager {
 
     /// Whether a sequence can take the cached blocks `cached` and `new_blocks` fresh ones.
     pub fn can_admit(&self, cached: &[BlockHash], new_blocks: usize) -> bool {
-        let revived = cached.iter().filter(|hash| self.inactive.contains(&hash.sequence)).count();
+        let revived = cached
+            .iter()
+            .filter(|hash| self.inactive.contains(&hash.sequence))
+            .count();
         self.available() >= revived + new_blocks
     }
 
@@ -132,7 +135,9 @@ impl BlockManager {
     pub fn allocate_anonymous(&mut self) -> bool {
         if self.active_blocks() + self.inactive.len() >= self.capacity {
             match self.inactive.pop_lru() {
-                Some((evicted, ())) => self.events.push(KvEvent::Removed { block_hashes: vec![evicted] }),
+                Some((evicted, ())) => self.events.push(KvEvent::Removed {
+                    block_hashes: vec![evicted],
+                }),
                 None => return false,
             }
         }
@@ -142,7 +147,10 @@ impl BlockManager {
 
     /// Releases an anonymous block.
     pub fn release_anonymous(&mut self) {
-        debug_assert!(self.anonymous > 0, "released more anonymous blocks than allocated");
+        debug_assert!(
+            self.anonymous > 0,
+            "released more anonymous blocks than allocated"
+        );
         self.anonymous = self.anonymous.saturating_sub(1);
     }
 
@@ -158,7 +166,10 @@ impl BlockManager {
         if self.prefix_caching {
             self.events.push(KvEvent::Stored {
                 parent,
-                blocks: vec![StoredBlock { block_hash: hash.sequence, tokens_hash: hash.local }],
+                blocks: vec![StoredBlock {
+                    block_hash: hash.sequence,
+                    tokens_hash: hash.local,
+                }],
             });
         }
     }
@@ -194,7 +205,11 @@ impl BlockManager {
 
     /// Sequence hashes of every cached block, referenced or not (for a resync dump).
     pub fn cached_hashes(&self) -> Vec<u64> {
-        self.active.keys().chain(self.inactive.iter().map(|(hash, ())| hash)).copied().collect()
+        self.active
+            .keys()
+            .chain(self.inactive.iter().map(|(hash, ())| hash))
+            .copied()
+            .collect()
     }
 }
 
@@ -232,7 +247,9 @@ mod tests {
         assert_eq!(manager.cached_prefix(&chain), 2);
         let events = manager.drain_events();
         assert_eq!(events.len(), 2);
-        assert!(matches!(&events[1], KvEvent::Stored { parent: Some(p), .. } if *p == chain[0].sequence));
+        assert!(
+            matches!(&events[1], KvEvent::Stored { parent: Some(p), .. } if *p == chain[0].sequence)
+        );
     }
 
     #[test]
@@ -246,7 +263,12 @@ mod tests {
         manager.release_full(b[0].sequence);
         manager.drain_events();
         assert!(manager.allocate_anonymous());
-        assert_eq!(manager.drain_events(), vec![KvEvent::Removed { block_hashes: vec![a[0].sequence] }]);
+        assert_eq!(
+            manager.drain_events(),
+            vec![KvEvent::Removed {
+                block_hashes: vec![a[0].sequence]
+            }]
+        );
         assert_eq!(manager.cached_prefix(&b), 1);
         assert!(manager.allocate_anonymous());
         assert!(!manager.allocate_anonymous(), "everything is referenced");
@@ -259,7 +281,11 @@ mod tests {
         store(&mut manager, &chain);
         store(&mut manager, &chain);
         assert_eq!(manager.active_blocks(), 1);
-        assert_eq!(manager.drain_events().len(), 1, "only a fresh store is reported");
+        assert_eq!(
+            manager.drain_events().len(),
+            1,
+            "only a fresh store is reported"
+        );
     }
 
     #[test]

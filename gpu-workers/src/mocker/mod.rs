@@ -36,11 +36,18 @@ pub async fn spawn_fleet(
             0
         } else {
             u16::try_from(usize::from(base_port) + index).map_err(|_| {
-                std::io::Error::new(std::io::ErrorKind::InvalidInput, "port range runs past 65535")
+                std::io::Error::new(
+                    std::io::ErrorKind::InvalidInput,
+                    "port range runs past 65535",
+                )
             })?
         };
         let listener = TcpListener::bind(SocketAddr::new(host, port)).await?;
-        fleet.push(MockerServer::start(listener, spawn_engine(engine.clone()), server.clone())?);
+        fleet.push(MockerServer::start(
+            listener,
+            spawn_engine(engine.clone()),
+            server.clone(),
+        )?);
     }
     Ok(fleet)
 }

@@ -44,7 +44,11 @@ pub struct ServerConfig {
 
 impl Default for ServerConfig {
     fn default() -> ServerConfig {
-        ServerConfig { model: "mock".into(), default_max_tokens: 32, max_body_bytes: 32 << 20 }
+        ServerConfig {
+            model: "mock".into(),
+            default_max_tokens: 32,
+            max_body_bytes: 32 << 20,
+        }
     }
 }
 
@@ -64,9 +68,17 @@ pub struct MockerServer {
 
 impl MockerServer {
     /// Serves `engine` on `listener` from the current tokio runtime.
-    pub fn start(listener: TcpListener, engine: EngineHandle, config: ServerConfig) -> std::io::Result<MockerServer> {
+    pub fn start(
+        listener: TcpListener,
+        engine: EngineHandle,
+        config: ServerConfig,
+    ) -> std::io::Result<MockerServer> {
         let addr = listener.local_addr()?;
-        let state = Arc::new(State { config, engine: engine.clone(), next_request: AtomicU64::new(0) });
+        let state = Arc::new(State {
+            config,
+            engine: engine.clone(),
+            next_request: AtomicU64::new(0),
+        });
         let task = tokio::spawn(accept_loop(listener, state));
         Ok(MockerServer { addr, engine, task })
     }
@@ -119,23 +131,34 @@ async fn handle(state: Arc<State>, request: Request<Incoming>) -> Response<Body>
     let path = request.uri().path().to_string();
     let method = request.method().clone();
     let result = match (method.clone(), path.as_str()) {
-        (Method::POST, api::CHAT_COMPLETIONS_PATH) => generate(&state, Endpoint::Chat, request).await,
-        (Method::POST, api::COMPLETIONS_PATH) => generate(&state, Endpoint::Completion, request).await,
-        (Method::GET, api::MODELS_PATH) => {
-            Ok(respond::json(StatusCode::OK, &ModelList::new([state.config.model.as_str()], "switchyard-mocker")))
+        (Method::POST, api::CHAT_COMPLETIONS_PATH) => {
+            generate(&state, Endpoint::Chat, request).await
         }
+        (Method::POST, api::COMPLETIONS_PATH) => {
+            generate(&state, Endpoint::Completion, request).await
+        }
+        (Method::GET, api::MODELS_PATH) => Ok(respond::json(
+            StatusCode::OK,
+            &ModelList::new([state.config.model.as_str()], "switchyard-mocker"),
+        )),
         (Method::GET, "/healthz") => Ok(respond::text(StatusCode::OK, "text/plain", "ok\n")),
         (Method::GET, "/metrics") => Ok(metrics(&state)),
         (_, api::CHAT_COMPLETIONS_PATH | api::COMPLETIONS_PATH) => {
             Err(respond::method_not_allowed(&method, &path, "POST"))
         }
-        (_, api::MODELS_PATH | "/healthz" | "/metrics") => Err(respond::method_not_allowed(&method, &path, "GET")),
+        (_, api::MODELS_PATH | "/healthz" | "/metrics") => {
+            Err(respond::method_not_allowed(&method, &path, "GET"))
+        }
         _ => Err(respond::not_found(&path)),
     };
     result.unwrap_or_else(|err| respond::error(&err))
 }
 
-async fn generate(state: &State, endpoint: Endpoint, request: Request<Incoming>) -> Result<Response<Body>, ApiError> {
+async fn generate(
+    state: &State,
+    endpoint: Endpoint,
+    request: Request<Incoming>,
+) -> Result<Response<Body>, ApiError> {
     let (parts, body) = request.into_parts();
     let body = respond::read_limited(&parts.headers, body, state.config.max_body_bytes).await?;
     let request = api::parse_generate_request(endpoint, &body)?;
@@ -144,18 +167,31 @@ async fn generate(state: &State, endpoint: Endpoint, request: Request<Incoming>)
             StatusCode::NOT_FOUND,
             "invalid_request_error",
             "model_not_found",
-            format!("model `{}` is not served here; this worker serves `{}`", request.model(), state.config.model),
+            format!(
+                "model `{}` is not served here; this worker serves `{}`",
+                request.model(),
+                state.config.model
+            ),
         )
         .with_param(Some("model".into())));
     }
     let prompt = tokenize::prompt_tokens(&request);
-    let max_tokens = request.token_limit().unwrap_or(state.config.default_max_tokens).max(1);
-    let outputs = state.engine.submit(prompt, max_tokens as usize).map_err(|err| match err {
-        SubmitError::Stopped => {
-            ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "server_error", "engine_stopped", err.to_string())
-        }
-        _ => ApiError::invalid_request("context_length_exceeded", err.to_string()),
-    })?;
+    let max_tokens = request
+        .token_limit()
+        .unwrap_or(state.config.default_max_tokens)
+        .max(1);
+    let outputs = state
+        .engine
+        .submit(prompt, max_tokens as usize)
+        .map_err(|err| match err {
+            SubmitError::Stopped => ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "server_error",
+                "engine_stopped",
+                err.to_string(),
+            ),
+            _ => ApiError::invalid_request("context_length_exceeded", err.to_string()),
+        })?;
     let number = state.next_request.fetch_add(1, Ordering::Relaxed);
     let meta = ResponseMeta {
         id: match endpoint {
@@ -163,11 +199,19 @@ async fn generate(state: &State, endpoint: Endpoint, request: Request<Incoming>)
             Endpoint::Completion => format!("cmpl-mock-{number}"),
         },
         model: request.model().to_string(),
-        created: SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0),
+        created: SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0),
         endpoint,
     };
     if request.is_stream() {
-        Ok(respond::event_stream(Body::new(SseBody { outputs, meta, sent_role: false, phase: Phase::Tokens })))
+        Ok(respond::event_stream(Body::new(SseBody {
+            outputs,
+            meta,
+            sent_role: false,
+            phase: Phase::Tokens,
+        })))
     } else {
         whole_answer(outputs, meta, &request).await
     }
@@ -181,7 +225,13 @@ struct ResponseMeta {
 }
 
 impl ResponseMeta {
-    fn chunk(&self, text: Option<&str>, role: bool, finish: Option<&str>, usage: Option<serde_json::Value>) -> Bytes {
+    fn chunk(
+        &self,
+        text: Option<&str>,
+        role: bool,
+        finish: Option<&str>,
+        usage: Option<serde_json::Value>,
+    ) -> Bytes {
         let choice = match self.endpoint {
             Endpoint::Chat => {
                 let mut delta = serde_json::Map::new();
@@ -193,7 +243,9 @@ impl ResponseMeta {
                 }
                 json!({"index": 0, "delta": delta, "finish_reason": finish})
             }
-            Endpoint::Completion => json!({"index": 0, "text": text.unwrap_or(""), "finish_reason": finish}),
+            Endpoint::Completion => {
+                json!({"index": 0, "text": text.unwrap_or(""), "finish_reason": finish})
+            }
         };
         let mut chunk = json!({
             "id": self.id,
@@ -223,7 +275,12 @@ fn usage_json(prompt_tokens: u32, completion_tokens: u32, cached_tokens: u32) ->
 }
 
 fn engine_gone() -> ApiError {
-    ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", "engine_stopped", "the engine stopped mid-generation")
+    ApiError::new(
+        StatusCode::INTERNAL_SERVER_ERROR,
+        "server_error",
+        "engine_stopped",
+        "the engine stopped mid-generation",
+    )
 }
 
 async fn whole_answer(
@@ -235,7 +292,12 @@ async fn whole_answer(
     loop {
         match outputs.recv().await {
             Some(Output::Token(token)) => text.push_str(&token_text(token)),
-            Some(Output::Finished { reason, prompt_tokens, completion_tokens, cached_tokens }) => {
+            Some(Output::Finished {
+                reason,
+                prompt_tokens,
+                completion_tokens,
+                cached_tokens,
+            }) => {
                 let usage = usage_json(prompt_tokens, completion_tokens, cached_tokens);
                 let choice = match request {
                     GenerateRequest::Chat(_) => json!({
@@ -243,7 +305,9 @@ async fn whole_answer(
                         "message": {"role": "assistant", "content": text},
                         "finish_reason": reason.as_str(),
                     }),
-                    GenerateRequest::Completion(_) => json!({"index": 0, "text": text, "finish_reason": reason.as_str()}),
+                    GenerateRequest::Completion(_) => {
+                        json!({"index": 0, "text": text, "finish_reason": reason.as_str()})
+                    }
                 };
                 let body = json!({
                     "id": meta.id,
@@ -278,7 +342,10 @@ impl http_body::Body for SseBody {
     type Data = Bytes;
     type Error = Infallible;
 
-    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
         let this = self.get_mut();
         let bytes = match this.phase {
             Phase::Ended => return Poll::Ready(None),
@@ -293,10 +360,16 @@ impl http_body::Body for SseBody {
                     this.sent_role = true;
                     this.meta.chunk(Some(&token_text(token)), role, None, None)
                 }
-                Poll::Ready(Some(Output::Finished { reason, prompt_tokens, completion_tokens, cached_tokens })) => {
+                Poll::Ready(Some(Output::Finished {
+                    reason,
+                    prompt_tokens,
+                    completion_tokens,
+                    cached_tokens,
+                })) => {
                     this.phase = Phase::Done;
                     let usage = usage_json(prompt_tokens, completion_tokens, cached_tokens);
-                    this.meta.chunk(None, false, Some(reason.as_str()), Some(usage))
+                    this.meta
+                        .chunk(None, false, Some(reason.as_str()), Some(usage))
                 }
                 Poll::Ready(None) => {
                     this.phase = Phase::Ended;
@@ -317,10 +390,22 @@ fn metrics(state: &State) -> Response<Body> {
     let stats = state.engine.stats();
     let mut registry = Registry::with_prefix("switchyard_mocker");
     let gauges: [(&str, &str, &AtomicU64); 4] = [
-        ("waiting_requests", "Requests waiting for admission", &stats.waiting),
+        (
+            "waiting_requests",
+            "Requests waiting for admission",
+            &stats.waiting,
+        ),
         ("running_requests", "Requests running", &stats.running),
-        ("kv_active_blocks", "KV blocks referenced by running requests", &stats.active_blocks),
-        ("kv_total_blocks", "KV blocks in the simulated GPU", &stats.total_blocks),
+        (
+            "kv_active_blocks",
+            "KV blocks referenced by running requests",
+            &stats.active_blocks,
+        ),
+        (
+            "kv_total_blocks",
+            "KV blocks in the simulated GPU",
+            &stats.total_blocks,
+        ),
     ];
     for (name, help, value) in gauges {
         let gauge = Gauge::<i64>::default();
@@ -329,10 +414,26 @@ fn metrics(state: &State) -> Response<Body> {
     }
     let counters: [(&str, &str, &AtomicU64); 6] = [
         ("requests", "Requests accepted", &stats.requests),
-        ("prompt_tokens", "Prompt tokens admitted", &stats.prompt_tokens),
-        ("cached_prompt_tokens", "Prompt tokens served from the prefix cache", &stats.cached_prompt_tokens),
-        ("generated_tokens", "Tokens generated", &stats.generated_tokens),
-        ("preemptions", "Sequences preempted for lack of KV blocks", &stats.preemptions),
+        (
+            "prompt_tokens",
+            "Prompt tokens admitted",
+            &stats.prompt_tokens,
+        ),
+        (
+            "cached_prompt_tokens",
+            "Prompt tokens served from the prefix cache",
+            &stats.cached_prompt_tokens,
+        ),
+        (
+            "generated_tokens",
+            "Tokens generated",
+            &stats.generated_tokens,
+        ),
+        (
+            "preemptions",
+            "Sequences preempted for lack of KV blocks",
+            &stats.preemptions,
+        ),
         ("steps", "Engine steps run", &stats.steps),
     ];
     for (name, help, value) in counters {
@@ -349,5 +450,9 @@ fn metrics(state: &State) -> Response<Body> {
             format!("could not encode metrics: {err}"),
         ));
     }
-    respond::text(StatusCode::OK, "text/plain; version=0.0.4; charset=utf-8", text)
+    respond::text(
+        StatusCode::OK,
+        "text/plain; version=0.0.4; charset=utf-8",
+        text,
+    )
 }

@@ -1,0 +1,98 @@
+//! The `switchyard` binary refuses bad configuration at start, naming the file, key and reason.
+
+use std::process::Command;
+
+fn run_with(config: &str) -> (bool, String) {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("bad.toml");
+    std::fs::write(&path, config).expect("write config");
+    let output = Command::new(env!("CARGO_BIN_EXE_switchyard"))
+        .args([
+            "--config",
+            path.to_str().expect("utf-8 path"),
+            "--listen",
+            "127.0.0.1:0",
+        ])
+        .output()
+        .expect("run switchyard");
+    (
+        output.status.success(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn bad_configs_fail_at_start_naming_file_and_key() {
+    let cases = [
+        (
+            "[server]\nlisten = \"nowhere\"\n[embedded_mockers]\n",
+            "listen",
+        ),
+        (
+            "[server]\nmax_body_bytes = 0\n[embedded_mockers]\n",
+            "server.max_body_bytes",
+        ),
+        ("[server]\nbogus = 1\n[embedded_mockers]\n", "bogus"),
+        (
+            "[[workers]]\nurl = \"not a url\"\nmodel = \"m\"\n",
+            "workers[0].url",
+        ),
+        ("mode = \"production\"\n[embedded_mockers]\n", "server.tls"),
+        (
+            "[server.tls]\ncert = \"/nonexistent/cert.pem\"\nkey = \"/nonexistent/key.pem\"\n[embedded_mockers]\n",
+            "server.tls.cert",
+        ),
+        ("this is not toml", "bad.toml"),
+    ];
+    for (config, key) in cases {
+        let (ok, stderr) = run_with(config);
+        assert!(!ok, "must refuse: {config}");
+        assert!(stderr.contains("bad.toml"), "names the file: {stderr}");
+        assert!(stderr.contains(key), "names `{key}`: {stderr}");
+    }
+}
+
+#[test]
+fn a_missing_config_file_is_named() {
+    let output = Command::new(env!("CARGO_BIN_EXE_switchyard"))
+        .args(["--config", "/nonexistent/switchyard.toml"])
+        .output()
+        .expect("run switchyard");
+    assert!(!output.status.success());
+    assert!(String::from_utf8_lossy(&output.stderr).contains("/nonexistent/switchyard.toml"));
+}
+
+#[test]
+fn the_embedded_default_prints_a_ready_line_with_a_working_curl() {
+    use std::io::{BufRead, BufReader};
+    let config = concat!(env!("CARGO_MANIFEST_DIR"), "/../config/dev.toml");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_switchyard"))
+        .args([
+            "--config",
+            config,
+            "--listen",
+            "127.0.0.1:0",
+            "--log",
+            "warn",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("run switchyard");
+    let stdout = child.stdout.take().expect("stdout");
+    let mut lines = BufReader::new(stdout).lines();
+    let ready = lines.next().and_then(Result::ok).unwrap_or_default();
+    let _fingerprint = lines.next();
+    let curl = lines.next().and_then(Result::ok).unwrap_or_default();
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(ready.contains("listening on https://127.0.0.1:"), "{ready}");
+    assert!(ready.contains("4 workers"), "{ready}");
+    assert!(
+        curl.starts_with("try: curl -N -k https://127.0.0.1:"),
+        "{curl}"
+    );
+    assert!(
+        curl.contains("\"model\":\"mock\"") && curl.contains("\"stream\":true"),
+        "{curl}"
+    );
+}
