@@ -29,8 +29,17 @@ struct Args {
     log: String,
 }
 
-fn main() -> anyhow::Result<()> {
-    let args = Args::parse();
+fn main() -> std::process::ExitCode {
+    match start(Args::parse()) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("switchyard: error: {err:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn start(args: Args) -> anyhow::Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
