@@ -11,6 +11,7 @@
 
 pub mod config;
 pub mod metrics;
+pub mod policy;
 pub mod server;
 pub mod state;
 pub mod workers;
@@ -35,6 +36,9 @@ pub enum Error {
     /// The configuration is unusable.
     #[error(transparent)]
     Config(#[from] config::ConfigError),
+    /// The policy engine could not start.
+    #[error(transparent)]
+    PolicyEngine(#[from] policy::PolicyError),
     /// TLS could not be set up.
     #[error(transparent)]
     Tls(#[from] server::tls::TlsError),
@@ -49,6 +53,14 @@ pub enum Error {
     /// The embedded mockers could not start.
     #[error("cannot start the embedded mockers: {0}")]
     Mockers(std::io::Error),
+    /// The router policy could not be loaded.
+    #[error("router policy `{name}`: {source}")]
+    Policy {
+        /// The configured policy.
+        name: String,
+        /// Why.
+        source: policy::PolicyError,
+    },
     /// A worker URL did not parse.
     #[error("invalid worker URL: {0}")]
     WorkerUrl(#[from] http::uri::InvalidUri),
@@ -93,7 +105,29 @@ impl Gateway {
             mockers = fleet;
             config.workers.extend(entries);
         }
-        let metrics = Arc::new(Metrics::new());
+        let policy_runtime = Arc::new(policy::runtime::PolicyRuntime::new(
+            policy::runtime::RuntimeConfig {
+                deadline: std::time::Duration::from_millis(config.policy.deadline_ms),
+                memory_limit_bytes: config.policy.memory_limit_mib << 20,
+                cache_dir: config.policy.cache_dir.clone(),
+                ..policy::runtime::RuntimeConfig::default()
+            },
+        )?);
+        let router = load_router(
+            &policy_runtime,
+            &config.policy.router,
+            config.policy.config.clone(),
+        )?;
+        let switch = Arc::new(policy::switch::PolicySwitch::new(
+            router,
+            policy::switch::SwitchConfig {
+                max_failures: config.policy.max_failures,
+                ..Default::default()
+            },
+        ));
+        let mut metrics = Metrics::new();
+        switch.register_metrics(metrics.registry_mut());
+        let metrics = Arc::new(metrics);
         let pool = Arc::new(WorkerPool::new(&config.workers, &metrics)?);
         let client = WorkerClient::new(&config.forwarding);
         let listener = TcpListener::bind(config.server.listen)
@@ -112,6 +146,9 @@ impl Gateway {
             pool,
             client,
             metrics,
+            policy: switch,
+            policy_runtime,
+            next_request: std::sync::atomic::AtomicU64::new(1_000),
         });
         let accept = tokio::spawn(server::conn::accept_loop(
             listener,
@@ -147,6 +184,28 @@ impl Gateway {
     pub fn state(&self) -> &Arc<AppState> {
         &self.state
     }
+}
+
+/// Loads the router named in the configuration: a built-in name or a `.wasm` path.
+fn load_router(
+    runtime: &Arc<policy::runtime::PolicyRuntime>,
+    name: &str,
+    config: toml::Table,
+) -> Result<policy::runtime::RouterPolicy, Error> {
+    let fail = |source| Error::Policy {
+        name: name.to_string(),
+        source,
+    };
+    let bytes = if name.ends_with(".wasm") {
+        std::fs::read(name).map_err(|err| {
+            fail(policy::PolicyError::Invalid(format!(
+                "cannot read `{name}`: {err}"
+            )))
+        })?
+    } else {
+        policy::built_in_router(name).map_err(fail)?.to_vec()
+    };
+    runtime.load_router(name, &bytes, config).map_err(fail)
 }
 
 impl Drop for Gateway {

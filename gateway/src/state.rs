@@ -4,6 +4,7 @@ use std::sync::Arc;
 
 use crate::config::Config;
 use crate::metrics::Metrics;
+use crate::policy::switch::PolicySwitch;
 use crate::workers::WorkerPool;
 use crate::workers::client::WorkerClient;
 
@@ -18,4 +19,10 @@ pub struct AppState {
     pub client: WorkerClient,
     /// Exported metrics.
     pub metrics: Arc<Metrics>,
+    /// The live router policy.
+    pub policy: Arc<PolicySwitch>,
+    /// Compiles and validates new policy versions.
+    pub policy_runtime: Arc<crate::policy::runtime::PolicyRuntime>,
+    /// Numbers requests for policies.
+    pub next_request: std::sync::atomic::AtomicU64,
 }

@@ -76,6 +76,53 @@ pub struct Config {
     /// Workers reachable over HTTP.
     #[serde(default)]
     pub workers: Vec<WorkerConfig>,
+    /// The routing policy and its sandbox.
+    #[serde(default)]
+    pub policy: PolicyConfig,
+    /// The admin API (policy management).
+    #[serde(default)]
+    pub admin: Option<AdminConfig>,
+}
+
+/// `[policy]`: the router policy (a Wasm component) and its sandbox.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PolicyConfig {
+    /// A built-in policy (`round-robin`, `least-load`, `kv-aware`) or a path to a `.wasm`.
+    pub router: String,
+    /// CPU time one policy call may take, in milliseconds.
+    pub deadline_ms: u64,
+    /// Linear memory one policy instance may use, in MiB.
+    pub memory_limit_mib: usize,
+    /// Failures of one version after which the previous version is restored.
+    pub max_failures: u32,
+    /// Where compiled policy code is cached (keyed by sha256 and engine); none disables it.
+    pub cache_dir: Option<PathBuf>,
+    /// The policy's own settings, readable through the host world's `config.get`.
+    pub config: toml::Table,
+}
+
+impl Default for PolicyConfig {
+    fn default() -> PolicyConfig {
+        PolicyConfig {
+            router: "least-load".into(),
+            deadline_ms: 1,
+            memory_limit_mib: 32,
+            max_failures: 5,
+            cache_dir: None,
+            config: toml::Table::new(),
+        }
+    }
+}
+
+/// `[admin]`: the admin API on its own listener.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AdminConfig {
+    /// Address of the admin listener (plain HTTP; keep it on a private interface).
+    pub listen: SocketAddr,
+    /// Bearer token every admin request must carry.
+    pub token: String,
 }
 
 /// `[server]`: the client-facing listener and its limits.
@@ -392,6 +439,33 @@ impl Config {
                     format!("must be a positive number, got {}", mockers.speedup),
                 ));
             }
+        }
+        if self.policy.router.is_empty() {
+            return Err(invalid(
+                "policy.router",
+                "must name a built-in policy or a .wasm file".into(),
+            ));
+        }
+        if self.policy.deadline_ms == 0
+            || self.policy.memory_limit_mib == 0
+            || self.policy.max_failures == 0
+        {
+            let key = if self.policy.deadline_ms == 0 {
+                "policy.deadline_ms"
+            } else if self.policy.memory_limit_mib == 0 {
+                "policy.memory_limit_mib"
+            } else {
+                "policy.max_failures"
+            };
+            return Err(invalid(key, "must be greater than 0".into()));
+        }
+        if let Some(admin) = &self.admin
+            && admin.token.len() < 16
+        {
+            return Err(invalid(
+                "admin.token",
+                "must be at least 16 characters".into(),
+            ));
         }
         let mut names = std::collections::HashSet::new();
         for (index, worker) in self.workers.iter().enumerate() {

@@ -144,6 +144,11 @@ impl Metrics {
         self.retries.inc();
     }
 
+    /// The registry, for other modules to register their own families at start.
+    pub fn registry_mut(&mut self) -> &mut Registry {
+        &mut self.registry
+    }
+
     /// Every metric in the Prometheus text format.
     pub fn encode(&self) -> String {
         let mut text = String::new();

@@ -56,10 +56,21 @@ pub(crate) async fn generate(
         .with_param(Some("model".into())));
     }
     let stream = parsed.is_stream();
+    let prompt_tokens = switchyard_workers::tokenize::prompt_tokens(&parsed).len();
+    let request_id = state
+        .next_request
+        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let mut tried: Vec<Arc<Worker>> = Vec::new();
     let mut last_failure: Option<String> = None;
     for attempt in 0..=state.config.forwarding.retries {
-        let Some(worker) = state.pool.pick(model, &tried) else {
+        let Some(worker) = choose(
+            state,
+            model,
+            &tried,
+            request_id,
+            prompt_tokens,
+            parsed.token_limit(),
+        ) else {
             break;
         };
         if attempt > 0 {
@@ -92,6 +103,31 @@ pub(crate) async fn generate(
             format!("every worker tried failed before answering; last: {reason}"),
         ),
     })
+}
+
+/// Asks the router policy for a worker among the healthy workers of `model` not yet tried.
+fn choose(
+    state: &AppState,
+    model: &str,
+    tried: &[Arc<Worker>],
+    request_id: u64,
+    prompt_tokens: usize,
+    max_tokens: Option<u32>,
+) -> Option<Arc<Worker>> {
+    let candidates = state.pool.candidates(model, tried);
+    let block_size = candidates.first()?.block_size.max(1);
+    let table = crate::policy::table::build(&candidates);
+    let request = crate::policy::table::RequestInfo {
+        request_id,
+        prompt_tokens: u32::try_from(prompt_tokens).unwrap_or(u32::MAX),
+        max_tokens: max_tokens.unwrap_or(0),
+        prompt_blocks: u32::try_from(prompt_tokens / block_size).unwrap_or(u32::MAX),
+        media_tokens: 0,
+        affinity: 0,
+        ttft_target_ms: 0.0,
+    };
+    let (index, _) = state.policy.route(&request, &table);
+    index.and_then(|index| candidates.get(index as usize).cloned())
 }
 
 /// A worker's answer whose first body bytes (if any) have already arrived.

@@ -186,6 +186,16 @@ impl WorkerPool {
         self.workers.iter().any(|w| w.is_healthy())
     }
 
+    /// The healthy LLM workers of `model`, skipping those in `exclude`, in configuration order.
+    pub fn candidates(&self, model: &str, exclude: &[Arc<Worker>]) -> Vec<Arc<Worker>> {
+        self.workers
+            .iter()
+            .filter(|w| w.role == Role::Llm && w.model == model && w.is_healthy())
+            .filter(|w| !exclude.iter().any(|e| Arc::ptr_eq(e, w)))
+            .cloned()
+            .collect()
+    }
+
     /// The healthy LLM worker of `model` with the fewest requests in flight, skipping the
     /// workers in `exclude`. Ties are broken by rotating the starting point.
     pub fn pick(&self, model: &str, exclude: &[Arc<Worker>]) -> Option<Arc<Worker>> {

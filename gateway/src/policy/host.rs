@@ -1,0 +1,83 @@
+//! What the host world gives a policy: logging, its own configuration, a monotonic clock.
+//!
+//! Log lines are truncated and rate-limited per instance so a chatty or hostile policy cannot
+//! flood the gateway's log.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use wasmtime::StoreLimits;
+
+use crate::policy::bindings::switchyard::policy::{clock, config, log, types};
+
+/// Longest log line kept from a policy, in bytes.
+const MAX_LOG_LINE: usize = 1000;
+/// Log lines one instance may write per second.
+const LOG_LINES_PER_SECOND: u32 = 20;
+
+/// The state of one policy store.
+#[derive(Debug)]
+pub struct HostState {
+    config: Arc<toml::Table>,
+    /// Memory and instance limits enforced on the store.
+    pub limits: StoreLimits,
+    started: Instant,
+    log_window: Instant,
+    log_lines: u32,
+}
+
+impl HostState {
+    /// State for a store of a policy with `config`.
+    pub fn new(config: Arc<toml::Table>, limits: StoreLimits) -> HostState {
+        let now = Instant::now();
+        HostState {
+            config,
+            limits,
+            started: now,
+            log_window: now,
+            log_lines: 0,
+        }
+    }
+}
+
+impl types::Host for HostState {}
+
+impl log::Host for HostState {
+    fn log(&mut self, level: log::Level, message: String) {
+        if self.log_window.elapsed().as_secs() >= 1 {
+            self.log_window = Instant::now();
+            self.log_lines = 0;
+        }
+        self.log_lines += 1;
+        if self.log_lines > LOG_LINES_PER_SECOND {
+            return;
+        }
+        let mut end = message.len().min(MAX_LOG_LINE);
+        while !message.is_char_boundary(end) {
+            end -= 1;
+        }
+        let message = &message[..end];
+        match level {
+            log::Level::Trace => tracing::trace!(target: "switchyard::policy::guest", "{message}"),
+            log::Level::Debug => tracing::debug!(target: "switchyard::policy::guest", "{message}"),
+            log::Level::Info => tracing::info!(target: "switchyard::policy::guest", "{message}"),
+            log::Level::Warn => tracing::warn!(target: "switchyard::policy::guest", "{message}"),
+            log::Level::Error => tracing::error!(target: "switchyard::policy::guest", "{message}"),
+        }
+    }
+}
+
+impl config::Host for HostState {
+    fn get(&mut self, key: String) -> Option<String> {
+        self.config.get(&key).map(|value| match value {
+            toml::Value::String(text) => text.clone(),
+            other => other.to_string(),
+        })
+    }
+}
+
+impl clock::Host for HostState {
+    fn now_ns(&mut self) -> u64 {
+        u64::try_from(self.started.elapsed().as_nanos()).unwrap_or(u64::MAX)
+    }
+}

@@ -1,0 +1,79 @@
+//! Routing policies as WebAssembly components, swapped live.
+//!
+//! This module owns everything that knows about wasmtime: the engine and sandbox
+//! ([`runtime`]), the host world's imports ([`host`]), the flat worker table ([`table`]), and
+//! the live switch between policy versions with fallback and automatic rollback
+//! ([`switch`]). Nothing outside it touches wasmtime; the server asks [`switch::PolicySwitch`]
+//! for a worker index and gets one in every case, from the policy or from the native fallback.
+
+mod bindings;
+pub mod host;
+pub mod runtime;
+pub mod switch;
+pub mod table;
+
+/// Why a policy could not be loaded or could not answer.
+#[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
+pub enum PolicyError {
+    /// wasmtime refused the engine configuration.
+    #[error("policy engine: {0}")]
+    Engine(String),
+    /// The bytes are not a usable router component.
+    #[error("invalid policy: {0}")]
+    Invalid(String),
+    /// The component imports something outside the host world.
+    #[error("policy imports what the host world does not offer: {0}")]
+    ForbiddenImport(String),
+    /// The policy trapped, ran past its deadline or out of memory.
+    #[error("policy trapped: {0}")]
+    Trap(String),
+    /// The policy answered with an error.
+    #[error("policy refused: {0}")]
+    Refused(String),
+    /// The policy answered with something out of range.
+    #[error("policy answered nonsense: {0}")]
+    InvalidAnswer(String),
+    /// The named built-in policy does not exist.
+    #[error("no built-in policy named `{0}`; built-ins: round-robin, least-load, kv-aware")]
+    UnknownBuiltIn(String),
+}
+
+impl PolicyError {
+    fn engine(err: wasmtime::Error) -> PolicyError {
+        PolicyError::Engine(format!("{err:#}"))
+    }
+
+    fn trap(err: wasmtime::Error) -> PolicyError {
+        PolicyError::Trap(format!("{err:#}"))
+    }
+
+    /// A short label for metrics.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            PolicyError::Engine(_) => "engine",
+            PolicyError::Invalid(_) => "invalid",
+            PolicyError::ForbiddenImport(_) => "forbidden_import",
+            PolicyError::Trap(_) => "trap",
+            PolicyError::Refused(_) => "refused",
+            PolicyError::InvalidAnswer(_) => "invalid_answer",
+            PolicyError::UnknownBuiltIn(_) => "unknown",
+        }
+    }
+}
+
+/// The router policies built from `plugins/` and embedded in the binary.
+pub fn built_in_router(name: &str) -> Result<&'static [u8], PolicyError> {
+    match name {
+        "round-robin" => Ok(include_bytes!(concat!(
+            env!("OUT_DIR"),
+            "/round_robin.wasm"
+        ))),
+        "least-load" => Ok(include_bytes!(concat!(env!("OUT_DIR"), "/least_load.wasm"))),
+        "kv-aware" => Ok(include_bytes!(concat!(env!("OUT_DIR"), "/kv_aware.wasm"))),
+        other => Err(PolicyError::UnknownBuiltIn(other.to_string())),
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,350 @@
+//! The wasmtime side of policies: one engine, loading and validating components, sandboxing.
+//!
+//! [`PolicyRuntime`] owns the `Engine` (Cranelift, pooling allocator, epoch interruption, no
+//! async or concurrency support), the `Linker` with the host world's imports, the epoch ticker
+//! thread, and the on-disk cache of precompiled code keyed by the artifact's sha256 and the
+//! engine's compatibility hash. [`PolicyRuntime::load_router`] turns `.wasm` bytes into a
+//! [`RouterPolicy`]: imports checked against the host world, compiled (or deserialized from the
+//! cache), `init` called and a self-test `route` run on a synthetic table, all before anything
+//! can route with it.
+
+use std::collections::hash_map::DefaultHasher;
+use std::hash::{Hash, Hasher};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use sha2::{Digest, Sha256};
+use wasmtime::component::{Component, Linker};
+use wasmtime::{Config, Engine, Store, StoreLimits, StoreLimitsBuilder};
+
+use crate::policy::bindings::{RouterPre, RouterWorld};
+use crate::policy::host::HostState;
+use crate::policy::{PolicyError, table};
+
+/// Interfaces a policy may import (any version of our package's host world).
+const ALLOWED_IMPORTS: [&str; 4] = [
+    "switchyard:policy/log@",
+    "switchyard:policy/config@",
+    "switchyard:policy/clock@",
+    "switchyard:policy/types@",
+];
+
+/// Settings of the policy sandbox.
+#[derive(Debug, Clone)]
+pub struct RuntimeConfig {
+    /// CPU time one call may take before it is interrupted.
+    pub deadline: Duration,
+    /// Linear memory one instance may grow to.
+    pub memory_limit_bytes: usize,
+    /// Where precompiled code is cached; `None` disables the disk cache.
+    pub cache_dir: Option<PathBuf>,
+    /// Instances the pooling allocator keeps slots for.
+    pub max_instances: u32,
+}
+
+impl Default for RuntimeConfig {
+    fn default() -> RuntimeConfig {
+        RuntimeConfig {
+            deadline: Duration::from_millis(1),
+            memory_limit_bytes: 32 << 20,
+            cache_dir: None,
+            max_instances: 256,
+        }
+    }
+}
+
+/// The wasmtime engine and everything shared by all policies.
+pub struct PolicyRuntime {
+    engine: Engine,
+    linker: Linker<HostState>,
+    config: RuntimeConfig,
+    compatibility: String,
+    epoch_ticks_per_deadline: u64,
+    ticker_stop: Arc<AtomicBool>,
+}
+
+impl std::fmt::Debug for PolicyRuntime {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PolicyRuntime")
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}
+
+/// How often the epoch advances: the resolution of the per-call deadline.
+const EPOCH_TICK: Duration = Duration::from_micros(500);
+
+impl PolicyRuntime {
+    /// Builds the engine and starts the epoch ticker.
+    ///
+    /// # Errors
+    ///
+    /// Returns [`PolicyError::Engine`] if wasmtime refuses the configuration.
+    pub fn new(config: RuntimeConfig) -> Result<PolicyRuntime, PolicyError> {
+        let mut pooling = wasmtime::PoolingAllocationConfig::default();
+        pooling
+            .total_component_instances(config.max_instances)
+            .total_core_instances(config.max_instances)
+            .total_memories(config.max_instances)
+            .total_tables(config.max_instances)
+            .max_memory_size(config.memory_limit_bytes);
+        let mut wasm = Config::new();
+        wasm.epoch_interruption(true)
+            .wasm_component_model(true)
+            .allocation_strategy(wasmtime::InstanceAllocationStrategy::Pooling(pooling));
+        let engine = Engine::new(&wasm).map_err(PolicyError::engine)?;
+        let mut linker = Linker::new(&engine);
+        RouterWorld::add_to_linker::<HostState, wasmtime::component::HasSelf<HostState>>(
+            &mut linker,
+            |state| state,
+        )
+        .map_err(PolicyError::engine)?;
+        let mut hasher = DefaultHasher::new();
+        engine.precompile_compatibility_hash().hash(&mut hasher);
+        let compatibility = format!("{:016x}", hasher.finish());
+        let ticker_stop = Arc::new(AtomicBool::new(false));
+        {
+            let engine = engine.clone();
+            let stop = ticker_stop.clone();
+            std::thread::Builder::new()
+                .name("policy-epoch".into())
+                .spawn(move || {
+                    while !stop.load(Ordering::Relaxed) {
+                        std::thread::sleep(EPOCH_TICK);
+                        engine.increment_epoch();
+                    }
+                })
+                .map_err(|err| {
+                    PolicyError::Engine(format!("cannot start the epoch ticker: {err}"))
+                })?;
+        }
+        // The next tick may come at once, so one more than the deadline holds guarantees the
+        // call at least its full deadline.
+        let epoch_ticks_per_deadline =
+            config.deadline.as_micros().div_ceil(EPOCH_TICK.as_micros()) as u64 + 1;
+        Ok(PolicyRuntime {
+            engine,
+            linker,
+            config,
+            compatibility,
+            epoch_ticks_per_deadline,
+            ticker_stop,
+        })
+    }
+
+    /// The sandbox settings.
+    pub fn config(&self) -> &RuntimeConfig {
+        &self.config
+    }
+
+    /// Compiles (or loads from the cache), validates and self-tests a router policy.
+    ///
+    /// # Errors
+    ///
+    /// Returns [`PolicyError`] if the bytes are not a component, import anything outside the
+    /// host world, fail `init`, or fail the self-test.
+    pub fn load_router(
+        self: &Arc<Self>,
+        name: &str,
+        wasm: &[u8],
+        policy_config: toml::Table,
+    ) -> Result<RouterPolicy, PolicyError> {
+        let sha256 = hex(&Sha256::digest(wasm));
+        let component = self.component(&sha256, wasm)?;
+        self.check_imports(&component)?;
+        let pre = self
+            .linker
+            .instantiate_pre(&component)
+            .map_err(|err| PolicyError::Invalid(format!("cannot link: {err:#}")))?;
+        let pre = RouterPre::new(pre).map_err(|err| {
+            PolicyError::Invalid(format!("does not export the router world: {err:#}"))
+        })?;
+        let policy = RouterPolicy {
+            name: name.to_string(),
+            sha256,
+            pre,
+            config: Arc::new(policy_config),
+            runtime: self.clone(),
+        };
+        let mut instance = policy.instantiate()?;
+        let table = table::synthetic(8);
+        let request = table::synthetic_request();
+        let decision = instance.route(&request, &table)?;
+        if decision as usize >= table.ids.len() {
+            return Err(PolicyError::Invalid(format!(
+                "self-test answered worker {decision} of {}",
+                table.ids.len()
+            )));
+        }
+        Ok(policy)
+    }
+
+    fn component(&self, sha256: &str, wasm: &[u8]) -> Result<Component, PolicyError> {
+        let cached = self
+            .config
+            .cache_dir
+            .as_ref()
+            .map(|dir| dir.join(format!("{sha256}-{}.cwasm", self.compatibility)));
+        if let Some(path) = &cached
+            && path.is_file()
+        {
+            // SAFETY: the file was written by `Component::serialize` of an engine with the same
+            // compatibility hash (part of its name) into the operator's private cache folder.
+            match unsafe { Component::deserialize_file(&self.engine, path) } {
+                Ok(component) => return Ok(component),
+                Err(err) => {
+                    tracing::warn!(path = %path.display(), error = %err, "ignoring unusable cached policy code")
+                }
+            }
+        }
+        let component = Component::new(&self.engine, wasm)
+            .map_err(|err| PolicyError::Invalid(format!("not a valid component: {err:#}")))?;
+        if let Some(path) = &cached {
+            let written = component
+                .serialize()
+                .map_err(|err| err.to_string())
+                .and_then(|bytes| {
+                    if let Some(dir) = path.parent() {
+                        std::fs::create_dir_all(dir).map_err(|err| err.to_string())?;
+                    }
+                    let temporary = path.with_extension("tmp");
+                    std::fs::write(&temporary, bytes).map_err(|err| err.to_string())?;
+                    std::fs::rename(&temporary, path).map_err(|err| err.to_string())
+                });
+            if let Err(err) = written {
+                tracing::warn!(path = %path.display(), error = %err, "could not cache compiled policy code");
+            }
+        }
+        Ok(component)
+    }
+
+    fn check_imports(&self, component: &Component) -> Result<(), PolicyError> {
+        let ty = component.component_type();
+        let forbidden: Vec<String> = ty
+            .imports(&self.engine)
+            .map(|(name, _)| name.to_string())
+            .filter(|name| {
+                !ALLOWED_IMPORTS
+                    .iter()
+                    .any(|allowed| name.starts_with(allowed))
+            })
+            .collect();
+        if forbidden.is_empty() {
+            Ok(())
+        } else {
+            Err(PolicyError::ForbiddenImport(forbidden.join(", ")))
+        }
+    }
+
+    fn store(&self, config: Arc<toml::Table>) -> Store<HostState> {
+        let limits: StoreLimits = StoreLimitsBuilder::new()
+            .memory_size(self.config.memory_limit_bytes)
+            .instances(4)
+            .trap_on_grow_failure(true)
+            .build();
+        let mut store = Store::new(&self.engine, HostState::new(config, limits));
+        store.limiter(|state| &mut state.limits);
+        store
+    }
+}
+
+impl Drop for PolicyRuntime {
+    fn drop(&mut self) {
+        self.ticker_stop.store(true, Ordering::Relaxed);
+    }
+}
+
+/// A validated router policy: compiled code ready to instantiate. Immutable and shared.
+pub struct RouterPolicy {
+    /// The policy's name.
+    pub name: String,
+    /// sha256 of the `.wasm` it was loaded from.
+    pub sha256: String,
+    pre: RouterPre<HostState>,
+    config: Arc<toml::Table>,
+    runtime: Arc<PolicyRuntime>,
+}
+
+impl std::fmt::Debug for RouterPolicy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RouterPolicy")
+            .field("name", &self.name)
+            .field("sha256", &self.sha256)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RouterPolicy {
+    /// A fresh instance with its own store, after a successful `init`.
+    ///
+    /// # Errors
+    ///
+    /// Returns [`PolicyError`] if instantiation traps or `init` fails.
+    pub fn instantiate(&self) -> Result<RouterInstance, PolicyError> {
+        let mut store = self.runtime.store(self.config.clone());
+        store.set_epoch_deadline(self.runtime.epoch_ticks_per_deadline);
+        let bindings = self
+            .pre
+            .instantiate(&mut store)
+            .map_err(PolicyError::trap)?;
+        store.set_epoch_deadline(self.runtime.epoch_ticks_per_deadline);
+        bindings
+            .call_init(&mut store)
+            .map_err(PolicyError::trap)?
+            .map_err(|err| PolicyError::Refused(err.message))?;
+        Ok(RouterInstance {
+            store,
+            bindings,
+            deadline_ticks: self.runtime.epoch_ticks_per_deadline,
+        })
+    }
+}
+
+/// One live instance of a router policy, owned by one thread.
+pub struct RouterInstance {
+    store: Store<HostState>,
+    bindings: RouterWorld,
+    deadline_ticks: u64,
+}
+
+impl std::fmt::Debug for RouterInstance {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RouterInstance").finish_non_exhaustive()
+    }
+}
+
+impl RouterInstance {
+    /// Calls `route` under the deadline and returns the chosen worker index, checked against
+    /// the table's size.
+    ///
+    /// # Errors
+    ///
+    /// Returns [`PolicyError::Trap`] (including deadline interrupts and memory exhaustion),
+    /// [`PolicyError::Refused`] for an error result, or [`PolicyError::InvalidAnswer`].
+    pub fn route(
+        &mut self,
+        request: &table::RequestInfo,
+        workers: &table::WorkerTable,
+    ) -> Result<u32, PolicyError> {
+        self.store.set_epoch_deadline(self.deadline_ticks);
+        let decision = self
+            .bindings
+            .call_route(&mut self.store, *request, workers)
+            .map_err(PolicyError::trap)?
+            .map_err(|err| PolicyError::Refused(err.message))?;
+        if decision.worker as usize >= workers.ids.len() {
+            return Err(PolicyError::InvalidAnswer(format!(
+                "worker {} of a {}-worker table",
+                decision.worker,
+                workers.ids.len()
+            )));
+        }
+        Ok(decision.worker)
+    }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|byte| format!("{byte:02x}")).collect()
+}

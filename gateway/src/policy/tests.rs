@@ -1,0 +1,158 @@
+//! Unit tests of the policy runtime and switch, on the built-in guests.
+
+use std::sync::Arc;
+
+use super::runtime::{PolicyRuntime, RuntimeConfig};
+use super::switch::{PolicySwitch, Routed, SwitchConfig};
+use super::{PolicyError, built_in_router, table};
+
+/// A runtime with a deadline generous enough that parallel tests on two busy cores do not
+/// interrupt well-behaved calls (the deadline is wall-clock time).
+fn runtime() -> Arc<PolicyRuntime> {
+    Arc::new(
+        PolicyRuntime::new(RuntimeConfig {
+            deadline: std::time::Duration::from_millis(200),
+            ..RuntimeConfig::default()
+        })
+        .expect("engine"),
+    )
+}
+
+fn load(runtime: &Arc<PolicyRuntime>, name: &str) -> super::runtime::RouterPolicy {
+    runtime
+        .load_router(
+            name,
+            built_in_router(name).expect("built in"),
+            toml::Table::new(),
+        )
+        .expect("loads")
+}
+
+#[test]
+fn built_in_routers_load_and_decide() {
+    let runtime = runtime();
+    let mut table = table::synthetic(4);
+    table.active_requests = vec![5, 2, 9, 2];
+    table.prefill_tokens = vec![0, 100, 0, 50];
+    let request = table::synthetic_request();
+    let mut least = load(&runtime, "least-load")
+        .instantiate()
+        .expect("instance");
+    assert_eq!(least.route(&request, &table).expect("answer"), 3);
+
+    let mut kv = load(&runtime, "kv-aware").instantiate().expect("instance");
+    table.active_requests = vec![0; 4];
+    table.prefill_tokens = vec![0; 4];
+    table.active_blocks = vec![0; 4];
+    table.overlap_device_blocks = vec![0, 0, 16, 0];
+    assert_eq!(
+        kv.route(&request, &table).expect("answer"),
+        2,
+        "the worker holding the prefix"
+    );
+
+    let mut rr = load(&runtime, "round-robin")
+        .instantiate()
+        .expect("instance");
+    let picks: Vec<u32> = (0..8)
+        .map(|_| rr.route(&request, &table).expect("answer"))
+        .collect();
+    let mut distinct = picks.clone();
+    distinct.sort_unstable();
+    distinct.dedup();
+    assert_eq!(
+        distinct,
+        vec![0, 1, 2, 3],
+        "every worker in turn: {picks:?}"
+    );
+}
+
+#[test]
+fn non_routers_and_garbage_are_refused() {
+    let runtime = runtime();
+    let err = runtime
+        .load_router("junk", b"not wasm at all", toml::Table::new())
+        .unwrap_err();
+    assert!(matches!(err, PolicyError::Invalid(_)), "{err}");
+    let batcher = include_bytes!(concat!(env!("OUT_DIR"), "/fcfs.wasm"));
+    let err = runtime
+        .load_router("fcfs", batcher, toml::Table::new())
+        .unwrap_err();
+    assert!(matches!(err, PolicyError::Invalid(_)), "{err}");
+    assert!(matches!(
+        built_in_router("nope"),
+        Err(PolicyError::UnknownBuiltIn(_))
+    ));
+}
+
+#[test]
+fn kv_aware_reads_its_config_through_the_host() {
+    let runtime = runtime();
+    let mut config = toml::Table::new();
+    config.insert("temperature".into(), toml::Value::Float(1.0));
+    let policy = runtime
+        .load_router(
+            "kv-aware",
+            built_in_router("kv-aware").expect("built in"),
+            config,
+        )
+        .expect("loads");
+    let mut instance = policy.instantiate().expect("instance");
+    let mut table = table::synthetic(4);
+    table.overlap_device_blocks = vec![0, 0, 16, 0];
+    table.active_blocks = vec![0; 4];
+    table.prefill_tokens = vec![0; 4];
+    let mut picks = std::collections::HashSet::new();
+    for id in 0..200 {
+        let request = table::RequestInfo {
+            request_id: id,
+            ..table::synthetic_request()
+        };
+        picks.insert(instance.route(&request, &table).expect("answer"));
+    }
+    assert!(
+        picks.len() > 1,
+        "with temperature 1 the draw spreads: {picks:?}"
+    );
+}
+
+#[test]
+fn compiled_code_is_cached_by_sha256() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let runtime = Arc::new(
+        PolicyRuntime::new(RuntimeConfig {
+            cache_dir: Some(dir.path().to_path_buf()),
+            deadline: std::time::Duration::from_millis(200),
+            ..RuntimeConfig::default()
+        })
+        .expect("engine"),
+    );
+    let first = load(&runtime, "least-load");
+    let cached: Vec<_> = std::fs::read_dir(dir.path()).expect("cache dir").collect();
+    assert_eq!(cached.len(), 1);
+    let second = load(&runtime, "least-load");
+    assert_eq!(first.sha256, second.sha256);
+    assert!(
+        second.instantiate().is_ok(),
+        "code loaded from the cache runs"
+    );
+}
+
+#[test]
+fn publish_and_rollback_switch_versions() {
+    let runtime = runtime();
+    let switch = PolicySwitch::new(load(&runtime, "least-load"), SwitchConfig::default());
+    let table = table::synthetic(4);
+    let request = table::synthetic_request();
+    let (_, routed) = switch.route(&request, &table);
+    assert_eq!(routed, Routed::Policy(1));
+    let version = switch.publish(Arc::new(load(&runtime, "round-robin")));
+    assert_eq!(
+        switch.route(&request, &table).1,
+        Routed::Policy(version.generation)
+    );
+    let restored = switch.rollback().expect("a previous version");
+    assert_eq!(restored.generation, 1);
+    assert_eq!(switch.route(&request, &table).1, Routed::Policy(1));
+    assert!(switch.rollback().is_none());
+}

@@ -1,0 +1,130 @@
+//! `kv-aware`: Dynamo's default cost, argmin with a pseudo-random tie-break.
+//!
+//! For each LLM worker `i` with block size `bs`:
+//! `prefill_blocks = max(0, (prefill_tokens[i] + prompt_tokens) / bs − overlap_device[i])` and
+//! `decode_blocks = active_blocks[i] + (prompt_blocks − overlap_device[i])`;
+//! `cost = prefill_blocks + decode_blocks`. The lowest cost wins. Ties are broken by a hash of
+//! the request id (policies have no random source, and this keeps equal-cost workers evenly
+//! used). With `temperature > 0` in the policy's config, the worker is instead drawn from a
+//! softmax over min-max-normalised costs, as Dynamo does.
+
+#![cfg_attr(not(test), no_std)]
+
+extern crate alloc;
+
+use alloc::vec::Vec;
+
+use switchyard_policy_sdk::{Decision, PolicyError, RequestInfo, Router, WorkerTable, config};
+
+/// The policy.
+pub struct KvAware;
+
+/// Cost of routing `req` to worker `i`.
+pub fn cost(req: &RequestInfo, workers: &WorkerTable, i: usize) -> f64 {
+    let block_size = f64::from(workers.block_size[i].max(1));
+    let overlap = f64::from(workers.overlap_device_blocks[i]);
+    let prefill = ((f64::from(workers.prefill_tokens[i]) + f64::from(req.prompt_tokens))
+        / block_size
+        - overlap)
+        .max(0.0);
+    let new_blocks = (f64::from(req.prompt_blocks) - overlap).max(0.0);
+    let decode = f64::from(workers.active_blocks[i]) + new_blocks;
+    prefill + decode
+}
+
+/// A well-mixed 64-bit hash (splitmix64) for tie-breaks and sampling.
+fn mix(mut x: u64) -> u64 {
+    x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    x ^ (x >> 31)
+}
+
+impl Router for KvAware {
+    fn route(req: &RequestInfo, workers: &WorkerTable) -> Result<Decision, PolicyError> {
+        let costs: Vec<(usize, f64)> = workers
+            .llm_indices()
+            .map(|i| (i, cost(req, workers, i)))
+            .collect();
+        if costs.is_empty() {
+            return Err(PolicyError::new("no LLM worker in the table"));
+        }
+        let temperature = config::get_f64("temperature", 0.0);
+        let min = costs.iter().map(|(_, c)| *c).fold(f64::INFINITY, f64::min);
+        let max = costs
+            .iter()
+            .map(|(_, c)| *c)
+            .fold(f64::NEG_INFINITY, f64::max);
+        let draw = (mix(req.request_id) >> 11) as f64 / (1u64 << 53) as f64;
+        if temperature > 0.0 && max > min {
+            let weights: Vec<f64> = costs
+                .iter()
+                .map(|(_, c)| libm_exp(-(c - min) / ((max - min) * temperature)))
+                .collect();
+            let total: f64 = weights.iter().sum();
+            let mut target = draw * total;
+            for ((index, _), weight) in costs.iter().zip(&weights) {
+                if target < *weight {
+                    return Ok(Decision::to(*index));
+                }
+                target -= weight;
+            }
+            return Ok(Decision::to(costs[costs.len() - 1].0));
+        }
+        let best: Vec<usize> = costs
+            .iter()
+            .filter(|(_, c)| *c <= min)
+            .map(|(i, _)| *i)
+            .collect();
+        let pick = (draw * best.len() as f64) as usize;
+        Ok(Decision::to(best[pick.min(best.len() - 1)]))
+    }
+}
+
+/// `e^x` without std: range reduction to `2^k · e^r` and a Taylor series for `|r| ≤ ln2/2`.
+fn libm_exp(x: f64) -> f64 {
+    if x < -700.0 {
+        return 0.0;
+    }
+    let ln2 = core::f64::consts::LN_2;
+    let k = (x / ln2 + if x < 0.0 { -0.5 } else { 0.5 }) as i64;
+    let r = x - k as f64 * ln2;
+    let mut term = 1.0;
+    let mut sum = 1.0;
+    for n in 1..16 {
+        term *= r / n as f64;
+        sum += term;
+    }
+    sum * f64::from_bits(((k + 1023).clamp(0, 2046) as u64) << 52)
+}
+
+switchyard_policy_sdk::router!(KvAware);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exp_is_accurate() {
+        for x in [-10.0, -1.0, -0.3, 0.0, 0.5, 2.0] {
+            let expected = std_exp(x);
+            assert!((libm_exp(x) - expected).abs() / expected < 1e-12, "{x}");
+        }
+    }
+
+    fn std_exp(x: f64) -> f64 {
+        // Reference by a long Taylor series around 0 with squaring.
+        let mut y = x / 1024.0;
+        let mut term = 1.0;
+        let mut sum = 1.0;
+        for n in 1..30 {
+            term *= y / n as f64;
+            sum += term;
+        }
+        y = sum;
+        for _ in 0..10 {
+            y *= y;
+        }
+        y
+    }
+}

@@ -1,0 +1,271 @@
+//! The Switchyard policy SDK: write a routing or batching policy as plain Rust.
+//!
+//! This crate owns the guest side of the `switchyard:policy@0.1.0` contract (`wit/policy.wit`):
+//! the generated bindings, the [`Router`] and [`Batcher`] traits a policy implements, helpers
+//! over the flat worker table, and the runtime a `no_std` component needs (an allocator and a
+//! panic handler that traps, so a policy imports nothing but the host world). A policy is:
+//!
+//! ```ignore
+//! struct Mine;
+//! impl switchyard_policy_sdk::Router for Mine {
+//!     fn route(req: &RequestInfo, workers: &WorkerTable) -> Result<Decision, PolicyError> {
+//!         workers.llm_indices().next().map(Decision::to).ok_or_else(|| PolicyError::new("no worker"))
+//!     }
+//! }
+//! switchyard_policy_sdk::router!(Mine);
+//! ```
+
+#![no_std]
+
+extern crate alloc;
+
+use alloc::string::String;
+use alloc::vec::Vec;
+
+/// Generated bindings of the `router` world.
+#[allow(missing_docs, clippy::too_many_arguments)]
+pub mod router_world {
+    wit_bindgen::generate!({
+        path: "../../wit",
+        world: "switchyard:policy/router",
+        pub_export_macro: true,
+        export_macro_name: "export_router_world",
+        default_bindings_module: "switchyard_policy_sdk::router_world",
+    });
+}
+
+/// Generated bindings of the `batcher` world.
+#[allow(missing_docs, clippy::too_many_arguments)]
+pub mod batcher_world {
+    wit_bindgen::generate!({
+        path: "../../wit",
+        world: "switchyard:policy/batcher",
+        pub_export_macro: true,
+        export_macro_name: "export_batcher_world",
+        default_bindings_module: "switchyard_policy_sdk::batcher_world",
+    });
+}
+
+pub use router_world::switchyard::policy::types::{
+    Batch, Budget, Decision, PendingTable, PolicyError, RequestInfo, WorkerTable,
+};
+
+/// Writing to the host's log.
+pub mod log {
+    pub use crate::router_world::switchyard::policy::log::Level;
+
+    /// Writes one line to the gateway's log.
+    pub fn write(level: Level, message: &str) {
+        crate::router_world::switchyard::policy::log::log(level, message);
+    }
+}
+
+/// The policy's own configuration table.
+pub mod config {
+    /// The value of `key`, rendered as TOML (strings unquoted).
+    pub fn get(key: &str) -> Option<alloc::string::String> {
+        crate::router_world::switchyard::policy::config::get(key)
+    }
+
+    /// The value of `key` parsed as a number, or `default`.
+    pub fn get_f64(key: &str, default: f64) -> f64 {
+        get(key)
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(default)
+    }
+}
+
+/// Monotonic time.
+pub fn now_ns() -> u64 {
+    router_world::switchyard::policy::clock::now_ns()
+}
+
+/// Worker role values in [`WorkerTable::roles`].
+pub mod role {
+    /// Generates tokens.
+    pub const LLM: u8 = 0;
+    /// Encodes images and video frames.
+    pub const VISION: u8 = 1;
+    /// Encodes audio.
+    pub const AUDIO: u8 = 2;
+}
+
+impl PolicyError {
+    /// An error with `message`.
+    pub fn new(message: &str) -> PolicyError {
+        PolicyError {
+            message: String::from(message),
+        }
+    }
+}
+
+impl Decision {
+    /// Route to worker `index`, with no encoder and no fallbacks.
+    pub fn to(index: usize) -> Decision {
+        Decision {
+            worker: index as u32,
+            encoder: None,
+            fallbacks: Vec::new(),
+        }
+    }
+}
+
+impl WorkerTable {
+    /// Number of workers.
+    pub fn len(&self) -> usize {
+        self.ids.len()
+    }
+
+    /// Whether the table is empty.
+    pub fn is_empty(&self) -> bool {
+        self.ids.is_empty()
+    }
+
+    /// Indices of LLM workers.
+    pub fn llm_indices(&self) -> impl Iterator<Item = usize> + '_ {
+        self.roles
+            .iter()
+            .enumerate()
+            .filter(|(_, role)| **role == role::LLM)
+            .map(|(i, _)| i)
+    }
+}
+
+/// A routing policy.
+pub trait Router {
+    /// Called once per instance before any route; an error refuses the policy.
+    fn init() -> Result<(), PolicyError> {
+        Ok(())
+    }
+
+    /// Picks a worker (an index into `workers`) for `req`.
+    fn route(req: &RequestInfo, workers: &WorkerTable) -> Result<Decision, PolicyError>;
+}
+
+/// A batching policy.
+pub trait Batcher {
+    /// Called once per instance before any call; an error refuses the policy.
+    fn init() -> Result<(), PolicyError> {
+        Ok(())
+    }
+
+    /// Forms batches of indices into `queue` within `budget`.
+    fn form_batches(queue: &PendingTable, budget: &Budget) -> Vec<Batch>;
+}
+
+/// Exports a [`Router`] implementation as the component's `router` world.
+#[macro_export]
+macro_rules! router {
+    ($policy:ty) => {
+        struct __SwitchyardRouterExport;
+        impl $crate::router_world::Guest for __SwitchyardRouterExport {
+            fn init() -> Result<(), $crate::PolicyError> {
+                <$policy as $crate::Router>::init()
+            }
+            fn route(
+                req: $crate::RequestInfo,
+                workers: $crate::WorkerTable,
+            ) -> Result<$crate::Decision, $crate::PolicyError> {
+                <$policy as $crate::Router>::route(&req, &workers)
+            }
+        }
+        $crate::router_world::export_router_world!(__SwitchyardRouterExport with_types_in $crate::router_world);
+    };
+}
+
+/// Exports a [`Batcher`] implementation as the component's `batcher` world.
+#[macro_export]
+macro_rules! batcher {
+    ($policy:ty) => {
+        struct __SwitchyardBatcherExport;
+        impl $crate::batcher_world::Guest for __SwitchyardBatcherExport {
+            fn init() -> Result<(), $crate::batcher_world::switchyard::policy::types::PolicyError> {
+                <$policy as $crate::Batcher>::init().map_err(|e| {
+                    $crate::batcher_world::switchyard::policy::types::PolicyError { message: e.message }
+                })
+            }
+            fn form_batches(
+                queue: $crate::batcher_world::switchyard::policy::types::PendingTable,
+                budget: $crate::batcher_world::switchyard::policy::types::Budget,
+            ) -> $crate::__Vec<$crate::batcher_world::switchyard::policy::types::Batch> {
+                $crate::__batcher_adapter::<$policy>(queue, budget)
+            }
+        }
+        $crate::batcher_world::export_batcher_world!(__SwitchyardBatcherExport with_types_in $crate::batcher_world);
+    };
+}
+
+#[doc(hidden)]
+pub type __Vec<T> = Vec<T>;
+
+#[doc(hidden)]
+pub fn __batcher_adapter<B: Batcher>(
+    queue: batcher_world::switchyard::policy::types::PendingTable,
+    budget: batcher_world::switchyard::policy::types::Budget,
+) -> Vec<batcher_world::switchyard::policy::types::Batch> {
+    let queue = PendingTable {
+        ids: queue.ids,
+        tokens: queue.tokens,
+        waited_ms: queue.waited_ms,
+        priority: queue.priority,
+    };
+    let budget = Budget {
+        token_budgets: budget.token_budgets,
+        max_items: budget.max_items,
+        max_batches: budget.max_batches,
+    };
+    B::form_batches(&queue, &budget)
+        .into_iter()
+        .map(|b| batcher_world::switchyard::policy::types::Batch {
+            items: b.items,
+            token_budget: b.token_budget,
+        })
+        .collect()
+}
+
+#[cfg(target_arch = "wasm32")]
+#[global_allocator]
+static ALLOCATOR: dlmalloc::GlobalDlmalloc = dlmalloc::GlobalDlmalloc;
+
+#[cfg(target_arch = "wasm32")]
+#[panic_handler]
+fn panic(_: &core::panic::PanicInfo<'_>) -> ! {
+    core::arch::wasm32::unreachable()
+}
+
+/// The canonical ABI's allocation entry point, which the host calls to copy arguments in.
+///
+/// # Safety
+///
+/// Called by the component runtime with the canonical ABI's contract: `old_ptr`/`old_len`
+/// describe a live allocation of alignment `align` (or are 0), and `new_len` is non-zero.
+#[cfg(target_arch = "wasm32")]
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cabi_realloc(
+    old_ptr: *mut u8,
+    old_len: usize,
+    align: usize,
+    new_len: usize,
+) -> *mut u8 {
+    use alloc::alloc::{Layout, alloc, realloc};
+    // SAFETY: the canonical ABI passes a power-of-two alignment and, for a reallocation, the
+    // layout the block was allocated with.
+    let pointer = unsafe {
+        if old_len == 0 {
+            if new_len == 0 {
+                return align as *mut u8;
+            }
+            alloc(Layout::from_size_align_unchecked(new_len, align))
+        } else {
+            realloc(
+                old_ptr,
+                Layout::from_size_align_unchecked(old_len, align),
+                new_len,
+            )
+        }
+    };
+    if pointer.is_null() {
+        core::arch::wasm32::unreachable();
+    }
+    pointer
+}
