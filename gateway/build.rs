@@ -2,8 +2,12 @@
 //! to the crate, which embeds the built-in policies. The guests are a workspace of their own,
 //! built with the same pinned toolchain into `target/wasm-plugins`.
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
+#[path = "build_guests.rs"]
+mod build_guests;
+
+use std::path::PathBuf;
+
+use build_guests::build_guests;
 
 const BUILT_INS: [&str; 5] = [
     "round_robin",
@@ -49,42 +53,4 @@ fn main() {
         std::fs::copy(&built, &copy)
             .unwrap_or_else(|err| panic!("copying {}: {err}", built.display()));
     }
-}
-
-/// Runs `cargo build --release --target wasm32-wasip2` in `workspace`.
-pub fn build_guests(workspace: &Path, target_dir: &Path) {
-    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    let mut command = Command::new(cargo);
-    command
-        .current_dir(workspace)
-        .args([
-            "build",
-            "--release",
-            "--locked",
-            "--target",
-            "wasm32-wasip2",
-            "--target-dir",
-        ])
-        .arg(target_dir);
-    // The outer build's settings (clippy's wrapper, host RUSTFLAGS) must not leak into the guests.
-    for variable in [
-        "RUSTC_WORKSPACE_WRAPPER",
-        "RUSTC_WRAPPER",
-        "RUSTFLAGS",
-        "CARGO_ENCODED_RUSTFLAGS",
-        "CARGO_BUILD_TARGET",
-        "CARGO_TARGET_DIR",
-        "CARGO_BUILD_RUSTFLAGS",
-        "CARGO_MAKEFLAGS",
-    ] {
-        command.env_remove(variable);
-    }
-    let status = command
-        .status()
-        .unwrap_or_else(|err| panic!("running cargo for {}: {err}", workspace.display()));
-    assert!(
-        status.success(),
-        "building the policy guests in {} failed",
-        workspace.display()
-    );
 }

@@ -9,6 +9,7 @@
 #![deny(missing_docs, missing_debug_implementations, unsafe_op_in_unsafe_fn)]
 #![warn(unreachable_pub)]
 
+pub mod admin;
 pub mod config;
 pub mod metrics;
 pub mod policy;
@@ -70,6 +71,7 @@ pub enum Error {
 #[derive(Debug)]
 pub struct Gateway {
     addr: SocketAddr,
+    admin_addr: Option<SocketAddr>,
     tls: Option<server::tls::Tls>,
     state: Arc<AppState>,
     tasks: Vec<JoinHandle<()>>,
@@ -150,6 +152,25 @@ impl Gateway {
             policy_runtime,
             next_request: std::sync::atomic::AtomicU64::new(1_000),
         });
+        let mut admin_addr = None;
+        let mut tasks = vec![health];
+        if let Some(admin) = state.config.admin.clone() {
+            let listener = TcpListener::bind(admin.listen)
+                .await
+                .map_err(|source| Error::Bind {
+                    addr: admin.listen,
+                    source,
+                })?;
+            admin_addr = Some(listener.local_addr().map_err(|source| Error::Bind {
+                addr: admin.listen,
+                source,
+            })?);
+            tasks.push(tokio::spawn(admin::serve(
+                listener,
+                admin.token,
+                state.clone(),
+            )));
+        }
         let accept = tokio::spawn(server::conn::accept_loop(
             listener,
             tls.clone(),
@@ -159,7 +180,11 @@ impl Gateway {
             addr,
             tls,
             state,
-            tasks: vec![health, accept],
+            admin_addr,
+            tasks: {
+                tasks.push(accept);
+                tasks
+            },
             _mockers: mockers,
         })
     }
@@ -167,6 +192,11 @@ impl Gateway {
     /// The address the client listener is bound to.
     pub fn addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// The address of the admin listener, if the admin API is configured.
+    pub fn admin_addr(&self) -> Option<SocketAddr> {
+        self.admin_addr
     }
 
     /// `https://ADDR` or `http://ADDR`.

@@ -12,6 +12,67 @@ use switchyard::config::Config;
 #[derive(Debug, Parser)]
 #[command(name = "switchyard", version)]
 struct Args {
+    #[command(subcommand)]
+    command: Option<Command>,
+    #[command(flatten)]
+    serve: ServeArgs,
+}
+
+#[derive(Debug, clap::Subcommand)]
+enum Command {
+    /// Manage the router policy of a running gateway through its admin API.
+    Policy {
+        #[command(subcommand)]
+        action: PolicyAction,
+    },
+}
+
+#[derive(Debug, clap::Args)]
+struct AdminArgs {
+    /// The gateway's admin API, e.g. http://127.0.0.1:9443.
+    #[arg(long, env = "SWITCHYARD_ADMIN")]
+    admin: String,
+    /// The admin bearer token.
+    #[arg(long, env = "SWITCHYARD_ADMIN_TOKEN", hide_env_values = true)]
+    token: String,
+}
+
+#[derive(Debug, clap::Subcommand)]
+enum PolicyAction {
+    /// Uploads a policy (validated by the gateway) and, with --activate, makes it active.
+    Push {
+        /// Name of the policy.
+        name: String,
+        /// The component (.wasm).
+        file: PathBuf,
+        /// Make it the active router at once.
+        #[arg(long)]
+        activate: bool,
+        #[command(flatten)]
+        admin: AdminArgs,
+    },
+    /// Makes an uploaded policy the active router.
+    Activate {
+        /// Name of the policy.
+        name: String,
+        #[command(flatten)]
+        admin: AdminArgs,
+    },
+    /// Restores the previous router version.
+    Rollback {
+        #[command(flatten)]
+        admin: AdminArgs,
+    },
+    /// Shows the active, previous and uploaded policies.
+    List {
+        #[command(flatten)]
+        admin: AdminArgs,
+    },
+}
+
+/// Options of the gateway itself.
+#[derive(Debug, clap::Args)]
+struct ServeArgs {
     /// The configuration file (TOML).
     #[arg(long, default_value = "config/dev.toml")]
     config: PathBuf,
@@ -40,6 +101,14 @@ fn main() -> std::process::ExitCode {
 }
 
 fn start(args: Args) -> anyhow::Result<()> {
+    if let Some(Command::Policy { action }) = args.command {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .context("starting the runtime")?;
+        return runtime.block_on(policy_command(action));
+    }
+    let args = args.serve;
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
@@ -89,6 +158,9 @@ async fn run(config: Config) -> anyhow::Result<()> {
         .unwrap_or("mock")
         .to_string();
     println!("switchyard listening on {url} (models: {models}; {workers} workers)");
+    if let Some(admin) = gateway.admin_addr() {
+        println!("admin API listening on http://{admin}");
+    }
     if let Some(fingerprint) = gateway.fingerprint() {
         println!("certificate SHA-256: {fingerprint}");
     }
@@ -100,5 +172,72 @@ async fn run(config: Config) -> anyhow::Result<()> {
         .await
         .context("waiting for ctrl-c")?;
     tracing::info!("shutting down");
+    Ok(())
+}
+
+async fn policy_command(action: PolicyAction) -> anyhow::Result<()> {
+    use http_body_util::{BodyExt, Full};
+    let (method, path, body, admin) = match action {
+        PolicyAction::Push {
+            name,
+            file,
+            activate,
+            admin,
+        } => {
+            let wasm =
+                std::fs::read(&file).with_context(|| format!("reading {}", file.display()))?;
+            let query = if activate { "?activate=true" } else { "" };
+            (
+                http::Method::PUT,
+                format!("/admin/policies/{name}{query}"),
+                wasm,
+                admin,
+            )
+        }
+        PolicyAction::Activate { name, admin } => (
+            http::Method::POST,
+            format!("/admin/policies/{name}/activate"),
+            Vec::new(),
+            admin,
+        ),
+        PolicyAction::Rollback { admin } => (
+            http::Method::POST,
+            "/admin/policies/active/rollback".to_string(),
+            Vec::new(),
+            admin,
+        ),
+        PolicyAction::List { admin } => (
+            http::Method::GET,
+            "/admin/policies".to_string(),
+            Vec::new(),
+            admin,
+        ),
+    };
+    let uri: http::Uri = format!("{}{path}", admin.admin.trim_end_matches('/'))
+        .parse()
+        .context("--admin is not a URL")?;
+    let request = http::Request::builder()
+        .method(method)
+        .uri(uri)
+        .header(
+            http::header::AUTHORIZATION,
+            format!("Bearer {}", admin.token),
+        )
+        .body(Full::new(bytes::Bytes::from(body)))?;
+    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .build(hyper_util::client::legacy::connect::HttpConnector::new());
+    let response = client
+        .request(request)
+        .await
+        .with_context(|| format!("reaching {}", admin.admin))?;
+    let status = response.status();
+    let body = response
+        .into_body()
+        .collect()
+        .await
+        .context("reading the answer")?
+        .to_bytes();
+    println!("{}", String::from_utf8_lossy(&body));
+    anyhow::ensure!(status.is_success(), "the gateway answered {status}");
     Ok(())
 }

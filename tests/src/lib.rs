@@ -489,12 +489,41 @@ impl Connection {
         path: &str,
         body: impl Into<Bytes>,
     ) -> anyhow::Result<Reply> {
-        let request = http::Request::builder()
+        self.send_inner(method, path, body.into(), None).await
+    }
+
+    /// As [`Connection::send`], with `authorization: Bearer TOKEN`.
+    ///
+    /// # Errors
+    ///
+    /// Fails on any transport error.
+    pub async fn send_with_auth(
+        &mut self,
+        method: &str,
+        path: &str,
+        body: impl Into<Bytes>,
+        token: &str,
+    ) -> anyhow::Result<Reply> {
+        self.send_inner(method, path, body.into(), Some(token))
+            .await
+    }
+
+    async fn send_inner(
+        &mut self,
+        method: &str,
+        path: &str,
+        body: Bytes,
+        token: Option<&str>,
+    ) -> anyhow::Result<Reply> {
+        let mut request = http::Request::builder()
             .method(method)
             .uri(path)
             .header(http::header::HOST, "localhost")
-            .header(http::header::CONTENT_TYPE, "application/json")
-            .body(Full::new(body.into()))?;
+            .header(http::header::CONTENT_TYPE, "application/json");
+        if let Some(token) = token {
+            request = request.header(http::header::AUTHORIZATION, format!("Bearer {token}"));
+        }
+        let request = request.body(Full::new(body))?;
         let sent = Instant::now();
         let response = match self {
             Connection::Http1(sender) => {

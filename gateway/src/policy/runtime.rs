@@ -334,11 +334,31 @@ impl RouterInstance {
             .call_route(&mut self.store, *request, workers)
             .map_err(PolicyError::trap)?
             .map_err(|err| PolicyError::Refused(err.message))?;
-        if decision.worker as usize >= workers.ids.len() {
+        let size = workers.ids.len();
+        if decision.worker as usize >= size {
             return Err(PolicyError::InvalidAnswer(format!(
-                "worker {} of a {}-worker table",
-                decision.worker,
-                workers.ids.len()
+                "worker {} of a {size}-worker table",
+                decision.worker
+            )));
+        }
+        if decision
+            .encoder
+            .is_some_and(|encoder| encoder as usize >= size)
+        {
+            return Err(PolicyError::InvalidAnswer(format!(
+                "encoder {:?} of a {size}-worker table",
+                decision.encoder
+            )));
+        }
+        if decision.fallbacks.len() > size
+            || decision
+                .fallbacks
+                .iter()
+                .any(|&index| index as usize >= size)
+        {
+            return Err(PolicyError::InvalidAnswer(format!(
+                "{} fallbacks, or one out of range, for a {size}-worker table",
+                decision.fallbacks.len()
             )));
         }
         Ok(decision.worker)

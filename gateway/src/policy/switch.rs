@@ -144,6 +144,14 @@ impl PolicySwitch {
         self.active.load_full()
     }
 
+    /// The versions kept for rollback, oldest first.
+    pub fn previous(&self) -> Vec<Arc<Version>> {
+        self.previous
+            .lock()
+            .map(|versions| versions.iter().cloned().collect())
+            .unwrap_or_default()
+    }
+
     /// Makes `policy` the active version; the old one is kept for rollback. Requests already
     /// routed are unaffected; each thread switches on its next call.
     pub fn publish(&self, policy: Arc<RouterPolicy>) -> Arc<Version> {

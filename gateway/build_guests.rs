@@ -1,0 +1,43 @@
+//! Shared by the build scripts of `switchyard` and `switchyard-e2e`: builds a workspace of
+//! policy guests to `wasm32-wasip2` components with the pinned toolchain.
+
+use std::path::Path;
+use std::process::Command;
+
+/// Runs `cargo build --release --target wasm32-wasip2` in `workspace`.
+pub(crate) fn build_guests(workspace: &Path, target_dir: &Path) {
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let mut command = Command::new(cargo);
+    command
+        .current_dir(workspace)
+        .args([
+            "build",
+            "--release",
+            "--locked",
+            "--target",
+            "wasm32-wasip2",
+            "--target-dir",
+        ])
+        .arg(target_dir);
+    // The outer build's settings (clippy's wrapper, host RUSTFLAGS) must not leak into the guests.
+    for variable in [
+        "RUSTC_WORKSPACE_WRAPPER",
+        "RUSTC_WRAPPER",
+        "RUSTFLAGS",
+        "CARGO_ENCODED_RUSTFLAGS",
+        "CARGO_BUILD_TARGET",
+        "CARGO_TARGET_DIR",
+        "CARGO_BUILD_RUSTFLAGS",
+        "CARGO_MAKEFLAGS",
+    ] {
+        command.env_remove(variable);
+    }
+    let status = command
+        .status()
+        .unwrap_or_else(|err| panic!("running cargo for {}: {err}", workspace.display()));
+    assert!(
+        status.success(),
+        "building the policy guests in {} failed",
+        workspace.display()
+    );
+}

@@ -1,0 +1,244 @@
+//! The admin API: managing router policies on a listener of its own.
+//!
+//! Every request needs `authorization: Bearer TOKEN` with the configured token (401 otherwise).
+//! `GET /admin/policies` lists the active version, the kept versions and uploaded candidates;
+//! `PUT /admin/policies/{name}` uploads a `.wasm` (validated: imports, `init`, a self-test call;
+//! a policy that fails is refused with the reason and the active one stays), optionally with
+//! `?activate=true`; `POST /admin/policies/{name}/activate` publishes an uploaded candidate;
+//! `POST /admin/policies/{name}/rollback` restores the previous version. Shadow and split
+//! rollouts are not implemented yet and answer 501 saying so.
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::sync::{Arc, Mutex};
+
+use http::{Method, Request, Response, StatusCode};
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::server::conn::auto;
+use serde_json::json;
+use switchyard_workers::api::ApiError;
+use switchyard_workers::respond::{self, Body};
+use tokio::net::TcpListener;
+
+use crate::policy::runtime::RouterPolicy;
+use crate::state::AppState;
+
+/// Largest policy upload accepted.
+const MAX_POLICY_BYTES: usize = 16 << 20;
+
+/// Uploaded, validated policies not yet active, by name.
+#[derive(Debug, Default)]
+pub struct Candidates {
+    by_name: Mutex<HashMap<String, Arc<RouterPolicy>>>,
+}
+
+/// Serves the admin API on `listener` until the task is aborted.
+pub async fn serve(listener: TcpListener, token: String, state: Arc<AppState>) {
+    let candidates = Arc::new(Candidates::default());
+    let token = Arc::new(token);
+    loop {
+        let (stream, _) = match listener.accept().await {
+            Ok(accepted) => accepted,
+            Err(err) => {
+                tracing::warn!(error = %err, "admin accept failed");
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let state = state.clone();
+        let token = token.clone();
+        let candidates = candidates.clone();
+        tokio::spawn(async move {
+            let service = service_fn(move |request| {
+                let state = state.clone();
+                let token = token.clone();
+                let candidates = candidates.clone();
+                async move {
+                    let response = match authorize(&request, &token) {
+                        Ok(()) => handle(&state, &candidates, request)
+                            .await
+                            .unwrap_or_else(|err| respond::error(&err)),
+                        Err(err) => respond::error(&err),
+                    };
+                    Ok::<_, Infallible>(response)
+                }
+            });
+            if let Err(err) = auto::Builder::new(TokioExecutor::new())
+                .serve_connection(TokioIo::new(stream), service)
+                .await
+            {
+                tracing::debug!(error = %err, "admin connection ended with an error");
+            }
+        });
+    }
+}
+
+fn authorize(request: &Request<Incoming>, token: &str) -> Result<(), ApiError> {
+    let presented = request
+        .headers()
+        .get(http::header::AUTHORIZATION)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| value.strip_prefix("Bearer "))
+        .unwrap_or("");
+    // Compare in constant time so the token cannot be guessed byte by byte.
+    let matches = presented.len() == token.len()
+        && presented
+            .bytes()
+            .zip(token.bytes())
+            .fold(0u8, |acc, (a, b)| acc | (a ^ b))
+            == 0;
+    if matches {
+        Ok(())
+    } else {
+        Err(ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            "authentication_error",
+            "unauthorized",
+            "the admin API needs `authorization: Bearer TOKEN` with the configured token",
+        ))
+    }
+}
+
+async fn handle(
+    state: &AppState,
+    candidates: &Candidates,
+    request: Request<Incoming>,
+) -> Result<Response<Body>, ApiError> {
+    let path = request.uri().path().to_string();
+    let query = request.uri().query().unwrap_or("").to_string();
+    let segments: Vec<&str> = path.trim_matches('/').split('/').collect();
+    match (request.method().clone(), segments.as_slice()) {
+        (Method::GET, ["admin", "policies"]) => Ok(list(state, candidates)),
+        (Method::PUT, ["admin", "policies", name]) => {
+            let name = valid_name(name)?;
+            let (parts, body) = request.into_parts();
+            let wasm = respond::read_limited(&parts.headers, body, MAX_POLICY_BYTES).await?;
+            let config = state.config.policy.config.clone();
+            let runtime = state.policy_runtime.clone();
+            let loaded =
+                tokio::task::spawn_blocking(move || runtime.load_router(&name, &wasm, config))
+                    .await
+                    .map_err(|err| internal(format!("validation task failed: {err}")))?
+                    .map_err(|err| {
+                        ApiError::new(
+                            StatusCode::BAD_REQUEST,
+                            "invalid_request_error",
+                            "policy_rejected",
+                            err.to_string(),
+                        )
+                    })?;
+            let policy = Arc::new(loaded);
+            let activate = query
+                .split('&')
+                .any(|pair| pair == "activate=true" || pair == "activate=1");
+            let body = if activate {
+                let version = state.policy.publish(policy.clone());
+                json!({"name": policy.name, "sha256": policy.sha256, "active": true, "generation": version.generation})
+            } else {
+                lock(candidates)?.insert(policy.name.clone(), policy.clone());
+                json!({"name": policy.name, "sha256": policy.sha256, "active": false})
+            };
+            Ok(respond::json(StatusCode::OK, &body))
+        }
+        (Method::POST, ["admin", "policies", name, "activate"]) => {
+            let policy = lock(candidates)?.remove(*name).ok_or_else(|| {
+                ApiError::new(
+                    StatusCode::NOT_FOUND,
+                    "invalid_request_error",
+                    "policy_not_found",
+                    format!("no uploaded policy named `{name}`; PUT it first"),
+                )
+            })?;
+            let version = state.policy.publish(policy.clone());
+            Ok(respond::json(
+                StatusCode::OK,
+                &json!({"name": policy.name, "sha256": policy.sha256, "generation": version.generation}),
+            ))
+        }
+        (Method::POST, ["admin", "policies", _name, "rollback"]) => match state.policy.rollback() {
+            Some(version) => Ok(respond::json(
+                StatusCode::OK,
+                &json!({"name": version.policy.name, "sha256": version.policy.sha256, "generation": version.generation}),
+            )),
+            None => Err(ApiError::new(
+                StatusCode::CONFLICT,
+                "invalid_request_error",
+                "no_previous_version",
+                "there is no previous policy version to roll back to",
+            )),
+        },
+        (Method::POST, ["admin", "policies", _name, mode @ ("shadow" | "split")]) => {
+            Err(ApiError::new(
+                StatusCode::NOT_IMPLEMENTED,
+                "server_error",
+                "not_implemented",
+                format!("`{mode}` rollouts are not implemented yet; use activate and rollback"),
+            ))
+        }
+        _ => Err(respond::not_found(&path)),
+    }
+}
+
+fn list(state: &AppState, candidates: &Candidates) -> Response<Body> {
+    let active = state.policy.active();
+    let candidates: Vec<_> = candidates
+        .by_name
+        .lock()
+        .map(|map| {
+            map.values()
+                .map(|p| json!({"name": p.name, "sha256": p.sha256}))
+                .collect()
+        })
+        .unwrap_or_default();
+    respond::json(
+        StatusCode::OK,
+        &json!({
+            "active": {
+                "name": active.policy.name,
+                "sha256": active.policy.sha256,
+                "generation": active.generation,
+                "failures": active.failures(),
+            },
+            "previous": state.policy.previous().iter().map(|v| json!({
+                "name": v.policy.name, "sha256": v.policy.sha256, "generation": v.generation,
+            })).collect::<Vec<_>>(),
+            "candidates": candidates,
+        }),
+    )
+}
+
+fn valid_name(name: &str) -> Result<String, ApiError> {
+    if !name.is_empty()
+        && name.len() <= 64
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+    {
+        Ok(name.to_string())
+    } else {
+        Err(ApiError::invalid_request(
+            "invalid_name",
+            "policy names are 1-64 characters of [A-Za-z0-9_-]",
+        ))
+    }
+}
+
+fn lock(
+    candidates: &Candidates,
+) -> Result<std::sync::MutexGuard<'_, HashMap<String, Arc<RouterPolicy>>>, ApiError> {
+    candidates
+        .by_name
+        .lock()
+        .map_err(|_| internal("candidate list poisoned".into()))
+}
+
+fn internal(message: String) -> ApiError {
+    ApiError::new(
+        StatusCode::INTERNAL_SERVER_ERROR,
+        "server_error",
+        "internal",
+        message,
+    )
+}

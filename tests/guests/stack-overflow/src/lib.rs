@@ -1,0 +1,34 @@
+//! Hostile guest `stack-overflow`: recurses without end on live traffic.
+
+#![no_std]
+
+extern crate alloc;
+
+#[allow(unused_imports)]
+use alloc::vec;
+use switchyard_policy_sdk::{Decision, PolicyError, RequestInfo, Router, WorkerTable};
+
+struct Hostile;
+
+/// The host's self-test uses a 1024-token synthetic request; live traffic does not.
+fn live(req: &RequestInfo) -> bool {
+    req.prompt_tokens != 1024
+}
+
+impl Router for Hostile {
+    fn route(req: &RequestInfo, _workers: &WorkerTable) -> Result<Decision, PolicyError> {
+        if live(req) {
+            return Ok(Decision::to(deep(req.request_id) as usize));
+        }
+        Ok(Decision::to(0))
+    }
+}
+
+switchyard_policy_sdk::router!(Hostile);
+
+#[inline(never)]
+#[allow(unconditional_recursion)]
+fn deep(n: u64) -> u64 {
+    let pad = core::hint::black_box([n; 64]);
+    deep(pad[3].wrapping_add(1)).wrapping_add(pad[7])
+}

@@ -1,0 +1,217 @@
+//! Hostile router policies pushed into a live gateway through the admin API: each one that
+//! misbehaves on live traffic costs no client request, is counted, and is rolled back
+//! automatically; each one that misbehaves at load is refused with the reason while the active
+//! policy stays.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use switchyard_e2e::{Client, Gateway, chat_body, eventually};
+
+const TOKEN: &str = "hostile-test-token-0123456789";
+
+fn guest(name: &str) -> anyhow::Result<Vec<u8>> {
+    let path = PathBuf::from(env!("SWITCHYARD_GUESTS_DIR")).join(format!("hostile_{name}.wasm"));
+    std::fs::read(&path).map_err(|err| anyhow::anyhow!("{}: {err}", path.display()))
+}
+
+struct Admin {
+    client: Client,
+}
+
+impl Admin {
+    async fn call(
+        &self,
+        method: &str,
+        path: &str,
+        body: Vec<u8>,
+    ) -> anyhow::Result<(u16, serde_json::Value)> {
+        let mut connection = self.client.connect().await?;
+        let reply = connection.send_with_auth(method, path, body, TOKEN).await?;
+        let json = serde_json::from_slice(&reply.body()).unwrap_or(serde_json::Value::Null);
+        Ok((reply.status.as_u16(), json))
+    }
+
+    async fn active(&self) -> anyhow::Result<String> {
+        let (_, list) = self.call("GET", "/admin/policies", Vec::new()).await?;
+        Ok(list["active"]["name"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string())
+    }
+}
+
+fn start() -> anyhow::Result<(Gateway, Client, Admin)> {
+    let admin_port = std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port();
+    let config = format!(
+        "[server]\nplaintext = true\n\
+         [embedded_mockers]\ncount = 2\nspeedup = 50.0\n\
+         [policy]\nrouter = \"least-load\"\ndeadline_ms = 5\nmax_failures = 3\n\
+         [admin]\nlisten = \"127.0.0.1:{admin_port}\"\ntoken = \"{TOKEN}\"\n"
+    );
+    let gateway = Gateway::start(&config)?;
+    let client = Client::plain(gateway.addr);
+    let admin = Admin {
+        client: Client::plain(([127, 0, 0, 1], admin_port).into()),
+    };
+    Ok((gateway, client, admin))
+}
+
+async fn metrics(client: &Client) -> anyhow::Result<String> {
+    Ok(String::from_utf8(
+        client.send("GET", "/metrics", "").await?.body(),
+    )?)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn misbehaving_policies_cost_no_request_and_are_rolled_back() -> anyhow::Result<()> {
+    let (_gateway, client, admin) = start()?;
+    assert_eq!(admin.active().await?, "least-load");
+    let cases = [
+        ("loop", "trap"),
+        ("trap", "trap"),
+        ("memory-bomb", "trap"),
+        ("stack-overflow", "trap"),
+        ("bad-answer", "invalid_answer"),
+        ("huge-return", "invalid_answer"),
+        ("refuse", "refused"),
+    ];
+    for (round, (name, kind)) in cases.iter().enumerate() {
+        let (status, answer) = admin
+            .call(
+                "PUT",
+                &format!("/admin/policies/{name}?activate=true"),
+                guest(&name.replace('-', "_"))?,
+            )
+            .await?;
+        assert_eq!(
+            status, 200,
+            "{name} passes validation (it only misbehaves on live traffic): {answer}"
+        );
+        assert_eq!(admin.active().await?, *name);
+        // Traffic flows until the gateway has rolled the policy back; not one request fails.
+        let mut sent = 0;
+        let rolled_back = eventually(Duration::from_secs(20), || {
+            sent += 1;
+            let client = client.clone();
+            let admin = &admin;
+            async move {
+                let reply = client
+                    .post_json(
+                        "/v1/chat/completions",
+                        &chat_body("mock", "through a hostile policy", 2, sent % 2 == 0),
+                    )
+                    .await;
+                let reply = reply.expect("transport");
+                assert_eq!(
+                    reply.status,
+                    200,
+                    "{name}: a request failed: {}",
+                    String::from_utf8_lossy(&reply.body())
+                );
+                admin
+                    .active()
+                    .await
+                    .map(|active| active == "least-load")
+                    .unwrap_or(false)
+            }
+        })
+        .await;
+        assert!(rolled_back, "{name}: rolled back to least-load");
+        let text = metrics(&client).await?;
+        let failure = text.lines().find(|line| {
+            line.starts_with("switchyard_policy_failures_total")
+                && line.contains(&format!("version=\"{name}@"))
+                && line.contains(&format!("kind=\"{kind}\""))
+        });
+        assert!(
+            failure.is_some(),
+            "{name}: failures of kind {kind} counted:\n{text}"
+        );
+        assert!(
+            text.lines()
+                .any(|line| line.starts_with("switchyard_policy_decisions_total")
+                    && line.contains(&format!("version=\"{name}@"))
+                    && line.contains("outcome=\"fallback\"")),
+            "{name}: fallback decisions counted"
+        );
+        assert!(
+            text.contains(&format!("switchyard_policy_rollbacks_total {}", round + 1)),
+            "{name}: rollback counted:\n{text}"
+        );
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn policies_that_fail_validation_are_refused_and_the_active_one_stays() -> anyhow::Result<()>
+{
+    let (_gateway, client, admin) = start()?;
+    let (status, answer) = admin
+        .call(
+            "PUT",
+            "/admin/policies/sneaky?activate=true",
+            guest("forbidden_import")?,
+        )
+        .await?;
+    assert_eq!(status, 400, "{answer}");
+    let message = answer["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("wasi:"),
+        "names the forbidden imports: {message}"
+    );
+    let (status, answer) = admin
+        .call(
+            "PUT",
+            "/admin/policies/slow?activate=true",
+            guest("slow_init")?,
+        )
+        .await?;
+    assert_eq!(status, 400, "{answer}");
+    assert!(
+        answer["error"]["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("trap"),
+        "{answer}"
+    );
+    let (status, _) = admin
+        .call("PUT", "/admin/policies/junk", b"\0asm garbage".to_vec())
+        .await?;
+    assert_eq!(status, 400);
+    assert_eq!(admin.active().await?, "least-load");
+    let reply = client
+        .post_json(
+            "/v1/chat/completions",
+            &chat_body("mock", "still fine", 2, false),
+        )
+        .await?;
+    assert_eq!(reply.status, 200);
+
+    // Without the token: 401, and nothing changes.
+    let mut connection = admin.client.connect().await?;
+    let reply = connection
+        .send("PUT", "/admin/policies/x?activate=true", guest("trap")?)
+        .await?;
+    assert_eq!(reply.status, 401);
+    let reply = connection
+        .send_with_auth(
+            "GET",
+            "/admin/policies",
+            Vec::new(),
+            "wrong-token-wrong-token",
+        )
+        .await?;
+    assert_eq!(reply.status, 401);
+    assert_eq!(admin.active().await?, "least-load");
+    let (status, answer) = admin
+        .call("POST", "/admin/policies/least-load/shadow", Vec::new())
+        .await?;
+    assert_eq!(
+        status, 501,
+        "shadow mode says it is not implemented: {answer}"
+    );
+    Ok(())
+}
