@@ -9,22 +9,11 @@ use std::path::PathBuf;
 
 use build_guests::build_guests;
 
-const BUILT_INS: [&str; 5] = [
-    "round_robin",
-    "least_load",
-    "kv_aware",
-    "fcfs",
-    "token_budget",
-];
+const BUILT_INS: [&str; 5] = ["round_robin", "least_load", "kv_aware", "fcfs", "token_budget"];
 
 fn main() {
-    let manifest_dir = PathBuf::from(
-        std::env::var_os("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"),
-    );
-    let root = manifest_dir
-        .parent()
-        .expect("gateway/ has a parent")
-        .to_path_buf();
+    let manifest_dir = PathBuf::from(std::env::var_os("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"));
+    let root = manifest_dir.parent().expect("gateway/ has a parent").to_path_buf();
     let plugins = root.join("plugins");
     let target_dir = std::env::var_os("CARGO_TARGET_DIR")
         .map(PathBuf::from)
@@ -46,11 +35,8 @@ fn main() {
     build_guests(&plugins, &target_dir);
     let out_dir = PathBuf::from(std::env::var_os("OUT_DIR").expect("cargo sets OUT_DIR"));
     for name in BUILT_INS {
-        let built = target_dir
-            .join("wasm32-wasip2/release")
-            .join(format!("{name}.wasm"));
+        let built = target_dir.join("wasm32-wasip2/release").join(format!("{name}.wasm"));
         let copy = out_dir.join(format!("{name}.wasm"));
-        std::fs::copy(&built, &copy)
-            .unwrap_or_else(|err| panic!("copying {}: {err}", built.display()));
+        std::fs::copy(&built, &copy).unwrap_or_else(|err| panic!("copying {}: {err}", built.display()));
     }
 }

@@ -101,25 +101,17 @@ impl Gateway {
         }
         let mut mockers = Vec::new();
         if let Some(embedded) = config.embedded_mockers.as_ref().filter(|m| m.count > 0) {
-            let (fleet, entries) = workers::embedded::start(embedded)
-                .await
-                .map_err(Error::Mockers)?;
+            let (fleet, entries) = workers::embedded::start(embedded).await.map_err(Error::Mockers)?;
             mockers = fleet;
             config.workers.extend(entries);
         }
-        let policy_runtime = Arc::new(policy::runtime::PolicyRuntime::new(
-            policy::runtime::RuntimeConfig {
-                deadline: std::time::Duration::from_millis(config.policy.deadline_ms),
-                memory_limit_bytes: config.policy.memory_limit_mib << 20,
-                cache_dir: config.policy.cache_dir.clone(),
-                ..policy::runtime::RuntimeConfig::default()
-            },
-        )?);
-        let router = load_router(
-            &policy_runtime,
-            &config.policy.router,
-            config.policy.config.clone(),
-        )?;
+        let policy_runtime = Arc::new(policy::runtime::PolicyRuntime::new(policy::runtime::RuntimeConfig {
+            deadline: std::time::Duration::from_millis(config.policy.deadline_ms),
+            memory_limit_bytes: config.policy.memory_limit_mib << 20,
+            cache_dir: config.policy.cache_dir.clone(),
+            ..policy::runtime::RuntimeConfig::default()
+        })?);
+        let router = load_router(&policy_runtime, &config.policy.router, config.policy.config.clone())?;
         let switch = Arc::new(policy::switch::PolicySwitch::new(
             router,
             policy::switch::SwitchConfig {
@@ -155,27 +147,17 @@ impl Gateway {
         let mut admin_addr = None;
         let mut tasks = vec![health];
         if let Some(admin) = state.config.admin.clone() {
-            let listener = TcpListener::bind(admin.listen)
-                .await
-                .map_err(|source| Error::Bind {
-                    addr: admin.listen,
-                    source,
-                })?;
+            let listener = TcpListener::bind(admin.listen).await.map_err(|source| Error::Bind {
+                addr: admin.listen,
+                source,
+            })?;
             admin_addr = Some(listener.local_addr().map_err(|source| Error::Bind {
                 addr: admin.listen,
                 source,
             })?);
-            tasks.push(tokio::spawn(admin::serve(
-                listener,
-                admin.token,
-                state.clone(),
-            )));
+            tasks.push(tokio::spawn(admin::serve(listener, admin.token, state.clone())));
         }
-        let accept = tokio::spawn(server::conn::accept_loop(
-            listener,
-            tls.clone(),
-            state.clone(),
-        ));
+        let accept = tokio::spawn(server::conn::accept_loop(listener, tls.clone(), state.clone()));
         Ok(Gateway {
             addr,
             tls,
@@ -227,11 +209,7 @@ fn load_router(
         source,
     };
     let bytes = if name.ends_with(".wasm") {
-        std::fs::read(name).map_err(|err| {
-            fail(policy::PolicyError::Invalid(format!(
-                "cannot read `{name}`: {err}"
-            )))
-        })?
+        std::fs::read(name).map_err(|err| fail(policy::PolicyError::Invalid(format!("cannot read `{name}`: {err}"))))?
     } else {
         policy::built_in_router(name).map_err(fail)?.to_vec()
     };

@@ -125,16 +125,10 @@ fn start(args: Args) -> anyhow::Result<()> {
         config.server.listen = listen;
     }
     if let Some(count) = args.mockers {
-        config
-            .embedded_mockers
-            .get_or_insert_with(Default::default)
-            .count = count;
+        config.embedded_mockers.get_or_insert_with(Default::default).count = count;
     }
     if let Some(speedup) = args.mocker_speedup {
-        config
-            .embedded_mockers
-            .get_or_insert_with(Default::default)
-            .speedup = speedup;
+        config.embedded_mockers.get_or_insert_with(Default::default).speedup = speedup;
     }
     config.validate(&args.config)?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -168,9 +162,7 @@ async fn run(config: Config) -> anyhow::Result<()> {
     println!(
         "try: curl -N {insecure}{url}/v1/chat/completions -H 'content-type: application/json' -d '{{\"model\":\"{model}\",\"messages\":[{{\"role\":\"user\",\"content\":\"hi\"}}],\"stream\":true}}'"
     );
-    tokio::signal::ctrl_c()
-        .await
-        .context("waiting for ctrl-c")?;
+    tokio::signal::ctrl_c().await.context("waiting for ctrl-c")?;
     tracing::info!("shutting down");
     Ok(())
 }
@@ -184,15 +176,9 @@ async fn policy_command(action: PolicyAction) -> anyhow::Result<()> {
             activate,
             admin,
         } => {
-            let wasm =
-                std::fs::read(&file).with_context(|| format!("reading {}", file.display()))?;
+            let wasm = std::fs::read(&file).with_context(|| format!("reading {}", file.display()))?;
             let query = if activate { "?activate=true" } else { "" };
-            (
-                http::Method::PUT,
-                format!("/admin/policies/{name}{query}"),
-                wasm,
-                admin,
-            )
+            (http::Method::PUT, format!("/admin/policies/{name}{query}"), wasm, admin)
         }
         PolicyAction::Activate { name, admin } => (
             http::Method::POST,
@@ -206,12 +192,7 @@ async fn policy_command(action: PolicyAction) -> anyhow::Result<()> {
             Vec::new(),
             admin,
         ),
-        PolicyAction::List { admin } => (
-            http::Method::GET,
-            "/admin/policies".to_string(),
-            Vec::new(),
-            admin,
-        ),
+        PolicyAction::List { admin } => (http::Method::GET, "/admin/policies".to_string(), Vec::new(), admin),
     };
     let uri: http::Uri = format!("{}{path}", admin.admin.trim_end_matches('/'))
         .parse()
@@ -219,10 +200,7 @@ async fn policy_command(action: PolicyAction) -> anyhow::Result<()> {
     let request = http::Request::builder()
         .method(method)
         .uri(uri)
-        .header(
-            http::header::AUTHORIZATION,
-            format!("Bearer {}", admin.token),
-        )
+        .header(http::header::AUTHORIZATION, format!("Bearer {}", admin.token))
         .body(Full::new(bytes::Bytes::from(body)))?;
     let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
         .build(hyper_util::client::legacy::connect::HttpConnector::new());

@@ -24,19 +24,13 @@ fn run_with(config: &str) -> (bool, String) {
 #[test]
 fn bad_configs_fail_at_start_naming_file_and_key() {
     let cases = [
-        (
-            "[server]\nlisten = \"nowhere\"\n[embedded_mockers]\n",
-            "listen",
-        ),
+        ("[server]\nlisten = \"nowhere\"\n[embedded_mockers]\n", "listen"),
         (
             "[server]\nmax_body_bytes = 0\n[embedded_mockers]\n",
             "server.max_body_bytes",
         ),
         ("[server]\nbogus = 1\n[embedded_mockers]\n", "bogus"),
-        (
-            "[[workers]]\nurl = \"not a url\"\nmodel = \"m\"\n",
-            "workers[0].url",
-        ),
+        ("[[workers]]\nurl = \"not a url\"\nmodel = \"m\"\n", "workers[0].url"),
         ("mode = \"production\"\n[embedded_mockers]\n", "server.tls"),
         (
             "[server.tls]\ncert = \"/nonexistent/cert.pem\"\nkey = \"/nonexistent/key.pem\"\n[embedded_mockers]\n",
@@ -67,14 +61,7 @@ fn the_embedded_default_prints_a_ready_line_with_a_working_curl() {
     use std::io::{BufRead, BufReader};
     let config = concat!(env!("CARGO_MANIFEST_DIR"), "/../config/dev.toml");
     let mut child = Command::new(env!("CARGO_BIN_EXE_switchyard"))
-        .args([
-            "--config",
-            config,
-            "--listen",
-            "127.0.0.1:0",
-            "--log",
-            "warn",
-        ])
+        .args(["--config", config, "--listen", "127.0.0.1:0", "--log", "warn"])
         .stdout(std::process::Stdio::piped())
         .spawn()
         .expect("run switchyard");
@@ -87,10 +74,7 @@ fn the_embedded_default_prints_a_ready_line_with_a_working_curl() {
     let _ = child.wait();
     assert!(ready.contains("listening on https://127.0.0.1:"), "{ready}");
     assert!(ready.contains("4 workers"), "{ready}");
-    assert!(
-        curl.starts_with("try: curl -N -k https://127.0.0.1:"),
-        "{curl}"
-    );
+    assert!(curl.starts_with("try: curl -N -k https://127.0.0.1:"), "{curl}");
     assert!(
         curl.contains("\"model\":\"mock\"") && curl.contains("\"stream\":true"),
         "{curl}"

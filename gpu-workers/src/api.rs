@@ -213,10 +213,7 @@ impl Endpoint {
 /// Returns an [`ApiError`] with status 400 when the body is not UTF-8, not JSON, has a field of
 /// the wrong type, lacks a required field, or asks for something Switchyard does not support
 /// (several choices or batched prompts). The message names the offending field path.
-pub fn parse_generate_request(
-    endpoint: Endpoint,
-    body: &[u8],
-) -> Result<GenerateRequest, ApiError> {
+pub fn parse_generate_request(endpoint: Endpoint, body: &[u8]) -> Result<GenerateRequest, ApiError> {
     let text = std::str::from_utf8(body).map_err(|err| {
         ApiError::invalid_request(
             "invalid_utf8",
@@ -258,20 +255,16 @@ fn parse_json<T: serde::de::DeserializeOwned>(text: &str) -> Result<T, ApiError>
         };
         ApiError::invalid_request(code, message).with_param((path != ".").then_some(path))
     })?;
-    deserializer.end().map_err(|err| {
-        ApiError::invalid_request(
-            "invalid_json",
-            format!("request body is not valid JSON: {err}"),
-        )
-    })?;
+    deserializer
+        .end()
+        .map_err(|err| ApiError::invalid_request("invalid_json", format!("request body is not valid JSON: {err}")))?;
     Ok(value)
 }
 
 fn validate(request: &GenerateRequest) -> Result<(), ApiError> {
     if request.model().is_empty() {
         return Err(
-            ApiError::invalid_request("missing_model", "`model` must not be empty")
-                .with_param(Some("model".into())),
+            ApiError::invalid_request("missing_model", "`model` must not be empty").with_param(Some("model".into()))
         );
     }
     let n = match request {
@@ -279,10 +272,7 @@ fn validate(request: &GenerateRequest) -> Result<(), ApiError> {
         GenerateRequest::Completion(req) => req.n,
     };
     if n.is_some_and(|n| n != 1) {
-        return Err(
-            ApiError::invalid_request("unsupported", "only `n = 1` is supported")
-                .with_param(Some("n".into())),
-        );
+        return Err(ApiError::invalid_request("unsupported", "only `n = 1` is supported").with_param(Some("n".into())));
     }
     match request {
         GenerateRequest::Chat(req) if req.messages.is_empty() => Err(ApiError::invalid_request(
@@ -335,12 +325,7 @@ pub struct ApiError {
 
 impl ApiError {
     /// An error with the given status, OpenAI type, code and message.
-    pub fn new(
-        status: http::StatusCode,
-        kind: &str,
-        code: &str,
-        message: impl Into<String>,
-    ) -> ApiError {
+    pub fn new(status: http::StatusCode, kind: &str, code: &str, message: impl Into<String>) -> ApiError {
         ApiError {
             status,
             body: ErrorBody {
@@ -356,12 +341,7 @@ impl ApiError {
 
     /// A 400 `invalid_request_error` with the given code.
     pub fn invalid_request(code: &str, message: impl Into<String>) -> ApiError {
-        ApiError::new(
-            http::StatusCode::BAD_REQUEST,
-            "invalid_request_error",
-            code,
-            message,
-        )
+        ApiError::new(http::StatusCode::BAD_REQUEST, "invalid_request_error", code, message)
     }
 
     /// Sets the `param` field.
@@ -468,9 +448,8 @@ mod tests {
         .expect("valid chat");
         assert_eq!(chat.model(), "m");
         assert!(chat.is_stream());
-        let completion =
-            parse_generate_request(Endpoint::Completion, br#"{"model":"m","prompt":[1,2,3]}"#)
-                .expect("valid completion");
+        let completion = parse_generate_request(Endpoint::Completion, br#"{"model":"m","prompt":[1,2,3]}"#)
+            .expect("valid completion");
         assert!(matches!(
             completion,
             GenerateRequest::Completion(CompletionRequest { prompt: Prompt::Tokens(ref ids), .. }) if ids == &[1, 2, 3]
@@ -488,11 +467,7 @@ mod tests {
             panic!("chat expected")
         };
         assert_eq!(
-            chat.messages[0]
-                .content
-                .as_ref()
-                .map(MessageContent::text)
-                .as_deref(),
+            chat.messages[0].content.as_ref().map(MessageContent::text).as_deref(),
             Some("a\nb")
         );
     }
@@ -504,22 +479,15 @@ mod tests {
         let err = parse_err(Endpoint::Chat, r#"{"messages":[]}"#);
         assert_eq!(err.code(), "invalid_type");
         assert!(err.body.error.message.contains("model"), "{err}");
-        let err = parse_err(
-            Endpoint::Chat,
-            r#"{"model":"m","messages":[],"stream":"yes"}"#,
-        );
+        let err = parse_err(Endpoint::Chat, r#"{"model":"m","messages":[],"stream":"yes"}"#);
         assert_eq!(err.body.error.param.as_deref(), Some("stream"));
         let err = parse_err(Endpoint::Chat, r#"{"model":"m","messages":[]}"#);
         assert_eq!(err.body.error.param.as_deref(), Some("messages"));
         let err = parse_err(Endpoint::Completion, r#"{"model":"m","prompt":["a","b"]}"#);
         assert_eq!(err.code(), "unsupported");
-        let err = parse_err(
-            Endpoint::Completion,
-            r#"{"model":"m","prompt":"a"} trailing"#,
-        );
+        let err = parse_err(Endpoint::Completion, r#"{"model":"m","prompt":"a"} trailing"#);
         assert_eq!(err.code(), "invalid_json");
-        let err =
-            parse_generate_request(Endpoint::Chat, b"{\"model\":\"\xff\"}").expect_err("bad utf-8");
+        let err = parse_generate_request(Endpoint::Chat, b"{\"model\":\"\xff\"}").expect_err("bad utf-8");
         assert_eq!(err.code(), "invalid_utf8");
         assert_eq!(err.status, http::StatusCode::BAD_REQUEST);
     }

@@ -40,11 +40,7 @@ pub fn json(status: StatusCode, value: &impl serde::Serialize) -> Response<Body>
 }
 
 /// A response with a plain-text body.
-pub fn text(
-    status: StatusCode,
-    content_type: &'static str,
-    body: impl Into<Bytes>,
-) -> Response<Body> {
+pub fn text(status: StatusCode, content_type: &'static str, body: impl Into<Bytes>) -> Response<Body> {
     with_type(status, content_type, full(body))
 }
 
@@ -77,11 +73,7 @@ fn with_type(status: StatusCode, content_type: &'static str, body: Body) -> Resp
 ///
 /// Returns a 413 [`ApiError`] (`body_too_large`) if the declared or actual length exceeds
 /// `limit`, and a 400 (`body_read_failed`) if the body cannot be read to its end.
-pub async fn read_limited<B>(
-    headers: &http::HeaderMap,
-    body: B,
-    limit: usize,
-) -> Result<Bytes, ApiError>
+pub async fn read_limited<B>(headers: &http::HeaderMap, body: B, limit: usize) -> Result<Bytes, ApiError>
 where
     B: http_body::Body<Data = Bytes>,
     B::Error: std::error::Error + Send + Sync + 'static,

@@ -59,14 +59,7 @@ fn post(addr: SocketAddr, path: &str, body: &str) -> (u16, String) {
 
 #[test]
 fn serves_several_engines_with_prefix_caching() {
-    let mocker = start(&[
-        "--num-workers",
-        "3",
-        "--speedup",
-        "20",
-        "--block-size",
-        "16",
-    ]);
+    let mocker = start(&["--num-workers", "3", "--speedup", "20", "--block-size", "16"]);
     assert_eq!(mocker.1.len(), 3, "one port per engine");
     let prompt: Vec<u32> = (0..100).collect();
     let body = serde_json::json!({"model": "mock", "prompt": prompt, "max_tokens": 4}).to_string();
@@ -95,10 +88,7 @@ fn streams_chat_tokens_as_sse() {
     let body = r#"{"model":"mock","messages":[{"role":"user","content":"hi"}],"stream":true,"max_tokens":5}"#;
     let (status, text) = post(mocker.1[0], "/v1/chat/completions", body);
     assert_eq!(status, 200);
-    let data: Vec<&str> = text
-        .lines()
-        .filter_map(|l| l.strip_prefix("data: "))
-        .collect();
+    let data: Vec<&str> = text.lines().filter_map(|l| l.strip_prefix("data: ")).collect();
     assert_eq!(data.len(), 7, "5 tokens, the finish chunk, [DONE]: {text}");
     assert_eq!(data[6], "[DONE]");
 }
@@ -114,11 +104,7 @@ fn refuses_bad_requests_with_openai_errors() {
             400,
             "context_length_exceeded",
         ),
-        (
-            r#"{"model":"mock","prompt":[]}"#,
-            400,
-            "context_length_exceeded",
-        ),
+        (r#"{"model":"mock","prompt":[]}"#, 400, "context_length_exceeded"),
     ];
     for (body, status, code) in cases {
         let (got, text) = post(mocker.1[0], "/v1/completions", body);

@@ -35,10 +35,7 @@ pub fn binary(name: &str) -> anyhow::Result<PathBuf> {
         Some(dir) => PathBuf::from(dir),
         None => {
             let exe = std::env::current_exe().context("locating the test executable")?;
-            let mut dir = exe
-                .parent()
-                .context("test executable has no folder")?
-                .to_path_buf();
+            let mut dir = exe.parent().context("test executable has no folder")?.to_path_buf();
             if dir.ends_with("deps") {
                 dir.pop();
             }
@@ -195,8 +192,7 @@ impl TestCa {
         let ca_cert = ca_params.self_signed(&ca_key)?;
         let issuer = rcgen::Issuer::new(ca_params, ca_key);
         let server_key = rcgen::KeyPair::generate()?;
-        let server_params =
-            rcgen::CertificateParams::new(vec!["localhost".to_string(), "127.0.0.1".to_string()])?;
+        let server_params = rcgen::CertificateParams::new(vec!["localhost".to_string(), "127.0.0.1".to_string()])?;
         let server_cert = server_params.signed_by(&server_key, &issuer)?;
         let cert_path = dir.path().join("server.pem");
         let key_path = dir.path().join("server.key");
@@ -382,8 +378,7 @@ impl Client {
         let mut roots = rustls::RootCertStore::empty();
         roots.add(ca.clone())?;
         let provider = Arc::new(rustls::crypto::ring::default_provider());
-        const BOTH: &[&rustls::SupportedProtocolVersion] =
-            &[&rustls::version::TLS13, &rustls::version::TLS12];
+        const BOTH: &[&rustls::SupportedProtocolVersion] = &[&rustls::version::TLS13, &rustls::version::TLS12];
         let versions = versions.unwrap_or(BOTH);
         let mut config = rustls::ClientConfig::builder_with_provider(provider)
             .with_protocol_versions(versions)?
@@ -401,10 +396,7 @@ impl Client {
 
     /// A plain-HTTP/1.1 client of `addr`.
     pub fn plain(addr: SocketAddr) -> Client {
-        Client {
-            connector: None,
-            addr,
-        }
+        Client { connector: None, addr }
     }
 
     /// Opens a TLS session (no HTTP yet), e.g. to send raw bytes.
@@ -415,9 +407,7 @@ impl Client {
     pub async fn raw_tls(&self) -> anyhow::Result<TlsStream<TcpStream>> {
         let connector = self.connector.clone().context("not a TLS client")?;
         let tcp = TcpStream::connect(self.addr).await?;
-        Ok(connector
-            .connect(ServerName::try_from("localhost")?, tcp)
-            .await?)
+        Ok(connector.connect(ServerName::try_from("localhost")?, tcp).await?)
     }
 
     /// Opens a connection and returns it with the negotiated protocol.
@@ -429,24 +419,19 @@ impl Client {
         let tcp = TcpStream::connect(self.addr).await?;
         tcp.set_nodelay(true)?;
         let Some(connector) = &self.connector else {
-            let (sender, connection) =
-                hyper::client::conn::http1::handshake(TokioIo::new(tcp)).await?;
+            let (sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(tcp)).await?;
             tokio::spawn(connection);
             return Ok(Connection::Http1(sender));
         };
-        let tls = connector
-            .connect(ServerName::try_from("localhost")?, tcp)
-            .await?;
+        let tls = connector.connect(ServerName::try_from("localhost")?, tcp).await?;
         let h2 = tls.get_ref().1.alpn_protocol() == Some(b"h2");
         if h2 {
             let (sender, connection) =
-                hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(tls))
-                    .await?;
+                hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(tls)).await?;
             tokio::spawn(connection);
             Ok(Connection::Http2(sender))
         } else {
-            let (sender, connection) =
-                hyper::client::conn::http1::handshake(TokioIo::new(tls)).await?;
+            let (sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(tls)).await?;
             tokio::spawn(connection);
             Ok(Connection::Http1(sender))
         }
@@ -457,12 +442,7 @@ impl Client {
     /// # Errors
     ///
     /// Fails on any transport error.
-    pub async fn send(
-        &self,
-        method: &str,
-        path: &str,
-        body: impl Into<Bytes>,
-    ) -> anyhow::Result<Reply> {
+    pub async fn send(&self, method: &str, path: &str, body: impl Into<Bytes>) -> anyhow::Result<Reply> {
         let mut connection = self.connect().await?;
         connection.send(method, path, body).await
     }
@@ -483,12 +463,7 @@ impl Connection {
     /// # Errors
     ///
     /// Fails on any transport error.
-    pub async fn send(
-        &mut self,
-        method: &str,
-        path: &str,
-        body: impl Into<Bytes>,
-    ) -> anyhow::Result<Reply> {
+    pub async fn send(&mut self, method: &str, path: &str, body: impl Into<Bytes>) -> anyhow::Result<Reply> {
         self.send_inner(method, path, body.into(), None).await
     }
 
@@ -504,8 +479,7 @@ impl Connection {
         body: impl Into<Bytes>,
         token: &str,
     ) -> anyhow::Result<Reply> {
-        self.send_inner(method, path, body.into(), Some(token))
-            .await
+        self.send_inner(method, path, body.into(), Some(token)).await
     }
 
     async fn send_inner(
@@ -534,9 +508,7 @@ impl Connection {
                 let (mut parts, body) = request.into_parts();
                 parts.uri = format!("https://localhost{path}").parse()?;
                 sender.ready().await?;
-                sender
-                    .send_request(http::Request::from_parts(parts, body))
-                    .await?
+                sender.send_request(http::Request::from_parts(parts, body)).await?
             }
         };
         let head_at = Instant::now();

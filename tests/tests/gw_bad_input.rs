@@ -9,13 +9,10 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 fn assert_error(reply: &switchyard_e2e::Reply, status: u16, code: &str) {
     let body = String::from_utf8_lossy(&reply.body()).into_owned();
     assert_eq!(reply.status.as_u16(), status, "{code}: {body}");
-    let json: serde_json::Value =
-        serde_json::from_str(&body).unwrap_or_else(|_| panic!("{code}: not JSON: {body}"));
+    let json: serde_json::Value = serde_json::from_str(&body).unwrap_or_else(|_| panic!("{code}: not JSON: {body}"));
     assert_eq!(json["error"]["code"], code, "{body}");
     assert!(
-        json["error"]["message"]
-            .as_str()
-            .is_some_and(|m| !m.is_empty()),
+        json["error"]["message"].as_str().is_some_and(|m| !m.is_empty()),
         "{body}"
     );
     assert!(json["error"]["type"].is_string(), "{body}");
@@ -36,19 +33,14 @@ async fn each_bad_input_gets_its_error_and_good_requests_continue() -> anyhow::R
     let good = {
         let h2 = h2.clone();
         tokio::spawn(async move {
-            h2.post_json(
-                "/v1/chat/completions",
-                &chat_body("mock", "steady", 150, true),
-            )
-            .await
+            h2.post_json("/v1/chat/completions", &chat_body("mock", "steady", 150, true))
+                .await
         })
     };
 
     for client in [&h1, &h2] {
         assert_error(
-            &client
-                .send("POST", "/v1/chat/completions", "{\"model\": ")
-                .await?,
+            &client.send("POST", "/v1/chat/completions", "{\"model\": ").await?,
             400,
             "invalid_json",
         );
@@ -59,11 +51,7 @@ async fn each_bad_input_gets_its_error_and_good_requests_continue() -> anyhow::R
         );
         assert_error(
             &client
-                .send(
-                    "POST",
-                    "/v1/chat/completions",
-                    r#"{"model":"mock","messages":"hi"}"#,
-                )
+                .send("POST", "/v1/chat/completions", r#"{"model":"mock","messages":"hi"}"#)
                 .await?,
             400,
             "invalid_type",
@@ -117,16 +105,8 @@ async fn each_bad_input_gets_its_error_and_good_requests_continue() -> anyhow::R
             405,
             "method_not_allowed",
         );
-        assert_error(
-            &client.send("POST", "/v1/models", "").await?,
-            405,
-            "method_not_allowed",
-        );
-        assert_error(
-            &client.send("GET", "/v2/anything", "").await?,
-            404,
-            "not_found",
-        );
+        assert_error(&client.send("POST", "/v1/models", "").await?, 405, "method_not_allowed");
+        assert_error(&client.send("GET", "/v2/anything", "").await?, 404, "not_found");
     }
 
     // Slow headers: half a request line, then silence.
@@ -142,9 +122,7 @@ async fn each_bad_input_gets_its_error_and_good_requests_continue() -> anyhow::R
     // A body larger than the limit and sent without a length is cut off at the limit.
     let mut connection = h1.connect().await?;
     let unsized_big = serde_json::to_vec(&chat_body("mock", &"y".repeat(8000), 1, false))?;
-    let reply = connection
-        .send("POST", "/v1/chat/completions", unsized_big)
-        .await?;
+    let reply = connection.send("POST", "/v1/chat/completions", unsized_big).await?;
     assert_error(&reply, 413, "body_too_large");
 
     let good = good.await??;

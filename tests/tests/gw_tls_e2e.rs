@@ -20,10 +20,7 @@ async fn whole_and_streamed_completions_over_tls() -> anyhow::Result<()> {
         let client = Client::tls(gateway.addr, &ca.ca_der, alpn, None)?;
 
         let reply = client
-            .post_json(
-                "/v1/chat/completions",
-                &chat_body("mock", "hello there", 8, false),
-            )
+            .post_json("/v1/chat/completions", &chat_body("mock", "hello there", 8, false))
             .await?;
         assert_eq!(
             reply.status,
@@ -34,14 +31,8 @@ async fn whole_and_streamed_completions_over_tls() -> anyhow::Result<()> {
         let json = reply.json()?;
         assert_eq!(json["object"], "chat.completion");
         assert_eq!(json["usage"]["completion_tokens"], 8);
-        let content = json["choices"][0]["message"]["content"]
-            .as_str()
-            .unwrap_or_default();
-        assert_eq!(
-            content.split_whitespace().count(),
-            8,
-            "eight words: {content:?}"
-        );
+        let content = json["choices"][0]["message"]["content"].as_str().unwrap_or_default();
+        assert_eq!(content.split_whitespace().count(), 8, "eight words: {content:?}");
         assert!(reply.headers.contains_key("x-switchyard-worker"));
 
         let tokens = 24;
@@ -111,12 +102,7 @@ async fn whole_and_streamed_completions_over_tls() -> anyhow::Result<()> {
 async fn tls12_models_health_readiness_and_metrics() -> anyhow::Result<()> {
     let ca = TestCa::new()?;
     let gateway = Gateway::start(&config(&ca))?;
-    let client = Client::tls(
-        gateway.addr,
-        &ca.ca_der,
-        Alpn::Http1,
-        Some(&[&rustls::version::TLS12]),
-    )?;
+    let client = Client::tls(gateway.addr, &ca.ca_der, Alpn::Http1, Some(&[&rustls::version::TLS12]))?;
     let models = client.send("GET", "/v1/models", "").await?;
     assert_eq!(models.status, 200);
     assert_eq!(models.json()?["data"][0]["id"], "mock");

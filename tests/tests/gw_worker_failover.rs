@@ -15,8 +15,7 @@ fn worker_of(reply: &Reply) -> String {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_killed_worker_fails_its_streams_cleanly_and_returns_after_restart() -> anyhow::Result<()>
-{
+async fn a_killed_worker_fails_its_streams_cleanly_and_returns_after_restart() -> anyhow::Result<()> {
     let mut doomed = Mockers::start(&["--num-workers", "1", "--speedup", "1"])?;
     let survivor = Mockers::start(&["--num-workers", "1", "--speedup", "1"])?;
     let doomed_addr = doomed.addrs[0];
@@ -35,10 +34,7 @@ async fn a_killed_worker_fails_its_streams_cleanly_and_returns_after_restart() -
         let client = client.clone();
         streams.push(tokio::spawn(async move {
             client
-                .post_json(
-                    "/v1/chat/completions",
-                    &chat_body("mock", "a long answer", 400, true),
-                )
+                .post_json("/v1/chat/completions", &chat_body("mock", "a long answer", 400, true))
                 .await
         }));
         tokio::time::sleep(Duration::from_millis(30)).await;
@@ -78,17 +74,9 @@ async fn a_killed_worker_fails_its_streams_cleanly_and_returns_after_restart() -
     // New requests succeed, all on the survivor.
     for _ in 0..6 {
         let reply = client
-            .post_json(
-                "/v1/chat/completions",
-                &chat_body("mock", "after", 2, false),
-            )
+            .post_json("/v1/chat/completions", &chat_body("mock", "after", 2, false))
             .await?;
-        assert_eq!(
-            reply.status,
-            200,
-            "{}",
-            String::from_utf8_lossy(&reply.body())
-        );
+        assert_eq!(reply.status, 200, "{}", String::from_utf8_lossy(&reply.body()));
         assert_eq!(worker_of(&reply), "survivor");
     }
 
@@ -114,20 +102,14 @@ async fn a_killed_worker_fails_its_streams_cleanly_and_returns_after_restart() -
     let mut served_by_doomed = 0;
     for _ in 0..6 {
         let reply = client
-            .post_json(
-                "/v1/chat/completions",
-                &chat_body("mock", "again", 2, false),
-            )
+            .post_json("/v1/chat/completions", &chat_body("mock", "again", 2, false))
             .await?;
         assert_eq!(reply.status, 200);
         if worker_of(&reply) == "doomed" {
             served_by_doomed += 1;
         }
     }
-    assert!(
-        served_by_doomed > 0,
-        "the restarted worker receives traffic again"
-    );
+    assert!(served_by_doomed > 0, "the restarted worker receives traffic again");
     Ok(())
 }
 
@@ -146,17 +128,9 @@ async fn a_worker_that_cannot_be_reached_is_retried_elsewhere() -> anyhow::Resul
     let client = Client::plain(gateway.addr);
     for stream in [false, true, false, true] {
         let reply = client
-            .post_json(
-                "/v1/chat/completions",
-                &chat_body("mock", "retry me", 3, stream),
-            )
+            .post_json("/v1/chat/completions", &chat_body("mock", "retry me", 3, stream))
             .await?;
-        assert_eq!(
-            reply.status,
-            200,
-            "{}",
-            String::from_utf8_lossy(&reply.body())
-        );
+        assert_eq!(reply.status, 200, "{}", String::from_utf8_lossy(&reply.body()));
         assert_eq!(worker_of(&reply), "live");
     }
     let metrics = String::from_utf8(client.send("GET", "/metrics", "").await?.body())?;

@@ -20,12 +20,7 @@ struct Admin {
 }
 
 impl Admin {
-    async fn call(
-        &self,
-        method: &str,
-        path: &str,
-        body: Vec<u8>,
-    ) -> anyhow::Result<(u16, serde_json::Value)> {
+    async fn call(&self, method: &str, path: &str, body: Vec<u8>) -> anyhow::Result<(u16, serde_json::Value)> {
         let mut connection = self.client.connect().await?;
         let reply = connection.send_with_auth(method, path, body, TOKEN).await?;
         let json = serde_json::from_slice(&reply.body()).unwrap_or(serde_json::Value::Null);
@@ -34,17 +29,12 @@ impl Admin {
 
     async fn active(&self) -> anyhow::Result<String> {
         let (_, list) = self.call("GET", "/admin/policies", Vec::new()).await?;
-        Ok(list["active"]["name"]
-            .as_str()
-            .unwrap_or_default()
-            .to_string())
+        Ok(list["active"]["name"].as_str().unwrap_or_default().to_string())
     }
 }
 
 fn start() -> anyhow::Result<(Gateway, Client, Admin)> {
-    let admin_port = std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port();
+    let admin_port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
     let config = format!(
         "[server]\nplaintext = true\n\
          [embedded_mockers]\ncount = 2\nspeedup = 50.0\n\
@@ -60,9 +50,7 @@ fn start() -> anyhow::Result<(Gateway, Client, Admin)> {
 }
 
 async fn metrics(client: &Client) -> anyhow::Result<String> {
-    Ok(String::from_utf8(
-        client.send("GET", "/metrics", "").await?.body(),
-    )?)
+    Ok(String::from_utf8(client.send("GET", "/metrics", "").await?.body())?)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -126,10 +114,7 @@ async fn misbehaving_policies_cost_no_request_and_are_rolled_back() -> anyhow::R
                 && line.contains(&format!("version=\"{name}@"))
                 && line.contains(&format!("kind=\"{kind}\""))
         });
-        assert!(
-            failure.is_some(),
-            "{name}: failures of kind {kind} counted:\n{text}"
-        );
+        assert!(failure.is_some(), "{name}: failures of kind {kind} counted:\n{text}");
         assert!(
             text.lines()
                 .any(|line| line.starts_with("switchyard_policy_decisions_total")
@@ -146,8 +131,7 @@ async fn misbehaving_policies_cost_no_request_and_are_rolled_back() -> anyhow::R
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn policies_that_fail_validation_are_refused_and_the_active_one_stays() -> anyhow::Result<()>
-{
+async fn policies_that_fail_validation_are_refused_and_the_active_one_stays() -> anyhow::Result<()> {
     let (_gateway, client, admin) = start()?;
     let (status, answer) = admin
         .call(
@@ -158,23 +142,13 @@ async fn policies_that_fail_validation_are_refused_and_the_active_one_stays() ->
         .await?;
     assert_eq!(status, 400, "{answer}");
     let message = answer["error"]["message"].as_str().unwrap_or_default();
-    assert!(
-        message.contains("wasi:"),
-        "names the forbidden imports: {message}"
-    );
+    assert!(message.contains("wasi:"), "names the forbidden imports: {message}");
     let (status, answer) = admin
-        .call(
-            "PUT",
-            "/admin/policies/slow?activate=true",
-            guest("slow_init")?,
-        )
+        .call("PUT", "/admin/policies/slow?activate=true", guest("slow_init")?)
         .await?;
     assert_eq!(status, 400, "{answer}");
     assert!(
-        answer["error"]["message"]
-            .as_str()
-            .unwrap_or_default()
-            .contains("trap"),
+        answer["error"]["message"].as_str().unwrap_or_default().contains("trap"),
         "{answer}"
     );
     let (status, _) = admin
@@ -183,10 +157,7 @@ async fn policies_that_fail_validation_are_refused_and_the_active_one_stays() ->
     assert_eq!(status, 400);
     assert_eq!(admin.active().await?, "least-load");
     let reply = client
-        .post_json(
-            "/v1/chat/completions",
-            &chat_body("mock", "still fine", 2, false),
-        )
+        .post_json("/v1/chat/completions", &chat_body("mock", "still fine", 2, false))
         .await?;
     assert_eq!(reply.status, 200);
 
@@ -197,21 +168,13 @@ async fn policies_that_fail_validation_are_refused_and_the_active_one_stays() ->
         .await?;
     assert_eq!(reply.status, 401);
     let reply = connection
-        .send_with_auth(
-            "GET",
-            "/admin/policies",
-            Vec::new(),
-            "wrong-token-wrong-token",
-        )
+        .send_with_auth("GET", "/admin/policies", Vec::new(), "wrong-token-wrong-token")
         .await?;
     assert_eq!(reply.status, 401);
     assert_eq!(admin.active().await?, "least-load");
     let (status, answer) = admin
         .call("POST", "/admin/policies/least-load/shadow", Vec::new())
         .await?;
-    assert_eq!(
-        status, 501,
-        "shadow mode says it is not implemented: {answer}"
-    );
+    assert_eq!(status, 501, "shadow mode says it is not implemented: {answer}");
     Ok(())
 }

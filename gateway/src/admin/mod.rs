@@ -117,18 +117,17 @@ async fn handle(
             let wasm = respond::read_limited(&parts.headers, body, MAX_POLICY_BYTES).await?;
             let config = state.config.policy.config.clone();
             let runtime = state.policy_runtime.clone();
-            let loaded =
-                tokio::task::spawn_blocking(move || runtime.load_router(&name, &wasm, config))
-                    .await
-                    .map_err(|err| internal(format!("validation task failed: {err}")))?
-                    .map_err(|err| {
-                        ApiError::new(
-                            StatusCode::BAD_REQUEST,
-                            "invalid_request_error",
-                            "policy_rejected",
-                            err.to_string(),
-                        )
-                    })?;
+            let loaded = tokio::task::spawn_blocking(move || runtime.load_router(&name, &wasm, config))
+                .await
+                .map_err(|err| internal(format!("validation task failed: {err}")))?
+                .map_err(|err| {
+                    ApiError::new(
+                        StatusCode::BAD_REQUEST,
+                        "invalid_request_error",
+                        "policy_rejected",
+                        err.to_string(),
+                    )
+                })?;
             let policy = Arc::new(loaded);
             let activate = query
                 .split('&')
@@ -169,14 +168,12 @@ async fn handle(
                 "there is no previous policy version to roll back to",
             )),
         },
-        (Method::POST, ["admin", "policies", _name, mode @ ("shadow" | "split")]) => {
-            Err(ApiError::new(
-                StatusCode::NOT_IMPLEMENTED,
-                "server_error",
-                "not_implemented",
-                format!("`{mode}` rollouts are not implemented yet; use activate and rollback"),
-            ))
-        }
+        (Method::POST, ["admin", "policies", _name, mode @ ("shadow" | "split")]) => Err(ApiError::new(
+            StatusCode::NOT_IMPLEMENTED,
+            "server_error",
+            "not_implemented",
+            format!("`{mode}` rollouts are not implemented yet; use activate and rollback"),
+        )),
         _ => Err(respond::not_found(&path)),
     }
 }
@@ -225,9 +222,7 @@ fn valid_name(name: &str) -> Result<String, ApiError> {
     }
 }
 
-fn lock(
-    candidates: &Candidates,
-) -> Result<std::sync::MutexGuard<'_, HashMap<String, Arc<RouterPolicy>>>, ApiError> {
+fn lock(candidates: &Candidates) -> Result<std::sync::MutexGuard<'_, HashMap<String, Arc<RouterPolicy>>>, ApiError> {
     candidates
         .by_name
         .lock()
@@ -235,10 +230,5 @@ fn lock(
 }
 
 fn internal(message: String) -> ApiError {
-    ApiError::new(
-        StatusCode::INTERNAL_SERVER_ERROR,
-        "server_error",
-        "internal",
-        message,
-    )
+    ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", "internal", message)
 }

@@ -365,43 +365,25 @@ impl Config {
         if let Some(tls) = &server.tls {
             for (key, path) in [("server.tls.cert", &tls.cert), ("server.tls.key", &tls.key)] {
                 if !path.is_file() {
-                    return Err(invalid(
-                        key,
-                        format!("file `{}` does not exist", path.display()),
-                    ));
+                    return Err(invalid(key, format!("file `{}` does not exist", path.display())));
                 }
             }
         }
         for (key, value) in [
             ("server.max_body_bytes", server.max_body_bytes as u64),
             ("server.max_header_bytes", server.max_header_bytes as u64),
-            (
-                "server.header_read_timeout_ms",
-                server.header_read_timeout_ms,
-            ),
+            ("server.header_read_timeout_ms", server.header_read_timeout_ms),
             ("server.idle_timeout_ms", server.idle_timeout_ms),
-            (
-                "server.tls_handshake_timeout_ms",
-                server.tls_handshake_timeout_ms,
-            ),
+            ("server.tls_handshake_timeout_ms", server.tls_handshake_timeout_ms),
             ("health.interval_ms", self.health.interval_ms),
             ("health.timeout_ms", self.health.timeout_ms),
-            (
-                "health.failures_to_eject",
-                u64::from(self.health.failures_to_eject),
-            ),
+            ("health.failures_to_eject", u64::from(self.health.failures_to_eject)),
             (
                 "health.successes_to_restore",
                 u64::from(self.health.successes_to_restore),
             ),
-            (
-                "forwarding.connect_timeout_ms",
-                self.forwarding.connect_timeout_ms,
-            ),
-            (
-                "forwarding.response_timeout_ms",
-                self.forwarding.response_timeout_ms,
-            ),
+            ("forwarding.connect_timeout_ms", self.forwarding.connect_timeout_ms),
+            ("forwarding.response_timeout_ms", self.forwarding.response_timeout_ms),
         ] {
             if value == 0 {
                 return Err(invalid(key, "must be greater than 0".into()));
@@ -415,10 +397,7 @@ impl Config {
         }
         if let Some(mockers) = &self.embedded_mockers {
             if mockers.model.is_empty() {
-                return Err(invalid(
-                    "embedded_mockers.model",
-                    "must not be empty".into(),
-                ));
+                return Err(invalid("embedded_mockers.model", "must not be empty".into()));
             }
             for (key, value) in [
                 ("embedded_mockers.block_size", mockers.block_size),
@@ -446,10 +425,7 @@ impl Config {
                 "must name a built-in policy or a .wasm file".into(),
             ));
         }
-        if self.policy.deadline_ms == 0
-            || self.policy.memory_limit_mib == 0
-            || self.policy.max_failures == 0
-        {
+        if self.policy.deadline_ms == 0 || self.policy.memory_limit_mib == 0 || self.policy.max_failures == 0 {
             let key = if self.policy.deadline_ms == 0 {
                 "policy.deadline_ms"
             } else if self.policy.memory_limit_mib == 0 {
@@ -462,17 +438,15 @@ impl Config {
         if let Some(admin) = &self.admin
             && admin.token.len() < 16
         {
-            return Err(invalid(
-                "admin.token",
-                "must be at least 16 characters".into(),
-            ));
+            return Err(invalid("admin.token", "must be at least 16 characters".into()));
         }
         let mut names = std::collections::HashSet::new();
         for (index, worker) in self.workers.iter().enumerate() {
             let key = |field: &str| format!("workers[{index}].{field}");
-            let uri: http::Uri = worker.url.parse().map_err(|err| {
-                invalid(&key("url"), format!("`{}` is not a URL: {err}", worker.url))
-            })?;
+            let uri: http::Uri = worker
+                .url
+                .parse()
+                .map_err(|err| invalid(&key("url"), format!("`{}` is not a URL: {err}", worker.url)))?;
             if uri.scheme_str() != Some("http") || uri.authority().is_none() {
                 return Err(invalid(
                     &key("url"),
@@ -579,10 +553,7 @@ mod tests {
             "{err}"
         );
         let err = parse("[embedded_mockers]\ncount = 1\nspeedup = -1.0\n").unwrap_err();
-        assert!(
-            err.to_string().contains("embedded_mockers.speedup"),
-            "{err}"
-        );
+        assert!(err.to_string().contains("embedded_mockers.speedup"), "{err}");
         let err = parse("mode = \"production\"\n[embedded_mockers]\n").unwrap_err();
         assert!(err.to_string().contains("server.tls"), "{err}");
         let err = parse("").unwrap_err();
@@ -593,8 +564,10 @@ mod tests {
 
     #[test]
     fn duplicate_worker_names_are_refused() {
-        let err = parse("[[workers]]\nurl = \"http://a:1\"\nmodel = \"m\"\n[[workers]]\nurl = \"http://a:1\"\nmodel = \"m\"\n")
-            .unwrap_err();
+        let err = parse(
+            "[[workers]]\nurl = \"http://a:1\"\nmodel = \"m\"\n[[workers]]\nurl = \"http://a:1\"\nmodel = \"m\"\n",
+        )
+        .unwrap_err();
         assert!(err.to_string().contains("workers[1].name"), "{err}");
     }
 }

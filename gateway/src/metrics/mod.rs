@@ -106,9 +106,7 @@ impl Metrics {
 
     /// Counts one error of `kind` (a stable code such as `invalid_json`).
     pub fn error(&self, kind: &str) {
-        self.errors
-            .get_or_create(&vec![("kind", kind.to_string())])
-            .inc();
+        self.errors.get_or_create(&vec![("kind", kind.to_string())]).inc();
     }
 
     /// Records a time to first byte.
@@ -188,9 +186,6 @@ mod tests {
             text.contains("switchyard_time_to_first_byte_seconds_count{endpoint=\"chat\"} 1"),
             "{text}"
         );
-        assert!(
-            text.contains("switchyard_worker_in_flight{worker=\"w0\"} 1"),
-            "{text}"
-        );
+        assert!(text.contains("switchyard_worker_in_flight{worker=\"w0\"} 1"), "{text}");
     }
 }

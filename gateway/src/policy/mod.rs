@@ -65,10 +65,7 @@ impl PolicyError {
 /// The router policies built from `plugins/` and embedded in the binary.
 pub fn built_in_router(name: &str) -> Result<&'static [u8], PolicyError> {
     match name {
-        "round-robin" => Ok(include_bytes!(concat!(
-            env!("OUT_DIR"),
-            "/round_robin.wasm"
-        ))),
+        "round-robin" => Ok(include_bytes!(concat!(env!("OUT_DIR"), "/round_robin.wasm"))),
         "least-load" => Ok(include_bytes!(concat!(env!("OUT_DIR"), "/least_load.wasm"))),
         "kv-aware" => Ok(include_bytes!(concat!(env!("OUT_DIR"), "/kv_aware.wasm"))),
         other => Err(PolicyError::UnknownBuiltIn(other.to_string())),

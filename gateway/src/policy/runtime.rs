@@ -96,11 +96,8 @@ impl PolicyRuntime {
             .allocation_strategy(wasmtime::InstanceAllocationStrategy::Pooling(pooling));
         let engine = Engine::new(&wasm).map_err(PolicyError::engine)?;
         let mut linker = Linker::new(&engine);
-        RouterWorld::add_to_linker::<HostState, wasmtime::component::HasSelf<HostState>>(
-            &mut linker,
-            |state| state,
-        )
-        .map_err(PolicyError::engine)?;
+        RouterWorld::add_to_linker::<HostState, wasmtime::component::HasSelf<HostState>>(&mut linker, |state| state)
+            .map_err(PolicyError::engine)?;
         let mut hasher = DefaultHasher::new();
         engine.precompile_compatibility_hash().hash(&mut hasher);
         let compatibility = format!("{:016x}", hasher.finish());
@@ -116,14 +113,11 @@ impl PolicyRuntime {
                         engine.increment_epoch();
                     }
                 })
-                .map_err(|err| {
-                    PolicyError::Engine(format!("cannot start the epoch ticker: {err}"))
-                })?;
+                .map_err(|err| PolicyError::Engine(format!("cannot start the epoch ticker: {err}")))?;
         }
         // The next tick may come at once, so one more than the deadline holds guarantees the
         // call at least its full deadline.
-        let epoch_ticks_per_deadline =
-            config.deadline.as_micros().div_ceil(EPOCH_TICK.as_micros()) as u64 + 1;
+        let epoch_ticks_per_deadline = config.deadline.as_micros().div_ceil(EPOCH_TICK.as_micros()) as u64 + 1;
         Ok(PolicyRuntime {
             engine,
             linker,
@@ -158,9 +152,8 @@ impl PolicyRuntime {
             .linker
             .instantiate_pre(&component)
             .map_err(|err| PolicyError::Invalid(format!("cannot link: {err:#}")))?;
-        let pre = RouterPre::new(pre).map_err(|err| {
-            PolicyError::Invalid(format!("does not export the router world: {err:#}"))
-        })?;
+        let pre = RouterPre::new(pre)
+            .map_err(|err| PolicyError::Invalid(format!("does not export the router world: {err:#}")))?;
         let policy = RouterPolicy {
             name: name.to_string(),
             sha256,
@@ -202,17 +195,14 @@ impl PolicyRuntime {
         let component = Component::new(&self.engine, wasm)
             .map_err(|err| PolicyError::Invalid(format!("not a valid component: {err:#}")))?;
         if let Some(path) = &cached {
-            let written = component
-                .serialize()
-                .map_err(|err| err.to_string())
-                .and_then(|bytes| {
-                    if let Some(dir) = path.parent() {
-                        std::fs::create_dir_all(dir).map_err(|err| err.to_string())?;
-                    }
-                    let temporary = path.with_extension("tmp");
-                    std::fs::write(&temporary, bytes).map_err(|err| err.to_string())?;
-                    std::fs::rename(&temporary, path).map_err(|err| err.to_string())
-                });
+            let written = component.serialize().map_err(|err| err.to_string()).and_then(|bytes| {
+                if let Some(dir) = path.parent() {
+                    std::fs::create_dir_all(dir).map_err(|err| err.to_string())?;
+                }
+                let temporary = path.with_extension("tmp");
+                std::fs::write(&temporary, bytes).map_err(|err| err.to_string())?;
+                std::fs::rename(&temporary, path).map_err(|err| err.to_string())
+            });
             if let Err(err) = written {
                 tracing::warn!(path = %path.display(), error = %err, "could not cache compiled policy code");
             }
@@ -225,11 +215,7 @@ impl PolicyRuntime {
         let forbidden: Vec<String> = ty
             .imports(&self.engine)
             .map(|(name, _)| name.to_string())
-            .filter(|name| {
-                !ALLOWED_IMPORTS
-                    .iter()
-                    .any(|allowed| name.starts_with(allowed))
-            })
+            .filter(|name| !ALLOWED_IMPORTS.iter().any(|allowed| name.starts_with(allowed)))
             .collect();
         if forbidden.is_empty() {
             Ok(())
@@ -285,10 +271,7 @@ impl RouterPolicy {
     pub fn instantiate(&self) -> Result<RouterInstance, PolicyError> {
         let mut store = self.runtime.store(self.config.clone());
         store.set_epoch_deadline(self.runtime.epoch_ticks_per_deadline);
-        let bindings = self
-            .pre
-            .instantiate(&mut store)
-            .map_err(PolicyError::trap)?;
+        let bindings = self.pre.instantiate(&mut store).map_err(PolicyError::trap)?;
         store.set_epoch_deadline(self.runtime.epoch_ticks_per_deadline);
         bindings
             .call_init(&mut store)
@@ -323,11 +306,7 @@ impl RouterInstance {
     ///
     /// Returns [`PolicyError::Trap`] (including deadline interrupts and memory exhaustion),
     /// [`PolicyError::Refused`] for an error result, or [`PolicyError::InvalidAnswer`].
-    pub fn route(
-        &mut self,
-        request: &table::RequestInfo,
-        workers: &table::WorkerTable,
-    ) -> Result<u32, PolicyError> {
+    pub fn route(&mut self, request: &table::RequestInfo, workers: &table::WorkerTable) -> Result<u32, PolicyError> {
         self.store.set_epoch_deadline(self.deadline_ticks);
         let decision = self
             .bindings
@@ -341,21 +320,13 @@ impl RouterInstance {
                 decision.worker
             )));
         }
-        if decision
-            .encoder
-            .is_some_and(|encoder| encoder as usize >= size)
-        {
+        if decision.encoder.is_some_and(|encoder| encoder as usize >= size) {
             return Err(PolicyError::InvalidAnswer(format!(
                 "encoder {:?} of a {size}-worker table",
                 decision.encoder
             )));
         }
-        if decision.fallbacks.len() > size
-            || decision
-                .fallbacks
-                .iter()
-                .any(|&index| index as usize >= size)
-        {
+        if decision.fallbacks.len() > size || decision.fallbacks.iter().any(|&index| index as usize >= size) {
             return Err(PolicyError::InvalidAnswer(format!(
                 "{} fallbacks, or one out of range, for a {size}-worker table",
                 decision.fallbacks.len()

@@ -52,12 +52,30 @@ impl Version {
 }
 
 /// How a request was routed.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub enum Routed {
-    /// By the policy version with this generation.
-    Policy(u64),
+    /// By this policy version.
+    Policy(Arc<Version>),
     /// By the native fallback, because of the named failure kind.
     Fallback(&'static str),
+}
+
+impl Routed {
+    /// The generation of the version that decided, if a policy did.
+    pub fn generation(&self) -> Option<u64> {
+        match self {
+            Routed::Policy(version) => Some(version.generation),
+            Routed::Fallback(_) => None,
+        }
+    }
+
+    /// `NAME@SHA#GENERATION` for a policy, `fallback:KIND` otherwise (a response header).
+    pub fn label(&self) -> String {
+        match self {
+            Routed::Policy(version) => format!("{}#{}", version.label(), version.generation),
+            Routed::Fallback(kind) => format!("fallback:{kind}"),
+        }
+    }
 }
 
 /// Settings of failure handling.
@@ -191,7 +209,8 @@ impl PolicySwitch {
         let now_ms = self.started.elapsed().as_millis() as u64;
         let outcome = INSTANCE.with(|slot| {
             let mut slot = slot.borrow_mut();
-            let current = matches!(&*slot, Some((owner, generation, _)) if *owner == key && *generation == version.generation);
+            let current =
+                matches!(&*slot, Some((owner, generation, _)) if *owner == key && *generation == version.generation);
             if !current {
                 *slot = None;
                 if now_ms < version.retry_after_ms.load(Ordering::Relaxed) {
@@ -202,7 +221,9 @@ impl PolicySwitch {
                     Err(err) => return Err(Some(err)),
                 }
             }
-            let Some((_, _, instance)) = slot.as_mut() else { return Err(None) };
+            let Some((_, _, instance)) = slot.as_mut() else {
+                return Err(None);
+            };
             match instance.route(request, table) {
                 Ok(index) => Ok(index),
                 Err(err) => {
@@ -215,12 +236,9 @@ impl PolicySwitch {
         match outcome {
             Ok(index) => {
                 self.decisions
-                    .get_or_create(&vec![
-                        ("version", version.label()),
-                        ("outcome", "policy".into()),
-                    ])
+                    .get_or_create(&vec![("version", version.label()), ("outcome", "policy".into())])
                     .inc();
-                (Some(index), Routed::Policy(version.generation))
+                (Some(index), Routed::Policy(Arc::clone(&version)))
             }
             Err(failure) => {
                 let kind = match &failure {
@@ -231,10 +249,7 @@ impl PolicySwitch {
                     None => "backoff",
                 };
                 self.decisions
-                    .get_or_create(&vec![
-                        ("version", version.label()),
-                        ("outcome", "fallback".into()),
-                    ])
+                    .get_or_create(&vec![("version", version.label()), ("outcome", "fallback".into())])
                     .inc();
                 (table::least_load(table), Routed::Fallback(kind))
             }
@@ -243,10 +258,7 @@ impl PolicySwitch {
 
     fn record_failure(&self, version: &Arc<Version>, err: &PolicyError, now_ms: u64) {
         self.failures
-            .get_or_create(&vec![
-                ("version", version.label()),
-                ("kind", err.kind().to_string()),
-            ])
+            .get_or_create(&vec![("version", version.label()), ("kind", err.kind().to_string())])
             .inc();
         let failures = version.failures.fetch_add(1, Ordering::Relaxed) + 1;
         let backoff = self

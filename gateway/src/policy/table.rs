@@ -29,9 +29,7 @@ pub fn build(candidates: &[std::sync::Arc<Worker>]) -> WorkerTable {
             Role::Vision => 1,
             Role::Audio => 2,
         });
-        table
-            .capabilities
-            .push(capability_mask(&worker.capabilities));
+        table.capabilities.push(capability_mask(&worker.capabilities));
         table
             .active_requests
             .push(u32::try_from(worker.in_flight().max(0)).unwrap_or(u32::MAX));

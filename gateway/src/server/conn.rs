@@ -43,11 +43,9 @@ pub(crate) async fn accept_loop(listener: TcpListener, tls: Option<Tls>, state: 
         tokio::spawn(async move {
             match tls {
                 Some(tls) => {
-                    let handshake = tokio::time::timeout(
-                        state.config.server.tls_handshake_timeout(),
-                        tls.acceptor.accept(socket),
-                    )
-                    .await;
+                    let handshake =
+                        tokio::time::timeout(state.config.server.tls_handshake_timeout(), tls.acceptor.accept(socket))
+                            .await;
                     match handshake {
                         Ok(Ok(stream)) => {
                             let h2 = stream.get_ref().1.alpn_protocol() == Some(b"h2");
@@ -86,21 +84,12 @@ where
             .keep_alive_interval(Some(server.idle_timeout() / 2))
             .keep_alive_timeout(server.idle_timeout() / 2)
             .max_header_list_size(u32::try_from(server.max_header_bytes).unwrap_or(u32::MAX));
-        if let Err(err) = builder
-            .serve_connection(TokioIo::new(stream), service)
-            .await
-        {
+        if let Err(err) = builder.serve_connection(TokioIo::new(stream), service).await {
             tracing::debug!(error = %err, "HTTP/2 connection ended with an error");
         }
         return;
     }
-    let head = match read_first_head(
-        &mut stream,
-        server.max_header_bytes,
-        server.header_read_timeout(),
-    )
-    .await
-    {
+    let head = match read_first_head(&mut stream, server.max_header_bytes, server.header_read_timeout()).await {
         FirstHead::Read(bytes) => bytes,
         FirstHead::Closed => return,
         FirstHead::TimedOut => {

@@ -22,6 +22,7 @@ use switchyard_workers::api::{self, ApiError, Endpoint};
 use switchyard_workers::respond::{self, Body};
 
 use crate::metrics::Metrics;
+use crate::policy::switch::Routed;
 use crate::state::AppState;
 use crate::workers::{InFlight, Worker};
 
@@ -31,6 +32,9 @@ const MAX_WORKER_RESPONSE_BYTES: usize = 64 << 20;
 /// Header naming the worker that served a request.
 pub const WORKER_HEADER: &str = "x-switchyard-worker";
 
+/// Header naming the policy version (or fallback) that chose the worker.
+pub const POLICY_HEADER: &str = "x-switchyard-policy";
+
 /// Validates a generation request, forwards it, and relays the answer.
 pub(crate) async fn generate(
     state: &AppState,
@@ -39,8 +43,7 @@ pub(crate) async fn generate(
     started: Instant,
 ) -> Result<Response<Body>, ApiError> {
     let (parts, body) = request.into_parts();
-    let body =
-        respond::read_limited(&parts.headers, body, state.config.server.max_body_bytes).await?;
+    let body = respond::read_limited(&parts.headers, body, state.config.server.max_body_bytes).await?;
     let parsed = api::parse_generate_request(endpoint, &body)?;
     let model = parsed.model();
     if !state.pool.serves(model) {
@@ -57,20 +60,12 @@ pub(crate) async fn generate(
     }
     let stream = parsed.is_stream();
     let prompt_tokens = switchyard_workers::tokenize::prompt_tokens(&parsed).len();
-    let request_id = state
-        .next_request
-        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let request_id = state.next_request.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let mut tried: Vec<Arc<Worker>> = Vec::new();
     let mut last_failure: Option<String> = None;
     for attempt in 0..=state.config.forwarding.retries {
-        let Some(worker) = choose(
-            state,
-            model,
-            &tried,
-            request_id,
-            prompt_tokens,
-            parsed.token_limit(),
-        ) else {
+        let Some((worker, routed)) = choose(state, model, &tried, request_id, prompt_tokens, parsed.token_limit())
+        else {
             break;
         };
         if attempt > 0 {
@@ -81,7 +76,11 @@ pub(crate) async fn generate(
         match attempt_on(state, &worker, endpoint, body.clone(), stream).await {
             Attempt::Answered(response) => {
                 let response = finish(state, endpoint, response, in_flight, started, stream).await;
-                return Ok(with_worker_header(response, &worker.name));
+                let mut response = with_worker_header(response, &worker.name);
+                if let Ok(value) = HeaderValue::from_str(&routed.label()) {
+                    response.headers_mut().insert(POLICY_HEADER, value);
+                }
+                return Ok(response);
             }
             Attempt::Failed(reason) => {
                 tracing::warn!(worker = %worker.name, %reason, "worker failed before its first byte");
@@ -113,7 +112,7 @@ fn choose(
     request_id: u64,
     prompt_tokens: usize,
     max_tokens: Option<u32>,
-) -> Option<Arc<Worker>> {
+) -> Option<(Arc<Worker>, Routed)> {
     let candidates = state.pool.candidates(model, tried);
     let block_size = candidates.first()?.block_size.max(1);
     let table = crate::policy::table::build(&candidates);
@@ -126,8 +125,10 @@ fn choose(
         affinity: 0,
         ttft_target_ms: 0.0,
     };
-    let (index, _) = state.policy.route(&request, &table);
-    index.and_then(|index| candidates.get(index as usize).cloned())
+    let (index, routed) = state.policy.route(&request, &table);
+    index
+        .and_then(|index| candidates.get(index as usize).cloned())
+        .map(|worker| (worker, routed))
 }
 
 /// A worker's answer whose first body bytes (if any) have already arrived.
@@ -142,13 +143,7 @@ enum Attempt {
     Failed(String),
 }
 
-async fn attempt_on(
-    state: &AppState,
-    worker: &Worker,
-    endpoint: Endpoint,
-    body: Bytes,
-    stream: bool,
-) -> Attempt {
+async fn attempt_on(state: &AppState, worker: &Worker, endpoint: Endpoint, body: Bytes, stream: bool) -> Attempt {
     let request = Request::post(worker.uri(endpoint.path()))
         .header(header::CONTENT_TYPE, "application/json")
         .body(Full::new(body));
@@ -226,9 +221,7 @@ async fn finish(
         rest,
     } = answer;
     if stream && parts.status.is_success() {
-        state
-            .metrics
-            .time_to_first_byte(label, started.elapsed().as_secs_f64());
+        state.metrics.time_to_first_byte(label, started.elapsed().as_secs_f64());
         let body = RelayBody {
             first,
             inner: rest,
@@ -306,10 +299,7 @@ impl http_body::Body for RelayBody {
     type Data = Bytes;
     type Error = std::convert::Infallible;
 
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
         let this = self.get_mut();
         if let Some(first) = this.first.take() {
             return Poll::Ready(Some(Ok(Frame::data(first))));

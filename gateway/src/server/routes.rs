@@ -16,11 +16,7 @@ use crate::server::relay;
 use crate::state::AppState;
 
 /// Answers one client request.
-pub(crate) async fn handle(
-    state: Arc<AppState>,
-    request: Request<Incoming>,
-    started: Instant,
-) -> Response<Body> {
+pub(crate) async fn handle(state: Arc<AppState>, request: Request<Incoming>, started: Instant) -> Response<Body> {
     let path = request.uri().path().to_string();
     let method = request.method().clone();
     let (label, result) = match (&method, path.as_str()) {
@@ -38,10 +34,7 @@ pub(crate) async fn handle(
                 &ModelList::new(state.pool.models(), "switchyard"),
             )),
         ),
-        (&Method::GET, "/healthz") => (
-            "healthz",
-            Ok(respond::text(StatusCode::OK, "text/plain", "ok\n")),
-        ),
+        (&Method::GET, "/healthz") => ("healthz", Ok(respond::text(StatusCode::OK, "text/plain", "ok\n"))),
         (&Method::GET, "/readyz") => ("readyz", ready(&state)),
         (&Method::GET, "/metrics") => (
             "metrics",
@@ -51,14 +44,12 @@ pub(crate) async fn handle(
                 state.metrics.encode(),
             )),
         ),
-        (_, api::CHAT_COMPLETIONS_PATH | api::COMPLETIONS_PATH) => (
-            "other",
-            Err(respond::method_not_allowed(&method, &path, "POST")),
-        ),
-        (_, api::MODELS_PATH | "/healthz" | "/readyz" | "/metrics") => (
-            "other",
-            Err(respond::method_not_allowed(&method, &path, "GET")),
-        ),
+        (_, api::CHAT_COMPLETIONS_PATH | api::COMPLETIONS_PATH) => {
+            ("other", Err(respond::method_not_allowed(&method, &path, "POST")))
+        }
+        (_, api::MODELS_PATH | "/healthz" | "/readyz" | "/metrics") => {
+            ("other", Err(respond::method_not_allowed(&method, &path, "GET")))
+        }
         _ => ("other", Err(respond::not_found(&path))),
     };
     let response = result.unwrap_or_else(|err| {

@@ -71,8 +71,7 @@ pub fn from_files(config: &TlsConfig) -> Result<Tls, TlsError> {
     if certs.is_empty() {
         return Err(pem_error(&config.cert, "holds no CERTIFICATE block".into()));
     }
-    let key = PrivateKeyDer::from_pem_file(&config.key)
-        .map_err(|err| pem_error(&config.key, err.to_string()))?;
+    let key = PrivateKeyDer::from_pem_file(&config.key).map_err(|err| pem_error(&config.key, err.to_string()))?;
     build(certs, key, false)
 }
 
@@ -88,20 +87,14 @@ pub fn self_signed() -> Result<Tls, TlsError> {
         "::1".to_string(),
     ])?;
     let cert = generated.cert.der().clone();
-    let key = PrivateKeyDer::try_from(generated.signing_key.serialize_der()).map_err(|reason| {
-        TlsError::Pem {
-            path: "<generated>".into(),
-            reason: reason.to_string(),
-        }
+    let key = PrivateKeyDer::try_from(generated.signing_key.serialize_der()).map_err(|reason| TlsError::Pem {
+        path: "<generated>".into(),
+        reason: reason.to_string(),
     })?;
     build(vec![cert], key, true)
 }
 
-fn build(
-    certs: Vec<CertificateDer<'static>>,
-    key: PrivateKeyDer<'static>,
-    self_signed: bool,
-) -> Result<Tls, TlsError> {
+fn build(certs: Vec<CertificateDer<'static>>, key: PrivateKeyDer<'static>, self_signed: bool) -> Result<Tls, TlsError> {
     let fingerprint = fingerprint(&certs[0]);
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let mut config = rustls::ServerConfig::builder_with_provider(provider)

@@ -66,10 +66,7 @@ impl WorkerClient {
     /// # Cancel safety
     ///
     /// Dropping the future abandons the request; the pooled connection is closed.
-    pub async fn send(
-        &self,
-        request: http::Request<Full<Bytes>>,
-    ) -> Result<http::Response<Incoming>, ForwardError> {
+    pub async fn send(&self, request: http::Request<Full<Bytes>>) -> Result<http::Response<Incoming>, ForwardError> {
         self.send_within(request, self.response_timeout).await
     }
 

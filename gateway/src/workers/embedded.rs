@@ -14,9 +14,7 @@ use crate::config::{EmbeddedMockers, Role, WorkerConfig};
 /// # Errors
 ///
 /// Returns the I/O error of a loopback port that cannot be bound.
-pub async fn start(
-    config: &EmbeddedMockers,
-) -> std::io::Result<(Vec<MockerServer>, Vec<WorkerConfig>)> {
+pub async fn start(config: &EmbeddedMockers) -> std::io::Result<(Vec<MockerServer>, Vec<WorkerConfig>)> {
     let engine = EngineConfig {
         block_size: config.block_size,
         num_gpu_blocks: config.num_gpu_blocks,
@@ -31,14 +29,7 @@ pub async fn start(
         default_max_tokens: config.default_max_tokens,
         ..ServerConfig::default()
     };
-    let fleet = mocker::spawn_fleet(
-        config.count,
-        IpAddr::V4(Ipv4Addr::LOCALHOST),
-        0,
-        &engine,
-        &server,
-    )
-    .await?;
+    let fleet = mocker::spawn_fleet(config.count, IpAddr::V4(Ipv4Addr::LOCALHOST), 0, &engine, &server).await?;
     let workers = fleet
         .iter()
         .enumerate()

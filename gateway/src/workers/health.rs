@@ -47,9 +47,7 @@ pub fn spawn(pool: Arc<WorkerPool>, client: WorkerClient, config: HealthConfig) 
     })
 }
 
-async fn futures_join_all<F: std::future::Future<Output = ()> + Send + 'static>(
-    futures: impl Iterator<Item = F>,
-) {
+async fn futures_join_all<F: std::future::Future<Output = ()> + Send + 'static>(futures: impl Iterator<Item = F>) {
     let mut set = tokio::task::JoinSet::new();
     for future in futures {
         set.spawn(future);

@@ -67,10 +67,8 @@ impl Worker {
     pub fn uri(&self, path: &str) -> http::Uri {
         let mut parts = self.base.clone().into_parts();
         parts.path_and_query = Some(
-            http::uri::PathAndQuery::from_maybe_shared(bytes::Bytes::copy_from_slice(
-                path.as_bytes(),
-            ))
-            .unwrap_or_else(|_| http::uri::PathAndQuery::from_static("/")),
+            http::uri::PathAndQuery::from_maybe_shared(bytes::Bytes::copy_from_slice(path.as_bytes()))
+                .unwrap_or_else(|_| http::uri::PathAndQuery::from_static("/")),
         );
         http::Uri::from_parts(parts).unwrap_or_else(|_| self.base.clone())
     }
@@ -142,10 +140,7 @@ impl WorkerPool {
     /// # Errors
     ///
     /// Returns the invalid URI of a worker whose URL does not parse (validation prevents it).
-    pub fn new(
-        configs: &[WorkerConfig],
-        metrics: &Metrics,
-    ) -> Result<WorkerPool, http::uri::InvalidUri> {
+    pub fn new(configs: &[WorkerConfig], metrics: &Metrics) -> Result<WorkerPool, http::uri::InvalidUri> {
         let workers = configs
             .iter()
             .map(|c| Worker::new(c, metrics).map(Arc::new))
@@ -176,9 +171,7 @@ impl WorkerPool {
 
     /// Whether any LLM worker serves `model`, healthy or not.
     pub fn serves(&self, model: &str) -> bool {
-        self.workers
-            .iter()
-            .any(|w| w.role == Role::Llm && w.model == model)
+        self.workers.iter().any(|w| w.role == Role::Llm && w.model == model)
     }
 
     /// Whether any worker is in rotation.
@@ -237,10 +230,7 @@ mod tests {
         let pool = pool(3);
         let _a = InFlight::new(pool.workers()[0].clone());
         let _b = InFlight::new(pool.workers()[1].clone());
-        assert_eq!(
-            pool.pick("m", &[]).map(|w| w.name.clone()).as_deref(),
-            Some("w2")
-        );
+        assert_eq!(pool.pick("m", &[]).map(|w| w.name.clone()).as_deref(), Some("w2"));
         pool.workers()[2].eject();
         let picked = pool.pick("m", &[]).expect("two healthy");
         assert_ne!(picked.name, "w2");

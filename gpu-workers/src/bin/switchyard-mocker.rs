@@ -49,10 +49,7 @@ struct Args {
 }
 
 fn main() -> std::process::ExitCode {
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(runtime) => runtime,
         Err(err) => {
             eprintln!("switchyard-mocker: error: cannot start the runtime: {err}");
@@ -70,9 +67,7 @@ fn main() -> std::process::ExitCode {
 
 async fn run() -> anyhow::Result<()> {
     tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
-        )
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
         .with_writer(std::io::stderr)
         .init();
     let args = Args::parse();
@@ -110,13 +105,7 @@ async fn run() -> anyhow::Result<()> {
     for (index, worker) in fleet.iter().enumerate() {
         println!("mocker {index} listening on http://{}", worker.addr());
     }
-    println!(
-        "mocker ready: {} worker(s), model `{}`",
-        fleet.len(),
-        args.model
-    );
-    tokio::signal::ctrl_c()
-        .await
-        .context("waiting for ctrl-c")?;
+    println!("mocker ready: {} worker(s), model `{}`", fleet.len(), args.model);
+    tokio::signal::ctrl_c().await.context("waiting for ctrl-c")?;
     Ok(())
 }

@@ -159,11 +159,7 @@ impl EngineHandle {
     ///
     /// Returns [`SubmitError`] if the prompt is empty, if prompt plus output could never fit in
     /// the KV cache, or if the engine has stopped.
-    pub fn submit(
-        &self,
-        prompt: Vec<u32>,
-        max_tokens: usize,
-    ) -> Result<mpsc::UnboundedReceiver<Output>, SubmitError> {
+    pub fn submit(&self, prompt: Vec<u32>, max_tokens: usize) -> Result<mpsc::UnboundedReceiver<Output>, SubmitError> {
         if prompt.is_empty() {
             return Err(SubmitError::EmptyPrompt);
         }
@@ -415,10 +411,7 @@ impl Scheduler {
             let needed = self.blocks_for(seq.computed + tokens) - seq.slots.len();
             while self.blocks.available() < needed {
                 preempted = true;
-                let victim = self
-                    .running
-                    .pop()
-                    .expect("running holds at least this sequence");
+                let victim = self.running.pop().expect("running holds at least this sequence");
                 let victim_is_current = self.running.len() == index;
                 self.preempt(victim);
                 if victim_is_current {
@@ -515,9 +508,7 @@ impl Scheduler {
                         sequence: chain_hash(parent, local),
                     });
                 }
-                let parent = block
-                    .checked_sub(1)
-                    .map(|previous| seq.hashes[previous].sequence);
+                let parent = block.checked_sub(1).map(|previous| seq.hashes[previous].sequence);
                 let hash = seq.hashes[block];
                 seq.slots[block] = Slot::Full(hash.sequence);
                 self.blocks.promote(parent, hash);
@@ -553,12 +544,8 @@ impl Scheduler {
     }
 
     fn update_gauges(&self) {
-        self.stats
-            .waiting
-            .store(self.waiting.len() as u64, Ordering::Relaxed);
-        self.stats
-            .running
-            .store(self.running.len() as u64, Ordering::Relaxed);
+        self.stats.waiting.store(self.waiting.len() as u64, Ordering::Relaxed);
+        self.stats.running.store(self.running.len() as u64, Ordering::Relaxed);
         self.stats
             .active_blocks
             .store(self.blocks.active_blocks() as u64, Ordering::Relaxed);
@@ -696,8 +683,7 @@ mod tests {
     #[tokio::test]
     async fn generates_exactly_max_tokens() {
         let engine = spawn_engine(config());
-        let (tokens, finished) =
-            collect(engine.submit((0..10).collect(), 5).expect("accepted")).await;
+        let (tokens, finished) = collect(engine.submit((0..10).collect(), 5).expect("accepted")).await;
         assert_eq!(tokens.len(), 5);
         assert!(matches!(
             finished,
@@ -720,20 +706,14 @@ mod tests {
         let Output::Finished { cached_tokens, .. } = second else {
             unreachable!()
         };
-        assert_eq!(
-            cached_tokens, 36,
-            "all full blocks but the one recomputed for sampling"
-        );
+        assert_eq!(cached_tokens, 36, "all full blocks but the one recomputed for sampling");
         let mut stored = 0;
         while let Ok(event) = events.try_recv() {
             if let KvEvent::Stored { blocks, .. } = event {
                 stored += blocks.len();
             }
         }
-        assert!(
-            stored >= 10,
-            "the prompt's 10 full blocks were stored, got {stored}"
-        );
+        assert!(stored >= 10, "the prompt's 10 full blocks were stored, got {stored}");
     }
 
     #[tokio::test]
@@ -761,10 +741,7 @@ mod tests {
             engine.submit((0..8).collect(), 4),
             Err(SubmitError::TooLong { .. })
         ));
-        assert_eq!(
-            engine.submit(Vec::new(), 4).unwrap_err(),
-            SubmitError::EmptyPrompt
-        );
+        assert_eq!(engine.submit(Vec::new(), 4).unwrap_err(), SubmitError::EmptyPrompt);
     }
 
     #[tokio::test]

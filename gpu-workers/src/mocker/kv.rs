@@ -102,9 +102,7 @@ impl BlockManager {
         }
         hashes
             .iter()
-            .take_while(|hash| {
-                self.active.contains_key(&hash.sequence) || self.inactive.contains(&hash.sequence)
-            })
+            .take_while(|hash| self.active.contains_key(&hash.sequence) || self.inactive.contains(&hash.sequence))
             .count()
     }
 
@@ -147,10 +145,7 @@ impl BlockManager {
 
     /// Releases an anonymous block.
     pub fn release_anonymous(&mut self) {
-        debug_assert!(
-            self.anonymous > 0,
-            "released more anonymous blocks than allocated"
-        );
+        debug_assert!(self.anonymous > 0, "released more anonymous blocks than allocated");
         self.anonymous = self.anonymous.saturating_sub(1);
     }
 
@@ -247,9 +242,7 @@ mod tests {
         assert_eq!(manager.cached_prefix(&chain), 2);
         let events = manager.drain_events();
         assert_eq!(events.len(), 2);
-        assert!(
-            matches!(&events[1], KvEvent::Stored { parent: Some(p), .. } if *p == chain[0].sequence)
-        );
+        assert!(matches!(&events[1], KvEvent::Stored { parent: Some(p), .. } if *p == chain[0].sequence));
     }
 
     #[test]
@@ -281,11 +274,7 @@ mod tests {
         store(&mut manager, &chain);
         store(&mut manager, &chain);
         assert_eq!(manager.active_blocks(), 1);
-        assert_eq!(
-            manager.drain_events().len(),
-            1,
-            "only a fresh store is reported"
-        );
+        assert_eq!(manager.drain_events().len(), 1, "only a fresh store is reported");
     }
 
     #[test]

@@ -35,12 +35,8 @@ pub async fn spawn_fleet(
         let port = if base_port == 0 {
             0
         } else {
-            u16::try_from(usize::from(base_port) + index).map_err(|_| {
-                std::io::Error::new(
-                    std::io::ErrorKind::InvalidInput,
-                    "port range runs past 65535",
-                )
-            })?
+            u16::try_from(usize::from(base_port) + index)
+                .map_err(|_| std::io::Error::new(std::io::ErrorKind::InvalidInput, "port range runs past 65535"))?
         };
         let listener = TcpListener::bind(SocketAddr::new(host, port)).await?;
         fleet.push(MockerServer::start(

@@ -26,12 +26,7 @@ pub fn decode_ms(kv_usage: f64) -> f64 {
 ///
 /// `prefill_tokens` counts tokens of sequences still in prefill, `decode_seqs` the sequences
 /// generating one token each.
-pub fn step_duration(
-    prefill_tokens: usize,
-    decode_seqs: usize,
-    kv_usage: f64,
-    speedup: f64,
-) -> Duration {
+pub fn step_duration(prefill_tokens: usize, decode_seqs: usize, kv_usage: f64, speedup: f64) -> Duration {
     let ms = if prefill_tokens > 0 {
         prefill_ms(prefill_tokens + decode_seqs)
     } else if decode_seqs > 0 {
@@ -54,10 +49,7 @@ mod tests {
         assert!((prefill_ms(8192) - expected).abs() < 1e-9);
         assert!((decode_ms(0.0) - 5.74).abs() < 1e-9);
         assert!((decode_ms(1.0) - (-25.74 + 54.01 + 5.74)).abs() < 1e-9);
-        assert!(
-            (decode_ms(7.0) - decode_ms(1.0)).abs() < 1e-9,
-            "usage is capped at 1"
-        );
+        assert!((decode_ms(7.0) - decode_ms(1.0)).abs() < 1e-9, "usage is capped at 1");
     }
 
     #[test]

@@ -68,11 +68,7 @@ pub struct MockerServer {
 
 impl MockerServer {
     /// Serves `engine` on `listener` from the current tokio runtime.
-    pub fn start(
-        listener: TcpListener,
-        engine: EngineHandle,
-        config: ServerConfig,
-    ) -> std::io::Result<MockerServer> {
+    pub fn start(listener: TcpListener, engine: EngineHandle, config: ServerConfig) -> std::io::Result<MockerServer> {
         let addr = listener.local_addr()?;
         let state = Arc::new(State {
             config,
@@ -131,12 +127,8 @@ async fn handle(state: Arc<State>, request: Request<Incoming>) -> Response<Body>
     let path = request.uri().path().to_string();
     let method = request.method().clone();
     let result = match (method.clone(), path.as_str()) {
-        (Method::POST, api::CHAT_COMPLETIONS_PATH) => {
-            generate(&state, Endpoint::Chat, request).await
-        }
-        (Method::POST, api::COMPLETIONS_PATH) => {
-            generate(&state, Endpoint::Completion, request).await
-        }
+        (Method::POST, api::CHAT_COMPLETIONS_PATH) => generate(&state, Endpoint::Chat, request).await,
+        (Method::POST, api::COMPLETIONS_PATH) => generate(&state, Endpoint::Completion, request).await,
         (Method::GET, api::MODELS_PATH) => Ok(respond::json(
             StatusCode::OK,
             &ModelList::new([state.config.model.as_str()], "switchyard-mocker"),
@@ -146,19 +138,13 @@ async fn handle(state: Arc<State>, request: Request<Incoming>) -> Response<Body>
         (_, api::CHAT_COMPLETIONS_PATH | api::COMPLETIONS_PATH) => {
             Err(respond::method_not_allowed(&method, &path, "POST"))
         }
-        (_, api::MODELS_PATH | "/healthz" | "/metrics") => {
-            Err(respond::method_not_allowed(&method, &path, "GET"))
-        }
+        (_, api::MODELS_PATH | "/healthz" | "/metrics") => Err(respond::method_not_allowed(&method, &path, "GET")),
         _ => Err(respond::not_found(&path)),
     };
     result.unwrap_or_else(|err| respond::error(&err))
 }
 
-async fn generate(
-    state: &State,
-    endpoint: Endpoint,
-    request: Request<Incoming>,
-) -> Result<Response<Body>, ApiError> {
+async fn generate(state: &State, endpoint: Endpoint, request: Request<Incoming>) -> Result<Response<Body>, ApiError> {
     let (parts, body) = request.into_parts();
     let body = respond::read_limited(&parts.headers, body, state.config.max_body_bytes).await?;
     let request = api::parse_generate_request(endpoint, &body)?;
@@ -176,10 +162,7 @@ async fn generate(
         .with_param(Some("model".into())));
     }
     let prompt = tokenize::prompt_tokens(&request);
-    let max_tokens = request
-        .token_limit()
-        .unwrap_or(state.config.default_max_tokens)
-        .max(1);
+    let max_tokens = request.token_limit().unwrap_or(state.config.default_max_tokens).max(1);
     let outputs = state
         .engine
         .submit(prompt, max_tokens as usize)
@@ -225,13 +208,7 @@ struct ResponseMeta {
 }
 
 impl ResponseMeta {
-    fn chunk(
-        &self,
-        text: Option<&str>,
-        role: bool,
-        finish: Option<&str>,
-        usage: Option<serde_json::Value>,
-    ) -> Bytes {
+    fn chunk(&self, text: Option<&str>, role: bool, finish: Option<&str>, usage: Option<serde_json::Value>) -> Bytes {
         let choice = match self.endpoint {
             Endpoint::Chat => {
                 let mut delta = serde_json::Map::new();
@@ -342,10 +319,7 @@ impl http_body::Body for SseBody {
     type Data = Bytes;
     type Error = Infallible;
 
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
         let this = self.get_mut();
         let bytes = match this.phase {
             Phase::Ended => return Poll::Ready(None),
@@ -368,8 +342,7 @@ impl http_body::Body for SseBody {
                 })) => {
                     this.phase = Phase::Done;
                     let usage = usage_json(prompt_tokens, completion_tokens, cached_tokens);
-                    this.meta
-                        .chunk(None, false, Some(reason.as_str()), Some(usage))
+                    this.meta.chunk(None, false, Some(reason.as_str()), Some(usage))
                 }
                 Poll::Ready(None) => {
                     this.phase = Phase::Ended;
@@ -390,22 +363,14 @@ fn metrics(state: &State) -> Response<Body> {
     let stats = state.engine.stats();
     let mut registry = Registry::with_prefix("switchyard_mocker");
     let gauges: [(&str, &str, &AtomicU64); 4] = [
-        (
-            "waiting_requests",
-            "Requests waiting for admission",
-            &stats.waiting,
-        ),
+        ("waiting_requests", "Requests waiting for admission", &stats.waiting),
         ("running_requests", "Requests running", &stats.running),
         (
             "kv_active_blocks",
             "KV blocks referenced by running requests",
             &stats.active_blocks,
         ),
-        (
-            "kv_total_blocks",
-            "KV blocks in the simulated GPU",
-            &stats.total_blocks,
-        ),
+        ("kv_total_blocks", "KV blocks in the simulated GPU", &stats.total_blocks),
     ];
     for (name, help, value) in gauges {
         let gauge = Gauge::<i64>::default();
@@ -414,21 +379,13 @@ fn metrics(state: &State) -> Response<Body> {
     }
     let counters: [(&str, &str, &AtomicU64); 6] = [
         ("requests", "Requests accepted", &stats.requests),
-        (
-            "prompt_tokens",
-            "Prompt tokens admitted",
-            &stats.prompt_tokens,
-        ),
+        ("prompt_tokens", "Prompt tokens admitted", &stats.prompt_tokens),
         (
             "cached_prompt_tokens",
             "Prompt tokens served from the prefix cache",
             &stats.cached_prompt_tokens,
         ),
-        (
-            "generated_tokens",
-            "Tokens generated",
-            &stats.generated_tokens,
-        ),
+        ("generated_tokens", "Tokens generated", &stats.generated_tokens),
         (
             "preemptions",
             "Sequences preempted for lack of KV blocks",
@@ -450,9 +407,5 @@ fn metrics(state: &State) -> Response<Body> {
             format!("could not encode metrics: {err}"),
         ));
     }
-    respond::text(
-        StatusCode::OK,
-        "text/plain; version=0.0.4; charset=utf-8",
-        text,
-    )
+    respond::text(StatusCode::OK, "text/plain; version=0.0.4; charset=utf-8", text)
 }

@@ -27,8 +27,7 @@ impl Batcher for Fcfs {
         let mut tokens = 0u32;
         for index in order {
             let need = queue.tokens[index];
-            let full = items.len() as u32 >= budget.max_items.max(1)
-                || tokens.saturating_add(need) > largest;
+            let full = items.len() as u32 >= budget.max_items.max(1) || tokens.saturating_add(need) > largest;
             if full && !items.is_empty() {
                 batches.push(Batch {
                     token_budget: smallest_fit(budget, tokens),

@@ -23,10 +23,8 @@ pub struct KvAware;
 pub fn cost(req: &RequestInfo, workers: &WorkerTable, i: usize) -> f64 {
     let block_size = f64::from(workers.block_size[i].max(1));
     let overlap = f64::from(workers.overlap_device_blocks[i]);
-    let prefill = ((f64::from(workers.prefill_tokens[i]) + f64::from(req.prompt_tokens))
-        / block_size
-        - overlap)
-        .max(0.0);
+    let prefill =
+        ((f64::from(workers.prefill_tokens[i]) + f64::from(req.prompt_tokens)) / block_size - overlap).max(0.0);
     let new_blocks = (f64::from(req.prompt_blocks) - overlap).max(0.0);
     let decode = f64::from(workers.active_blocks[i]) + new_blocks;
     prefill + decode
@@ -42,19 +40,13 @@ fn mix(mut x: u64) -> u64 {
 
 impl Router for KvAware {
     fn route(req: &RequestInfo, workers: &WorkerTable) -> Result<Decision, PolicyError> {
-        let costs: Vec<(usize, f64)> = workers
-            .llm_indices()
-            .map(|i| (i, cost(req, workers, i)))
-            .collect();
+        let costs: Vec<(usize, f64)> = workers.llm_indices().map(|i| (i, cost(req, workers, i))).collect();
         if costs.is_empty() {
             return Err(PolicyError::new("no LLM worker in the table"));
         }
         let temperature = config::get_f64("temperature", 0.0);
         let min = costs.iter().map(|(_, c)| *c).fold(f64::INFINITY, f64::min);
-        let max = costs
-            .iter()
-            .map(|(_, c)| *c)
-            .fold(f64::NEG_INFINITY, f64::max);
+        let max = costs.iter().map(|(_, c)| *c).fold(f64::NEG_INFINITY, f64::max);
         let draw = (mix(req.request_id) >> 11) as f64 / (1u64 << 53) as f64;
         if temperature > 0.0 && max > min {
             let weights: Vec<f64> = costs
@@ -71,11 +63,7 @@ impl Router for KvAware {
             }
             return Ok(Decision::to(costs[costs.len() - 1].0));
         }
-        let best: Vec<usize> = costs
-            .iter()
-            .filter(|(_, c)| *c <= min)
-            .map(|(i, _)| *i)
-            .collect();
+        let best: Vec<usize> = costs.iter().filter(|(_, c)| *c <= min).map(|(i, _)| *i).collect();
         let pick = (draw * best.len() as f64) as usize;
         Ok(Decision::to(best[pick.min(best.len() - 1)]))
     }

@@ -69,9 +69,7 @@ pub mod config {
 
     /// The value of `key` parsed as a number, or `default`.
     pub fn get_f64(key: &str, default: f64) -> f64 {
-        get(key)
-            .and_then(|v| v.trim().parse().ok())
-            .unwrap_or(default)
+        get(key).and_then(|v| v.trim().parse().ok()).unwrap_or(default)
     }
 }
 
@@ -241,12 +239,7 @@ fn panic(_: &core::panic::PanicInfo<'_>) -> ! {
 /// describe a live allocation of alignment `align` (or are 0), and `new_len` is non-zero.
 #[cfg(target_arch = "wasm32")]
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn cabi_realloc(
-    old_ptr: *mut u8,
-    old_len: usize,
-    align: usize,
-    new_len: usize,
-) -> *mut u8 {
+pub unsafe extern "C" fn cabi_realloc(old_ptr: *mut u8, old_len: usize, align: usize, new_len: usize) -> *mut u8 {
     use alloc::alloc::{Layout, alloc, realloc};
     // SAFETY: the canonical ABI passes a power-of-two alignment and, for a reallocation, the
     // layout the block was allocated with.
@@ -257,11 +250,7 @@ pub unsafe extern "C" fn cabi_realloc(
             }
             alloc(Layout::from_size_align_unchecked(new_len, align))
         } else {
-            realloc(
-                old_ptr,
-                Layout::from_size_align_unchecked(old_len, align),
-                new_len,
-            )
+            realloc(old_ptr, Layout::from_size_align_unchecked(old_len, align), new_len)
         }
     };
     if pointer.is_null() {

@@ -33,8 +33,7 @@ impl Batcher for TokenBudget {
         for index in order {
             let need = queue.tokens[index];
             if !items.is_empty()
-                && (tokens.saturating_add(need) > largest
-                    || items.len() as u32 >= budget.max_items.max(1))
+                && (tokens.saturating_add(need) > largest || items.len() as u32 >= budget.max_items.max(1))
             {
                 batches.push(Batch {
                     token_budget: fit(tokens),
@@ -106,10 +105,6 @@ mod tests {
         };
         let batches = TokenBudget::form_batches(&queue, &budget);
         assert_eq!(batches.len(), 2);
-        assert!(
-            batches
-                .iter()
-                .all(|b| b.items.len() == 2 && b.token_budget == 64)
-        );
+        assert!(batches.iter().all(|b| b.items.len() == 2 && b.token_budget == 64));
     }
 }

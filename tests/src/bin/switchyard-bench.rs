@@ -14,11 +14,7 @@ use clap::{Parser, Subcommand};
 use switchyard_e2e::{Alpn, Client, Gateway, Mockers, TestCa, chat_body};
 
 #[derive(Debug, Parser)]
-#[command(
-    name = "switchyard-bench",
-    version,
-    about = "Switchyard benchmark programs"
-)]
+#[command(name = "switchyard-bench", version, about = "Switchyard benchmark programs")]
 struct Args {
     #[command(subcommand)]
     command: Command,
@@ -114,19 +110,11 @@ async fn overhead(args: OverheadArgs) -> anyhow::Result<()> {
         "1000000",
     ])?;
     let mocker_addr = mocker.addrs[0];
-    let workers = format!(
-        "[[workers]]\nname = \"mocker\"\nurl = \"http://{mocker_addr}\"\nmodel = \"mock\"\n"
-    );
-    let limits = format!(
-        "[forwarding]\npool_max_idle_per_worker = {}\n",
-        max_concurrency * 2
-    );
+    let workers = format!("[[workers]]\nname = \"mocker\"\nurl = \"http://{mocker_addr}\"\nmodel = \"mock\"\n");
+    let limits = format!("[forwarding]\npool_max_idle_per_worker = {}\n", max_concurrency * 2);
     let plain = Gateway::start(&format!("[server]\nplaintext = true\n{limits}{workers}"))?;
     let ca = TestCa::new()?;
-    let tls = Gateway::start(&format!(
-        "mode = \"production\"\n{}\n{limits}{workers}",
-        ca.tls_toml()
-    ))?;
+    let tls = Gateway::start(&format!("mode = \"production\"\n{}\n{limits}{workers}", ca.tls_toml()))?;
     let setup = Setup {
         mocker: mocker_addr,
         plain: plain.addr,
@@ -140,9 +128,7 @@ async fn overhead(args: OverheadArgs) -> anyhow::Result<()> {
     println!("# switchyard-bench overhead");
     println!(
         "machine: {} cores; mocker speed-up {}; {} tokens per stream; {} s per level; HTTP/1.1 keep-alive, one connection per stream",
-        std::thread::available_parallelism()
-            .map(|n| n.get())
-            .unwrap_or(0),
+        std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0),
         args.speedup,
         args.tokens,
         args.seconds
@@ -150,29 +136,16 @@ async fn overhead(args: OverheadArgs) -> anyhow::Result<()> {
     println!();
     println!("## Time to first byte of streamed chat completions");
     println!();
-    println!(
-        "| concurrency | target | streams | TTFB p50 ms | TTFB p99 ms | p50 vs direct | p99 vs direct |"
-    );
+    println!("| concurrency | target | streams | TTFB p50 ms | TTFB p99 ms | p50 vs direct | p99 vs direct |");
     println!("|---:|---|---:|---:|---:|---:|---:|");
     for &concurrency in &args.concurrency {
         let mut direct: Option<(f64, f64)> = None;
         for target in [Target::Direct, Target::GatewayPlain, Target::GatewayTls] {
             let client = setup.client(target)?;
             // Warm up connections and the engine.
-            run_streams(
-                &client,
-                concurrency.min(8),
-                Duration::from_millis(300),
-                args.tokens,
-            )
-            .await?;
-            let mut samples = run_streams(
-                &client,
-                concurrency,
-                Duration::from_secs_f64(args.seconds),
-                args.tokens,
-            )
-            .await?;
+            run_streams(&client, concurrency.min(8), Duration::from_millis(300), args.tokens).await?;
+            let mut samples =
+                run_streams(&client, concurrency, Duration::from_secs_f64(args.seconds), args.tokens).await?;
             samples.sort_by(f64::total_cmp);
             let p50 = percentile(&samples, 0.50);
             let p99 = percentile(&samples, 0.99);
@@ -201,12 +174,7 @@ async fn overhead(args: OverheadArgs) -> anyhow::Result<()> {
     let mut direct_rps = None;
     for target in [Target::Direct, Target::GatewayPlain, Target::GatewayTls] {
         let client = setup.client(target)?;
-        let (count, elapsed) = run_whole(
-            &client,
-            args.rps_concurrency,
-            Duration::from_secs_f64(args.seconds),
-        )
-        .await?;
+        let (count, elapsed) = run_whole(&client, args.rps_concurrency, Duration::from_secs_f64(args.seconds)).await?;
         let rps = count as f64 / elapsed;
         let ratio = match direct_rps {
             None => {
@@ -230,12 +198,7 @@ fn percentile(sorted: &[f64], q: f64) -> f64 {
 
 /// `concurrency` connections each stream completions back to back for `duration`; returns
 /// every TTFB in milliseconds.
-async fn run_streams(
-    client: &Client,
-    concurrency: usize,
-    duration: Duration,
-    tokens: u32,
-) -> anyhow::Result<Vec<f64>> {
+async fn run_streams(client: &Client, concurrency: usize, duration: Duration, tokens: u32) -> anyhow::Result<Vec<f64>> {
     let body = serde_json::to_vec(&chat_body("mock", "benchmark prompt", tokens, true))?;
     let deadline = Instant::now() + duration;
     let mut tasks = tokio::task::JoinSet::new();
@@ -246,9 +209,7 @@ async fn run_streams(
             let mut connection = client.connect().await?;
             let mut samples = Vec::new();
             while Instant::now() < deadline {
-                let reply = connection
-                    .send("POST", "/v1/chat/completions", body.clone())
-                    .await?;
+                let reply = connection.send("POST", "/v1/chat/completions", body.clone()).await?;
                 anyhow::ensure!(reply.status == 200, "status {}", reply.status);
                 samples.push(reply.first_byte_ms().context("empty stream")?);
             }
@@ -264,11 +225,7 @@ async fn run_streams(
 
 /// `concurrency` connections send tiny non-streamed completions back to back for `duration`;
 /// returns the count and the seconds taken.
-async fn run_whole(
-    client: &Client,
-    concurrency: usize,
-    duration: Duration,
-) -> anyhow::Result<(usize, f64)> {
+async fn run_whole(client: &Client, concurrency: usize, duration: Duration) -> anyhow::Result<(usize, f64)> {
     let body = serde_json::to_vec(&chat_body("mock", "hi", 1, false))?;
     let started = Instant::now();
     let deadline = started + duration;
@@ -280,9 +237,7 @@ async fn run_whole(
             let mut connection = client.connect().await?;
             let mut count = 0usize;
             while Instant::now() < deadline {
-                let reply = connection
-                    .send("POST", "/v1/chat/completions", body.clone())
-                    .await?;
+                let reply = connection.send("POST", "/v1/chat/completions", body.clone()).await?;
                 anyhow::ensure!(reply.status == 200, "status {}", reply.status);
                 count += 1;
             }

@@ -11,11 +11,7 @@ impl Guest for Hostile {
     }
 
     fn route(req: RequestInfo, _workers: WorkerTable) -> Result<Decision, PolicyError> {
-        println!(
-            "request {} from {:?}",
-            req.request_id,
-            std::env::var("HOME")
-        );
+        println!("request {} from {:?}", req.request_id, std::env::var("HOME"));
         Ok(Decision {
             worker: 0,
             encoder: None,
