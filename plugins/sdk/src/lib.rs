@@ -18,6 +18,8 @@
 #![no_std]
 
 extern crate alloc;
+#[cfg(not(target_arch = "wasm32"))]
+extern crate std;
 
 use alloc::string::String;
 use alloc::vec::Vec;
@@ -54,9 +56,12 @@ pub use router_world::switchyard::policy::types::{
 pub mod log {
     pub use crate::router_world::switchyard::policy::log::Level;
 
-    /// Writes one line to the gateway's log.
+    /// Writes one line to the gateway's log (to stderr when tested natively).
     pub fn write(level: Level, message: &str) {
+        #[cfg(target_arch = "wasm32")]
         crate::router_world::switchyard::policy::log::log(level, message);
+        #[cfg(not(target_arch = "wasm32"))]
+        std::eprintln!("[{level:?}] {message}");
     }
 }
 
@@ -64,7 +69,10 @@ pub mod log {
 pub mod config {
     /// The value of `key`, rendered as TOML (strings unquoted).
     pub fn get(key: &str) -> Option<alloc::string::String> {
-        crate::router_world::switchyard::policy::config::get(key)
+        #[cfg(target_arch = "wasm32")]
+        return crate::router_world::switchyard::policy::config::get(key);
+        #[cfg(not(target_arch = "wasm32"))]
+        return crate::testing::config_value(key);
     }
 
     /// The value of `key` parsed as a number, or `default`.
@@ -73,9 +81,67 @@ pub mod config {
     }
 }
 
-/// Monotonic time.
+/// Monotonic time (0 when tested natively).
 pub fn now_ns() -> u64 {
-    router_world::switchyard::policy::clock::now_ns()
+    #[cfg(target_arch = "wasm32")]
+    return router_world::switchyard::policy::clock::now_ns();
+    #[cfg(not(target_arch = "wasm32"))]
+    return 0;
+}
+
+/// Testing a policy natively (`cargo test`), without a gateway: the host imports are served
+/// from here, and [`testing::table`] builds worker tables.
+#[cfg(not(target_arch = "wasm32"))]
+pub mod testing {
+    use alloc::string::String;
+    use alloc::vec;
+    use std::cell::RefCell;
+    use std::collections::HashMap;
+
+    use crate::{RequestInfo, WorkerTable};
+
+    std::thread_local! {
+        static CONFIG: RefCell<HashMap<String, String>> = RefCell::new(HashMap::new());
+    }
+
+    /// Sets a configuration value the policy will read with [`crate::config::get`].
+    pub fn set_config(key: &str, value: &str) {
+        CONFIG.with(|config| config.borrow_mut().insert(key.into(), value.into()));
+    }
+
+    pub(crate) fn config_value(key: &str) -> Option<String> {
+        CONFIG.with(|config| config.borrow().get(key).cloned())
+    }
+
+    /// A table of `n` idle LLM workers with block size 64; set the fields you care about.
+    pub fn table(n: usize) -> WorkerTable {
+        WorkerTable {
+            ids: (0..n as u32).collect(),
+            roles: vec![0; n],
+            capabilities: vec![1; n],
+            overlap_device_blocks: vec![0; n],
+            overlap_host_blocks: vec![0; n],
+            active_blocks: vec![0; n],
+            prefill_tokens: vec![0; n],
+            active_requests: vec![0; n],
+            capacity_blocks: vec![16_384; n],
+            block_size: vec![64; n],
+            cost: vec![1.0; n],
+        }
+    }
+
+    /// A request of `prompt_tokens` tokens.
+    pub fn request(id: u64, prompt_tokens: u32) -> RequestInfo {
+        RequestInfo {
+            request_id: id,
+            prompt_tokens,
+            max_tokens: 128,
+            prompt_blocks: prompt_tokens / 64,
+            media_tokens: 0,
+            affinity: 0,
+            ttft_target_ms: 0.0,
+        }
+    }
 }
 
 /// Worker role values in [`WorkerTable::roles`].
