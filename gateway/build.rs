@@ -29,6 +29,7 @@ fn main() {
         "kv-aware",
         "fcfs",
         "token-budget",
+        "template",
     ] {
         println!("cargo:rerun-if-changed={}", plugins.join(entry).display());
     }
