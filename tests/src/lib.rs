@@ -467,6 +467,21 @@ impl Connection {
         self.send_inner(method, path, body.into(), None).await
     }
 
+    /// As [`Connection::send`], with extra headers.
+    ///
+    /// # Errors
+    ///
+    /// Fails on any transport error.
+    pub async fn send_with_headers(
+        &mut self,
+        method: &str,
+        path: &str,
+        body: impl Into<Bytes>,
+        headers: &[(&str, &str)],
+    ) -> anyhow::Result<Reply> {
+        self.send_full(method, path, body.into(), None, headers).await
+    }
+
     /// As [`Connection::send`], with `authorization: Bearer TOKEN`.
     ///
     /// # Errors
@@ -489,6 +504,17 @@ impl Connection {
         body: Bytes,
         token: Option<&str>,
     ) -> anyhow::Result<Reply> {
+        self.send_full(method, path, body, token, &[]).await
+    }
+
+    async fn send_full(
+        &mut self,
+        method: &str,
+        path: &str,
+        body: Bytes,
+        token: Option<&str>,
+        headers: &[(&str, &str)],
+    ) -> anyhow::Result<Reply> {
         let mut request = http::Request::builder()
             .method(method)
             .uri(path)
@@ -496,6 +522,9 @@ impl Connection {
             .header(http::header::CONTENT_TYPE, "application/json");
         if let Some(token) = token {
             request = request.header(http::header::AUTHORIZATION, format!("Bearer {token}"));
+        }
+        for (name, value) in headers {
+            request = request.header(*name, *value);
         }
         let request = request.body(Full::new(body))?;
         let sent = Instant::now();

@@ -5,8 +5,11 @@
 //! `PUT /admin/policies/{name}` uploads a `.wasm` (validated: imports, `init`, a self-test call;
 //! a policy that fails is refused with the reason and the active one stays), optionally with
 //! `?activate=true`; `POST /admin/policies/{name}/activate` publishes an uploaded candidate;
-//! `POST /admin/policies/{name}/rollback` restores the previous version. Shadow and split
-//! rollouts are not implemented yet and answer 501 saying so.
+//! `POST /admin/policies/{name}/rollback` restores the previous version;
+//! `POST /admin/policies/{name}/shadow` runs an uploaded candidate beside the active version
+//! (answers compared and counted, not used); `POST /admin/policies/{name}/split?percent=P&key=H`
+//! lets the candidate decide P % of requests, sticky by the hash of header H;
+//! `DELETE /admin/rollout` ends a rollout. Activating or rolling back also ends it.
 
 use std::collections::HashMap;
 use std::convert::Infallible;
@@ -23,6 +26,7 @@ use switchyard_workers::respond::{self, Body};
 use tokio::net::TcpListener;
 
 use crate::policy::runtime::RouterPolicy;
+use crate::policy::switch::{Rollout, RolloutMode};
 use crate::state::AppState;
 
 /// Largest policy upload accepted.
@@ -142,14 +146,7 @@ async fn handle(
             Ok(respond::json(StatusCode::OK, &body))
         }
         (Method::POST, ["admin", "policies", name, "activate"]) => {
-            let policy = lock(candidates)?.remove(*name).ok_or_else(|| {
-                ApiError::new(
-                    StatusCode::NOT_FOUND,
-                    "invalid_request_error",
-                    "policy_not_found",
-                    format!("no uploaded policy named `{name}`; PUT it first"),
-                )
-            })?;
+            let policy = lock(candidates)?.remove(*name).ok_or_else(|| not_uploaded(name))?;
             let version = state.policy.publish(policy.clone());
             Ok(respond::json(
                 StatusCode::OK,
@@ -168,12 +165,44 @@ async fn handle(
                 "there is no previous policy version to roll back to",
             )),
         },
-        (Method::POST, ["admin", "policies", _name, mode @ ("shadow" | "split")]) => Err(ApiError::new(
-            StatusCode::NOT_IMPLEMENTED,
-            "server_error",
-            "not_implemented",
-            format!("`{mode}` rollouts are not implemented yet; use activate and rollback"),
-        )),
+        (Method::POST, ["admin", "policies", name, mode @ ("shadow" | "split")]) => {
+            let policy = lock(candidates)?
+                .get(*name)
+                .cloned()
+                .ok_or_else(|| not_uploaded(name))?;
+            let parameter = |key: &str| {
+                query
+                    .split('&')
+                    .find_map(|pair| pair.strip_prefix(key).and_then(|rest| rest.strip_prefix('=')))
+            };
+            let (mode, key) = if *mode == "shadow" {
+                (RolloutMode::Shadow, None)
+            } else {
+                let percent = parameter("percent")
+                    .and_then(|p| p.parse::<u8>().ok())
+                    .filter(|p| *p <= 100)
+                    .ok_or_else(|| {
+                        ApiError::invalid_request(
+                            "invalid_percent",
+                            "split needs `?percent=P` with P an integer in 0..=100",
+                        )
+                    })?;
+                let key = parameter("key").filter(|k| !k.is_empty()).map(str::to_ascii_lowercase);
+                if key
+                    .as_deref()
+                    .is_some_and(|k| http::HeaderName::from_bytes(k.as_bytes()).is_err())
+                {
+                    return Err(ApiError::invalid_request("invalid_key", "`key` must be a header name"));
+                }
+                (RolloutMode::Split { percent }, key)
+            };
+            let rollout = state.policy.start_rollout(policy.clone(), mode, key);
+            Ok(respond::json(StatusCode::OK, &rollout_json(&rollout)))
+        }
+        (Method::DELETE, ["admin", "rollout"]) => {
+            state.policy.stop_rollout();
+            Ok(respond::json(StatusCode::OK, &json!({"rollout": null})))
+        }
         _ => Err(respond::not_found(&path)),
     }
 }
@@ -202,8 +231,31 @@ fn list(state: &AppState, candidates: &Candidates) -> Response<Body> {
                 "name": v.policy.name, "sha256": v.policy.sha256, "generation": v.generation,
             })).collect::<Vec<_>>(),
             "candidates": candidates,
+            "rollout": state.policy.rollout().map(|rollout| rollout_json(&rollout)),
         }),
     )
+}
+
+fn not_uploaded(name: &str) -> ApiError {
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        "invalid_request_error",
+        "policy_not_found",
+        format!("no uploaded policy named `{name}`; PUT it first"),
+    )
+}
+
+fn rollout_json(rollout: &Rollout) -> serde_json::Value {
+    let (mode, percent) = match rollout.mode {
+        RolloutMode::Shadow => ("shadow", None),
+        RolloutMode::Split { percent } => ("split", Some(percent)),
+    };
+    json!({
+        "candidate": {"name": rollout.candidate.policy.name, "sha256": rollout.candidate.policy.sha256, "generation": rollout.candidate.generation},
+        "mode": mode,
+        "percent": percent,
+        "key": rollout.key_header,
+    })
 }
 
 fn valid_name(name: &str) -> Result<String, ApiError> {

@@ -110,11 +110,40 @@ pub struct PolicySwitch {
     decisions: Family<Vec<(&'static str, String)>, Counter>,
     failures: Family<Vec<(&'static str, String)>, Counter>,
     rollbacks: Counter,
+    rollout: arc_swap::ArcSwapOption<Rollout>,
+    shadow: Family<Vec<(&'static str, String)>, Counter>,
 }
 
 thread_local! {
-    /// This thread's instance of the active version: (switch address, generation, instance).
-    static INSTANCE: RefCell<Option<(usize, u64, RouterInstance)>> = const { RefCell::new(None) };
+    /// This thread's instances: (switch address, generation, instance), at most a few (the
+    /// active version and a rollout candidate, per switch).
+    static INSTANCES: RefCell<Vec<(usize, u64, RouterInstance)>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Instances one thread keeps before dropping the oldest.
+const INSTANCES_PER_THREAD: usize = 4;
+
+/// How a candidate version is tried before it is activated.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RolloutMode {
+    /// The candidate decides beside the active version; its answers are compared, not used.
+    Shadow,
+    /// The candidate decides `percent` of requests, chosen by the affinity key's hash.
+    Split {
+        /// Share of requests, 0..=100.
+        percent: u8,
+    },
+}
+
+/// A candidate version under trial.
+#[derive(Debug)]
+pub struct Rollout {
+    /// The candidate.
+    pub candidate: Arc<Version>,
+    /// How it is tried.
+    pub mode: RolloutMode,
+    /// The request header whose hash makes split decisions sticky (none: per request).
+    pub key_header: Option<String>,
 }
 
 impl PolicySwitch {
@@ -135,6 +164,8 @@ impl PolicySwitch {
             decisions: Family::default(),
             failures: Family::default(),
             rollbacks: Counter::default(),
+            rollout: arc_swap::ArcSwapOption::empty(),
+            shadow: Family::default(),
         }
     }
 
@@ -149,6 +180,11 @@ impl PolicySwitch {
             "policy_failures",
             "Policy calls that failed, by version and kind",
             self.failures.clone(),
+        );
+        registry.register(
+            "policy_shadow_comparisons",
+            "Shadow candidate answers compared with the active version's: agree, disagree, failed",
+            self.shadow.clone(),
         );
         registry.register(
             "policy_rollbacks",
@@ -173,6 +209,7 @@ impl PolicySwitch {
     /// Makes `policy` the active version; the old one is kept for rollback. Requests already
     /// routed are unaffected; each thread switches on its next call.
     pub fn publish(&self, policy: Arc<RouterPolicy>) -> Arc<Version> {
+        self.rollout.store(None);
         let version = Arc::new(Version {
             generation: self.next_generation.fetch_add(1, Ordering::Relaxed),
             policy,
@@ -193,6 +230,7 @@ impl PolicySwitch {
     /// Restores the most recent previous version. Returns it, or `None` if there is none.
     pub fn rollback(&self) -> Option<Arc<Version>> {
         let restored = self.previous.lock().ok()?.pop_back()?;
+        self.rollout.store(None);
         restored.failures.store(0, Ordering::Relaxed);
         restored.retry_after_ms.store(0, Ordering::Relaxed);
         let failed = self.active.swap(restored.clone());
@@ -200,60 +238,137 @@ impl PolicySwitch {
         Some(restored)
     }
 
-    /// Picks a worker index in `table` for `request`: from the active policy when it answers
-    /// sanely, from the native least-load fallback otherwise. `None` only when the table holds
-    /// no LLM worker.
-    pub fn route(&self, request: &RequestInfo, table: &WorkerTable) -> (Option<u32>, Routed) {
-        let version = self.active.load();
-        let key = self as *const PolicySwitch as usize;
-        let now_ms = self.started.elapsed().as_millis() as u64;
-        let outcome = INSTANCE.with(|slot| {
-            let mut slot = slot.borrow_mut();
-            let current =
-                matches!(&*slot, Some((owner, generation, _)) if *owner == key && *generation == version.generation);
-            if !current {
-                *slot = None;
-                if now_ms < version.retry_after_ms.load(Ordering::Relaxed) {
-                    return Err(None);
-                }
-                match version.policy.instantiate() {
-                    Ok(instance) => *slot = Some((key, version.generation, instance)),
-                    Err(err) => return Err(Some(err)),
-                }
-            }
-            let Some((_, _, instance)) = slot.as_mut() else {
-                return Err(None);
-            };
-            match instance.route(request, table) {
-                Ok(index) => Ok(index),
-                Err(err) => {
-                    // A trapped instance cannot be entered again; drop it either way.
-                    *slot = None;
-                    Err(Some(err))
-                }
-            }
+    /// Starts trying `policy` as a candidate in `mode` (replacing any rollout in progress).
+    pub fn start_rollout(
+        &self,
+        policy: Arc<RouterPolicy>,
+        mode: RolloutMode,
+        key_header: Option<String>,
+    ) -> Arc<Rollout> {
+        let candidate = Arc::new(Version {
+            generation: self.next_generation.fetch_add(1, Ordering::Relaxed),
+            policy,
+            failures: AtomicU32::new(0),
+            retry_after_ms: AtomicU64::new(0),
         });
+        let rollout = Arc::new(Rollout {
+            candidate,
+            mode,
+            key_header,
+        });
+        tracing::info!(candidate = %rollout.candidate.label(), mode = ?rollout.mode, "policy rollout started");
+        self.rollout.store(Some(rollout.clone()));
+        rollout
+    }
+
+    /// The rollout in progress, if any.
+    pub fn rollout(&self) -> Option<Arc<Rollout>> {
+        self.rollout.load_full()
+    }
+
+    /// Ends a rollout without activating its candidate.
+    pub fn stop_rollout(&self) {
+        self.rollout.store(None);
+    }
+
+    /// Picks a worker index in `table` for `request`: from the policy version in charge of it
+    /// (the active one, or a split candidate) when it answers sanely, from the native least-load
+    /// fallback otherwise. `None` only when the table holds no LLM worker. A shadow candidate is
+    /// also asked, and its answer only compared.
+    pub fn route(&self, request: &RequestInfo, table: &WorkerTable) -> (Option<u32>, Routed) {
+        let now_ms = self.started.elapsed().as_millis() as u64;
+        let rollout = self.rollout.load();
+        let version = match rollout.as_deref() {
+            Some(Rollout {
+                candidate,
+                mode: RolloutMode::Split { percent },
+                ..
+            }) if (request.affinity % 100) < u64::from(*percent) => Arc::clone(candidate),
+            _ => self.active.load_full(),
+        };
+        let outcome = self.call(&version, request, table, now_ms);
+        if let Some(Rollout {
+            candidate,
+            mode: RolloutMode::Shadow,
+            ..
+        }) = rollout.as_deref()
+        {
+            let result = match (self.call(candidate, request, table, now_ms), &outcome) {
+                (Ok(shadow), Ok(active)) if shadow == *active => "agree",
+                (Ok(_), _) => "disagree",
+                (Err(_), _) => "failed",
+            };
+            self.shadow
+                .get_or_create(&vec![("candidate", candidate.label()), ("result", result.into())])
+                .inc();
+        }
         match outcome {
             Ok(index) => {
                 self.decisions
                     .get_or_create(&vec![("version", version.label()), ("outcome", "policy".into())])
                     .inc();
-                (Some(index), Routed::Policy(Arc::clone(&version)))
+                (Some(index), Routed::Policy(version))
             }
-            Err(failure) => {
-                let kind = match &failure {
-                    Some(err) => {
-                        self.record_failure(&version, err, now_ms);
-                        err.kind()
-                    }
-                    None => "backoff",
-                };
+            Err(kind) => {
                 self.decisions
                     .get_or_create(&vec![("version", version.label()), ("outcome", "fallback".into())])
                     .inc();
                 (table::least_load(table), Routed::Fallback(kind))
             }
         }
+    }
+
+    /// Calls `version` on this thread's instance of it, instantiating it if needed. A failure
+    /// is recorded against the version and returned as its kind.
+    fn call(
+        &self,
+        version: &Arc<Version>,
+        request: &RequestInfo,
+        table: &WorkerTable,
+        now_ms: u64,
+    ) -> Result<u32, &'static str> {
+        let key = self as *const PolicySwitch as usize;
+        let result = INSTANCES.with(|instances| {
+            let mut instances = instances.borrow_mut();
+            let position = instances
+                .iter()
+                .position(|(owner, generation, _)| *owner == key && *generation == version.generation);
+            let position = match position {
+                Some(position) => position,
+                None => {
+                    if now_ms < version.retry_after_ms.load(Ordering::Relaxed) {
+                        return Err(None);
+                    }
+                    let instance = version.policy.instantiate().map_err(Some)?;
+                    // Instances of versions no longer in use are dropped here, oldest first.
+                    let live = self.active.load().generation;
+                    let candidate = self.rollout.load().as_ref().map(|r| r.candidate.generation);
+                    instances.retain(|(owner, generation, _)| {
+                        *owner != key || *generation == live || Some(*generation) == candidate
+                    });
+                    if instances.len() >= INSTANCES_PER_THREAD {
+                        instances.remove(0);
+                    }
+                    instances.push((key, version.generation, instance));
+                    instances.len() - 1
+                }
+            };
+            match instances[position].2.route(request, table) {
+                Ok(index) => Ok(index),
+                Err(err) => {
+                    // A trapped instance cannot be entered again; drop it either way.
+                    instances.remove(position);
+                    Err(Some(err))
+                }
+            }
+        });
+        result.map_err(|failure| match failure {
+            Some(err) => {
+                self.record_failure(version, &err, now_ms);
+                err.kind()
+            }
+            None => "backoff",
+        })
     }
 
     fn record_failure(&self, version: &Arc<Version>, err: &PolicyError, now_ms: u64) {
@@ -271,6 +386,16 @@ impl PolicySwitch {
             .store(now_ms + backoff.as_millis() as u64, Ordering::Relaxed);
         tracing::warn!(version = %version.label(), failures, error = %err, "policy failed; request served by the fallback");
         if failures == self.config.max_failures {
+            let is_candidate = self
+                .rollout
+                .load()
+                .as_ref()
+                .is_some_and(|r| Arc::ptr_eq(&r.candidate, version));
+            if is_candidate {
+                tracing::warn!(candidate = %version.label(), "rollout stopped: the candidate keeps failing");
+                self.rollout.store(None);
+                return;
+            }
             let still_active = Arc::ptr_eq(&self.active.load_full(), version);
             if still_active && self.rollback().is_some() {
                 self.rollbacks.inc();

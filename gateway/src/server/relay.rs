@@ -61,11 +61,19 @@ pub(crate) async fn generate(
     let stream = parsed.is_stream();
     let prompt_tokens = switchyard_workers::tokenize::prompt_tokens(&parsed).len();
     let request_id = state.next_request.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let affinity = affinity(state, &parts.headers, request_id);
     let mut tried: Vec<Arc<Worker>> = Vec::new();
     let mut last_failure: Option<String> = None;
     for attempt in 0..=state.config.forwarding.retries {
-        let Some((worker, routed)) = choose(state, model, &tried, request_id, prompt_tokens, parsed.token_limit())
-        else {
+        let Some((worker, routed)) = choose(
+            state,
+            model,
+            &tried,
+            request_id,
+            affinity,
+            prompt_tokens,
+            parsed.token_limit(),
+        ) else {
             break;
         };
         if attempt > 0 {
@@ -104,12 +112,28 @@ pub(crate) async fn generate(
     })
 }
 
+/// The request's affinity key for policies: the hash of the header a split rollout is sticky
+/// by, when the request carries it; otherwise a hash of the request id (a uniform draw).
+fn affinity(state: &AppState, headers: &http::HeaderMap, request_id: u64) -> u64 {
+    let keyed = state
+        .policy
+        .rollout()
+        .and_then(|rollout| rollout.key_header.clone())
+        .and_then(|header| {
+            headers
+                .get(header.as_str())
+                .map(|value| xxhash_rust::xxh3::xxh3_64(value.as_bytes()))
+        });
+    keyed.unwrap_or_else(|| xxhash_rust::xxh3::xxh3_64(&request_id.to_le_bytes()))
+}
+
 /// Asks the router policy for a worker among the healthy workers of `model` not yet tried.
 fn choose(
     state: &AppState,
     model: &str,
     tried: &[Arc<Worker>],
     request_id: u64,
+    affinity: u64,
     prompt_tokens: usize,
     max_tokens: Option<u32>,
 ) -> Option<(Arc<Worker>, Routed)> {
@@ -122,7 +146,7 @@ fn choose(
         max_tokens: max_tokens.unwrap_or(0),
         prompt_blocks: u32::try_from(prompt_tokens / block_size).unwrap_or(u32::MAX),
         media_tokens: 0,
-        affinity: 0,
+        affinity,
         ttft_target_ms: 0.0,
     };
     let (index, routed) = state.policy.route(&request, &table);
