@@ -146,6 +146,14 @@ impl Gateway {
         });
         let mut admin_addr = None;
         let mut tasks = vec![health];
+        if let Some(dir) = &state.config.policy.watch_dir {
+            tasks.push(policy::watch::spawn(
+                dir,
+                state.policy_runtime.clone(),
+                state.policy.clone(),
+                state.config.policy.config.clone(),
+            )?);
+        }
         if let Some(admin) = state.config.admin.clone() {
             let listener = TcpListener::bind(admin.listen).await.map_err(|source| Error::Bind {
                 addr: admin.listen,

@@ -98,6 +98,8 @@ pub struct PolicyConfig {
     pub max_failures: u32,
     /// Where compiled policy code is cached (keyed by sha256 and engine); none disables it.
     pub cache_dir: Option<PathBuf>,
+    /// A directory whose `NAME.wasm` files are published as they are written.
+    pub watch_dir: Option<PathBuf>,
     /// The policy's own settings, readable through the host world's `config.get`.
     pub config: toml::Table,
 }
@@ -110,6 +112,7 @@ impl Default for PolicyConfig {
             memory_limit_mib: 32,
             max_failures: 5,
             cache_dir: None,
+            watch_dir: None,
             config: toml::Table::new(),
         }
     }
@@ -434,6 +437,14 @@ impl Config {
                 "policy.max_failures"
             };
             return Err(invalid(key, "must be greater than 0".into()));
+        }
+        if let Some(dir) = &self.policy.watch_dir
+            && !dir.is_dir()
+        {
+            return Err(invalid(
+                "policy.watch_dir",
+                format!("`{}` is not a directory", dir.display()),
+            ));
         }
         if let Some(admin) = &self.admin
             && admin.token.len() < 16

@@ -11,6 +11,7 @@ pub mod host;
 pub mod runtime;
 pub mod switch;
 pub mod table;
+pub mod watch;
 
 /// Why a policy could not be loaded or could not answer.
 #[derive(Debug, Clone, thiserror::Error)]

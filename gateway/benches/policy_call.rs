@@ -1,0 +1,174 @@
+//! `cargo bench -p switchyard --bench policy_call`: what a Wasm routing decision costs.
+//!
+//! Measured with criterion, then summarised as ratios in the same run:
+//! - `route/{policy}/{n}`: one `route` call on a reused instance with an `n`-worker table,
+//!   against the same policy in native Rust (`native-least-load`) on the same table;
+//! - `publish/cached` vs `publish/compile`: validating and publishing a policy whose compiled
+//!   code is in the disk cache, against compiling the `.wasm` afresh;
+//! - `instantiate`: a thread's re-instantiation of a published policy;
+//! - `trap-to-fallback`: a request routed by a policy that traps, to the fallback's answer
+//!   (re-instantiation included), and `deadline-to-fallback` for a policy that never returns
+//!   (bounded by the 1 ms default deadline). These need the hostile guests built by
+//!   `cargo test --workspace` and are skipped without them.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use criterion::{BenchmarkId, Criterion};
+use switchyard::policy::runtime::{PolicyRuntime, RuntimeConfig};
+use switchyard::policy::switch::{PolicySwitch, SwitchConfig};
+use switchyard::policy::{built_in_router, table};
+
+const SIZES: [usize; 4] = [8, 64, 1024, 4096];
+
+fn runtime(cache_dir: Option<PathBuf>) -> Arc<PolicyRuntime> {
+    Arc::new(
+        PolicyRuntime::new(RuntimeConfig {
+            cache_dir,
+            ..RuntimeConfig::default()
+        })
+        .expect("policy engine"),
+    )
+}
+
+fn bench_route(c: &mut Criterion, runtime: &Arc<PolicyRuntime>) {
+    let request = table::synthetic_request();
+    let mut group = c.benchmark_group("route");
+    for name in ["least-load", "kv-aware"] {
+        let policy = runtime
+            .load_router(name, built_in_router(name).expect("built in"), toml::Table::new())
+            .expect("loads");
+        let mut instance = policy.instantiate().expect("instance");
+        for n in SIZES {
+            let workers = table::synthetic(n);
+            group.bench_with_input(BenchmarkId::new(name, n), &workers, |b, workers| {
+                b.iter(|| instance.route(&request, workers).expect("answer"))
+            });
+        }
+    }
+    for n in SIZES {
+        let workers = table::synthetic(n);
+        group.bench_with_input(BenchmarkId::new("native-least-load", n), &workers, |b, workers| {
+            b.iter(|| table::least_load(std::hint::black_box(workers)))
+        });
+    }
+    group.finish();
+}
+
+fn bench_publish(c: &mut Criterion) {
+    let wasm = built_in_router("kv-aware").expect("built in");
+    let cache = tempfile::tempdir().expect("temp dir");
+    let cached = runtime(Some(cache.path().to_path_buf()));
+    cached
+        .load_router("warm", wasm, toml::Table::new())
+        .expect("warms the cache");
+    let fresh = runtime(None);
+    let mut group = c.benchmark_group("publish");
+    group.sample_size(20);
+    group.bench_function("cached", |b| {
+        b.iter(|| cached.load_router("kv-aware", wasm, toml::Table::new()).expect("loads"))
+    });
+    group.bench_function("compile", |b| {
+        b.iter(|| fresh.load_router("kv-aware", wasm, toml::Table::new()).expect("loads"))
+    });
+    group.finish();
+    let policy = cached.load_router("kv-aware", wasm, toml::Table::new()).expect("loads");
+    c.bench_function("instantiate", |b| b.iter(|| policy.instantiate().expect("instance")));
+}
+
+fn hostile(name: &str) -> Option<Vec<u8>> {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
+    let dir = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root.join("target"));
+    std::fs::read(dir.join(format!("wasm-guests/wasm32-wasip2/release/hostile_{name}.wasm"))).ok()
+}
+
+fn bench_failures(c: &mut Criterion, runtime: &Arc<PolicyRuntime>) {
+    let request = table::RequestInfo {
+        prompt_tokens: 7,
+        ..table::synthetic_request()
+    };
+    let workers = table::synthetic(64);
+    for (label, guest) in [("trap-to-fallback", "trap"), ("deadline-to-fallback", "loop")] {
+        let Some(wasm) = hostile(guest) else {
+            eprintln!("skipping {label}: build the hostile guests first (`cargo test --workspace`)");
+            continue;
+        };
+        let policy = runtime
+            .load_router(guest, &wasm, toml::Table::new())
+            .expect("passes validation");
+        let switch = PolicySwitch::new(
+            policy,
+            SwitchConfig {
+                max_failures: u32::MAX,
+                backoff: Duration::ZERO,
+                ..SwitchConfig::default()
+            },
+        );
+        let mut group = c.benchmark_group("failure");
+        group.sample_size(20);
+        group.bench_function(label, |b| {
+            b.iter(|| {
+                let (index, routed) = switch.route(&request, &workers);
+                assert!(
+                    index.is_some() && routed.generation().is_none(),
+                    "served by the fallback"
+                );
+            })
+        });
+        group.finish();
+    }
+}
+
+fn mean_ns(id: &str) -> Option<f64> {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../target/criterion")
+        .join(id)
+        .join("new/estimates.json");
+    let text = std::fs::read_to_string(path).ok()?;
+    let json: serde_json::Value = serde_json::from_str(&text).ok()?;
+    json["mean"]["point_estimate"].as_f64()
+}
+
+fn summary() {
+    println!("\n## policy_call summary (means; ratios in this run)\n");
+    println!("| workers | least-load (Wasm) ns | kv-aware (Wasm) ns | native least-load ns | Wasm/native |");
+    println!("|---:|---:|---:|---:|---:|");
+    for n in SIZES {
+        let wasm = mean_ns(&format!("route/least-load/{n}"));
+        let kv = mean_ns(&format!("route/kv-aware/{n}"));
+        let native = mean_ns(&format!("route/native-least-load/{n}"));
+        if let (Some(wasm), Some(kv), Some(native)) = (wasm, kv, native) {
+            println!("| {n} | {wasm:.0} | {kv:.0} | {native:.0} | {:.1}× |", wasm / native);
+        }
+    }
+    let us = |id: &str| {
+        mean_ns(id)
+            .map(|ns| format!("{:.1} µs", ns / 1000.0))
+            .unwrap_or_else(|| "n/a".into())
+    };
+    println!();
+    println!("- publish from the compiled-code cache: {}", us("publish/cached"));
+    println!("- publish compiling the .wasm: {}", us("publish/compile"));
+    println!("- per-thread re-instantiate: {}", us("instantiate"));
+    println!(
+        "- trapping policy → fallback answer: {}",
+        us("failure/trap-to-fallback")
+    );
+    println!(
+        "- runaway policy → fallback answer (1 ms deadline): {}",
+        us("failure/deadline-to-fallback")
+    );
+}
+
+fn main() {
+    let mut criterion = Criterion::default().configure_from_args();
+    let runtime = runtime(None);
+    bench_route(&mut criterion, &runtime);
+    bench_publish(&mut criterion);
+    bench_failures(&mut criterion, &runtime);
+    criterion.final_summary();
+    summary();
+}

@@ -1,0 +1,55 @@
+//! A policy written into the watched directory is published; a bad one is refused and the
+//! active policy stays.
+
+use std::time::Duration;
+
+use switchyard_e2e::{Client, Gateway, chat_body, eventually};
+
+async fn deciding_policy(client: &Client) -> String {
+    match client
+        .post_json("/v1/chat/completions", &chat_body("mock", "watch", 1, false))
+        .await
+    {
+        Ok(reply) if reply.status == 200 => reply
+            .headers
+            .get("x-switchyard-policy")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+            .to_string(),
+        _ => String::new(),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropping_a_wasm_file_publishes_it() -> anyhow::Result<()> {
+    let watched = tempfile::tempdir()?;
+    let staging = tempfile::tempdir()?;
+    let config = format!(
+        "[server]\nplaintext = true\n[embedded_mockers]\ncount = 2\nspeedup = 50.0\n\
+         [policy]\nrouter = \"least-load\"\ndeadline_ms = 100\nwatch_dir = {:?}\n",
+        watched.path().display().to_string()
+    );
+    let gateway = Gateway::start(&config)?;
+    let client = Client::plain(gateway.addr);
+    assert!(deciding_policy(&client).await.starts_with("least-load@"));
+
+    // A broken file is refused: the active policy stays.
+    std::fs::write(staging.path().join("broken.wasm"), b"\0asm\x01\0\0\0 truncated")?;
+    std::fs::rename(staging.path().join("broken.wasm"), watched.path().join("broken.wasm"))?;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(deciding_policy(&client).await.starts_with("least-load@"));
+
+    // A good one is published, named after the file.
+    let wasm = std::fs::read(concat!(env!("SWITCHYARD_PLUGINS_DIR"), "/round_robin.wasm"))?;
+    std::fs::write(staging.path().join("rotation.wasm"), wasm)?;
+    std::fs::rename(
+        staging.path().join("rotation.wasm"),
+        watched.path().join("rotation.wasm"),
+    )?;
+    let published = eventually(Duration::from_secs(10), || async {
+        deciding_policy(&client).await.starts_with("rotation@")
+    })
+    .await;
+    assert!(published, "the dropped policy decides requests");
+    Ok(())
+}
