@@ -22,10 +22,19 @@ use switchyard::policy::{built_in_router, table};
 
 const SIZES: [usize; 4] = [8, 64, 1024, 4096];
 
-fn runtime(cache_dir: Option<PathBuf>) -> Arc<PolicyRuntime> {
+/// A runtime with the default sandbox, or with a deadline long enough that a descheduled
+/// benchmark thread is never interrupted (the deadline is wall-clock time; its length does not
+/// change the cost of a call).
+fn runtime(cache_dir: Option<PathBuf>, default_deadline: bool) -> Arc<PolicyRuntime> {
+    let deadline = if default_deadline {
+        RuntimeConfig::default().deadline
+    } else {
+        Duration::from_millis(100)
+    };
     Arc::new(
         PolicyRuntime::new(RuntimeConfig {
             cache_dir,
+            deadline,
             ..RuntimeConfig::default()
         })
         .expect("policy engine"),
@@ -59,11 +68,11 @@ fn bench_route(c: &mut Criterion, runtime: &Arc<PolicyRuntime>) {
 fn bench_publish(c: &mut Criterion) {
     let wasm = built_in_router("kv-aware").expect("built in");
     let cache = tempfile::tempdir().expect("temp dir");
-    let cached = runtime(Some(cache.path().to_path_buf()));
+    let cached = runtime(Some(cache.path().to_path_buf()), false);
     cached
         .load_router("warm", wasm, toml::Table::new())
         .expect("warms the cache");
-    let fresh = runtime(None);
+    let fresh = runtime(None, false);
     let mut group = c.benchmark_group("publish");
     group.sample_size(20);
     group.bench_function("cached", |b| {
@@ -165,10 +174,9 @@ fn summary() {
 
 fn main() {
     let mut criterion = Criterion::default().configure_from_args();
-    let runtime = runtime(None);
-    bench_route(&mut criterion, &runtime);
+    bench_route(&mut criterion, &runtime(None, false));
     bench_publish(&mut criterion);
-    bench_failures(&mut criterion, &runtime);
+    bench_failures(&mut criterion, &runtime(None, true));
     criterion.final_summary();
     summary();
 }
