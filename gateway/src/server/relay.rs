@@ -84,11 +84,7 @@ pub(crate) async fn generate(
         match attempt_on(state, &worker, endpoint, body.clone(), stream).await {
             Attempt::Answered(response) => {
                 let response = finish(state, endpoint, response, in_flight, started, stream).await;
-                let mut response = with_worker_header(response, &worker.name);
-                if let Ok(value) = HeaderValue::from_str(&routed.label()) {
-                    response.headers_mut().insert(POLICY_HEADER, value);
-                }
-                return Ok(response);
+                return Ok(with_routing_headers(response, &worker.name, &routed));
             }
             Attempt::Failed(reason) => {
                 tracing::warn!(worker = %worker.name, %reason, "worker failed before its first byte");
@@ -291,9 +287,12 @@ async fn finish(
     }
 }
 
-fn with_worker_header(mut response: Response<Body>, worker: &str) -> Response<Body> {
-    if let Ok(value) = HeaderValue::from_str(worker) {
-        response.headers_mut().insert(WORKER_HEADER, value);
+/// Names the worker that served the request and the policy version (or fallback) that chose it.
+fn with_routing_headers(mut response: Response<Body>, worker: &str, routed: &Routed) -> Response<Body> {
+    for (name, value) in [(WORKER_HEADER, worker.to_string()), (POLICY_HEADER, routed.label())] {
+        if let Ok(value) = HeaderValue::from_str(&value) {
+            response.headers_mut().insert(name, value);
+        }
     }
     response
 }

@@ -1,7 +1,7 @@
 //! The worker registry and least-in-flight selection.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 
 use prometheus_client::metrics::gauge::Gauge;
 
@@ -131,7 +131,6 @@ impl Drop for InFlight {
 #[derive(Debug)]
 pub struct WorkerPool {
     workers: Vec<Arc<Worker>>,
-    rotation: AtomicUsize,
 }
 
 impl WorkerPool {
@@ -145,10 +144,7 @@ impl WorkerPool {
             .iter()
             .map(|c| Worker::new(c, metrics).map(Arc::new))
             .collect::<Result<_, _>>()?;
-        Ok(WorkerPool {
-            workers,
-            rotation: AtomicUsize::new(0),
-        })
+        Ok(WorkerPool { workers })
     }
 
     /// Every worker.
@@ -188,22 +184,6 @@ impl WorkerPool {
             .cloned()
             .collect()
     }
-
-    /// The healthy LLM worker of `model` with the fewest requests in flight, skipping the
-    /// workers in `exclude`. Ties are broken by rotating the starting point.
-    pub fn pick(&self, model: &str, exclude: &[Arc<Worker>]) -> Option<Arc<Worker>> {
-        let count = self.workers.len();
-        if count == 0 {
-            return None;
-        }
-        let start = self.rotation.fetch_add(1, Ordering::Relaxed) % count;
-        (0..count)
-            .map(|offset| &self.workers[(start + offset) % count])
-            .filter(|w| w.role == Role::Llm && w.model == model && w.is_healthy())
-            .filter(|w| !exclude.iter().any(|e| Arc::ptr_eq(e, w)))
-            .min_by_key(|w| w.in_flight())
-            .cloned()
-    }
 }
 
 #[cfg(test)]
@@ -226,17 +206,14 @@ mod tests {
     }
 
     #[test]
-    fn picks_the_least_loaded_healthy_worker() {
+    fn candidates_are_the_healthy_untried_workers_of_the_model() {
         let pool = pool(3);
-        let _a = InFlight::new(pool.workers()[0].clone());
-        let _b = InFlight::new(pool.workers()[1].clone());
-        assert_eq!(pool.pick("m", &[]).map(|w| w.name.clone()).as_deref(), Some("w2"));
+        let names = |workers: Vec<Arc<Worker>>| workers.iter().map(|w| w.name.clone()).collect::<Vec<_>>();
+        assert_eq!(names(pool.candidates("m", &[])), ["w0", "w1", "w2"]);
         pool.workers()[2].eject();
-        let picked = pool.pick("m", &[]).expect("two healthy");
-        assert_ne!(picked.name, "w2");
-        assert!(pool.pick("other", &[]).is_none());
-        let all: Vec<_> = pool.workers().to_vec();
-        assert!(pool.pick("m", &all).is_none());
+        assert_eq!(names(pool.candidates("m", &[])), ["w0", "w1"]);
+        assert_eq!(names(pool.candidates("m", &[pool.workers()[0].clone()])), ["w1"]);
+        assert!(pool.candidates("other", &[]).is_empty());
     }
 
     #[test]
