@@ -48,6 +48,9 @@ enum PolicyAction {
         /// Make it the active router at once.
         #[arg(long)]
         activate: bool,
+        /// A TOML file: the policy's own config table, sent before the component.
+        #[arg(long, value_name = "FILE.toml")]
+        config: Option<PathBuf>,
         #[command(flatten)]
         admin: AdminArgs,
     },
@@ -168,15 +171,25 @@ async fn run(config: Config) -> anyhow::Result<()> {
 }
 
 async fn policy_command(action: PolicyAction) -> anyhow::Result<()> {
-    use http_body_util::{BodyExt, Full};
     let (method, path, body, admin) = match action {
         PolicyAction::Push {
             name,
             file,
             activate,
+            config,
             admin,
         } => {
             let wasm = std::fs::read(&file).with_context(|| format!("reading {}", file.display()))?;
+            if let Some(config) = config {
+                let text = std::fs::read(&config).with_context(|| format!("reading {}", config.display()))?;
+                admin_request(
+                    &admin,
+                    http::Method::PUT,
+                    &format!("/admin/policies/{name}/config"),
+                    text,
+                )
+                .await?;
+            }
             let query = if activate { "?activate=true" } else { "" };
             (http::Method::PUT, format!("/admin/policies/{name}{query}"), wasm, admin)
         }
@@ -194,6 +207,14 @@ async fn policy_command(action: PolicyAction) -> anyhow::Result<()> {
         ),
         PolicyAction::List { admin } => (http::Method::GET, "/admin/policies".to_string(), Vec::new(), admin),
     };
+    let body = admin_request(&admin, method, &path, body).await?;
+    println!("{body}");
+    Ok(())
+}
+
+/// One authenticated request to the admin API; returns the answer's body.
+async fn admin_request(admin: &AdminArgs, method: http::Method, path: &str, body: Vec<u8>) -> anyhow::Result<String> {
+    use http_body_util::{BodyExt, Full};
     let uri: http::Uri = format!("{}{path}", admin.admin.trim_end_matches('/'))
         .parse()
         .context("--admin is not a URL")?;
@@ -215,7 +236,7 @@ async fn policy_command(action: PolicyAction) -> anyhow::Result<()> {
         .await
         .context("reading the answer")?
         .to_bytes();
-    println!("{}", String::from_utf8_lossy(&body));
-    anyhow::ensure!(status.is_success(), "the gateway answered {status}");
-    Ok(())
+    let body = String::from_utf8_lossy(&body).into_owned();
+    anyhow::ensure!(status.is_success(), "the gateway answered {status}: {body}");
+    Ok(body)
 }

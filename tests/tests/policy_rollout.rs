@@ -132,3 +132,65 @@ async fn shadow_compares_and_split_is_sticky_by_key() -> anyhow::Result<()> {
     assert_eq!(list["active"]["name"], "rr");
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cli_pushes_a_policy_with_its_config_in_one_command() -> anyhow::Result<()> {
+    let admin_port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+    let config = format!(
+        "[server]\nplaintext = true\n[embedded_mockers]\ncount = 2\nspeedup = 50.0\n\
+         [policy]\nrouter = \"least-load\"\ndeadline_ms = 100\n\
+         [admin]\nlisten = \"127.0.0.1:{admin_port}\"\ntoken = \"{TOKEN}\"\n"
+    );
+    let gateway = Gateway::start(&config)?;
+    let dir = tempfile::tempdir()?;
+    let good = dir.path().join("good.toml");
+    let bad = dir.path().join("bad.toml");
+    std::fs::write(&good, "slack = 2\n")?;
+    std::fs::write(&bad, "slack = \n")?;
+    let wasm = concat!(env!("SWITCHYARD_PLUGINS_DIR"), "/policy_template.wasm");
+    let cli = |args: &[&str]| -> anyhow::Result<std::process::Output> {
+        Ok(std::process::Command::new(switchyard_e2e::binary("switchyard")?)
+            .arg("policy")
+            .args(args)
+            .env("SWITCHYARD_ADMIN", format!("http://127.0.0.1:{admin_port}"))
+            .env("SWITCHYARD_ADMIN_TOKEN", TOKEN)
+            .output()?)
+    };
+    let refused = cli(&[
+        "push",
+        "affinity",
+        wasm,
+        "--activate",
+        "--config",
+        bad.to_str().unwrap_or_default(),
+    ])?;
+    assert!(!refused.status.success());
+    assert!(
+        String::from_utf8_lossy(&refused.stderr).contains("not valid TOML"),
+        "{refused:?}"
+    );
+
+    let pushed = cli(&[
+        "push",
+        "affinity",
+        wasm,
+        "--activate",
+        "--config",
+        good.to_str().unwrap_or_default(),
+    ])?;
+    assert!(pushed.status.success(), "{pushed:?}");
+    let listed = cli(&["list"])?;
+    let list: serde_json::Value = serde_json::from_slice(&listed.stdout)?;
+    assert_eq!(list["active"]["name"], "affinity", "{list}");
+    let client = Client::plain(gateway.addr);
+    let reply = client
+        .post_json("/v1/chat/completions", &chat_body("mock", "via the template", 1, false))
+        .await?;
+    assert_eq!(reply.status, 200);
+    assert!(reply.headers["x-switchyard-policy"].to_str()?.starts_with("affinity@"));
+    let rolled_back = cli(&["rollback"])?;
+    assert!(rolled_back.status.success(), "{rolled_back:?}");
+    let list: serde_json::Value = serde_json::from_slice(&cli(&["list"])?.stdout)?;
+    assert_eq!(list["active"]["name"], "least-load");
+    Ok(())
+}

@@ -2,6 +2,8 @@
 //!
 //! Every request needs `authorization: Bearer TOKEN` with the configured token (401 otherwise).
 //! `GET /admin/policies` lists the active version, the kept versions and uploaded candidates;
+//! `PUT /admin/policies/{name}/config` sets the TOML table later uploads of `name` are loaded
+//! with (otherwise they get the gateway's `[policy.config]`);
 //! `PUT /admin/policies/{name}` uploads a `.wasm` (validated: imports, `init`, a self-test call;
 //! a policy that fails is refused with the reason and the active one stays), optionally with
 //! `?activate=true`; `POST /admin/policies/{name}/activate` publishes an uploaded candidate;
@@ -36,6 +38,7 @@ const MAX_POLICY_BYTES: usize = 16 << 20;
 #[derive(Debug, Default)]
 pub struct Candidates {
     by_name: Mutex<HashMap<String, Arc<RouterPolicy>>>,
+    configs: Mutex<HashMap<String, toml::Table>>,
 }
 
 /// Serves the admin API on `listener` until the task is aborted.
@@ -115,11 +118,36 @@ async fn handle(
     let segments: Vec<&str> = path.trim_matches('/').split('/').collect();
     match (request.method().clone(), segments.as_slice()) {
         (Method::GET, ["admin", "policies"]) => Ok(list(state, candidates)),
+        (Method::PUT, ["admin", "policies", name, "config"]) => {
+            let name = valid_name(name)?;
+            let (parts, body) = request.into_parts();
+            let text = respond::read_limited(&parts.headers, body, 1 << 20).await?;
+            let text = std::str::from_utf8(&text)
+                .map_err(|_| ApiError::invalid_request("invalid_utf8", "the policy config must be UTF-8 TOML"))?;
+            let table: toml::Table = toml::from_str(text).map_err(|err| {
+                ApiError::invalid_request("invalid_config", format!("policy config is not valid TOML: {err}"))
+            })?;
+            let keys: Vec<String> = table.keys().cloned().collect();
+            candidates
+                .configs
+                .lock()
+                .map_err(|_| internal("config store poisoned".into()))?
+                .insert(name.clone(), table);
+            Ok(respond::json(
+                StatusCode::OK,
+                &json!({"name": name, "config_keys": keys}),
+            ))
+        }
         (Method::PUT, ["admin", "policies", name]) => {
             let name = valid_name(name)?;
             let (parts, body) = request.into_parts();
             let wasm = respond::read_limited(&parts.headers, body, MAX_POLICY_BYTES).await?;
-            let config = state.config.policy.config.clone();
+            let config = candidates
+                .configs
+                .lock()
+                .ok()
+                .and_then(|configs| configs.get(&name).cloned())
+                .unwrap_or_else(|| state.config.policy.config.clone());
             let runtime = state.policy_runtime.clone();
             let loaded = tokio::task::spawn_blocking(move || runtime.load_router(&name, &wasm, config))
                 .await
