@@ -24,6 +24,9 @@ pub struct HostState {
     started: Instant,
     log_window: Instant,
     log_lines: u32,
+    /// This thread's CPU time and the wall clock when the current call began.
+    call_cpu_start: std::time::Duration,
+    call_wall_start: Instant,
 }
 
 impl HostState {
@@ -36,7 +39,30 @@ impl HostState {
             started: now,
             log_window: now,
             log_lines: 0,
+            call_cpu_start: std::time::Duration::ZERO,
+            call_wall_start: now,
         }
+    }
+}
+
+impl HostState {
+    /// Marks the start of a call into the guest, for [`HostState::deadline_passed`].
+    pub fn begin_call(&mut self) {
+        self.call_cpu_start = cpu_time::ThreadTime::now().as_duration();
+        self.call_wall_start = Instant::now();
+    }
+
+    /// Whether the current call has used `deadline` of this thread's CPU time, or
+    /// `wall_cap` of wall-clock time.
+    ///
+    /// The epoch ticker measures wall-clock time, so a thread that the OS preempted mid-call
+    /// reaches its epoch deadline without having run long; only CPU time it actually used counts
+    /// against the policy, and the deadline is extended otherwise (up to `wall_cap`).
+    pub fn deadline_passed(&self, deadline: std::time::Duration, wall_cap: std::time::Duration) -> bool {
+        let used = cpu_time::ThreadTime::now()
+            .as_duration()
+            .saturating_sub(self.call_cpu_start);
+        used >= deadline || self.call_wall_start.elapsed() >= wall_cap
     }
 }
 

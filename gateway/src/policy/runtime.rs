@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use sha2::{Digest, Sha256};
 use wasmtime::component::{Component, Linker};
-use wasmtime::{Config, Engine, Store, StoreLimits, StoreLimitsBuilder};
+use wasmtime::{Config, Engine, Store, StoreLimits, StoreLimitsBuilder, UpdateDeadline};
 
 use crate::policy::bindings::{RouterPre, RouterWorld};
 use crate::policy::host::HostState;
@@ -72,6 +72,10 @@ impl std::fmt::Debug for PolicyRuntime {
             .finish_non_exhaustive()
     }
 }
+
+/// A call preempted by the OS may overrun its deadline in wall-clock time by this factor before
+/// it is interrupted anyway (it is otherwise judged by the CPU time it used).
+const WALL_CAP_FACTOR: u32 = 50;
 
 /// How often the epoch advances: the resolution of the per-call deadline.
 const EPOCH_TICK: Duration = Duration::from_micros(500);
@@ -232,6 +236,15 @@ impl PolicyRuntime {
             .build();
         let mut store = Store::new(&self.engine, HostState::new(config, limits));
         store.limiter(|state| &mut state.limits);
+        let deadline = self.config.deadline;
+        let wall_cap = deadline.saturating_mul(WALL_CAP_FACTOR);
+        store.epoch_deadline_callback(move |state| {
+            Ok(if state.data().deadline_passed(deadline, wall_cap) {
+                UpdateDeadline::Interrupt
+            } else {
+                UpdateDeadline::Continue(1)
+            })
+        });
         store
     }
 }
@@ -270,8 +283,10 @@ impl RouterPolicy {
     /// Returns [`PolicyError`] if instantiation traps or `init` fails.
     pub fn instantiate(&self) -> Result<RouterInstance, PolicyError> {
         let mut store = self.runtime.store(self.config.clone());
+        store.data_mut().begin_call();
         store.set_epoch_deadline(self.runtime.epoch_ticks_per_deadline);
         let bindings = self.pre.instantiate(&mut store).map_err(PolicyError::trap)?;
+        store.data_mut().begin_call();
         store.set_epoch_deadline(self.runtime.epoch_ticks_per_deadline);
         bindings
             .call_init(&mut store)
@@ -307,6 +322,7 @@ impl RouterInstance {
     /// Returns [`PolicyError::Trap`] (including deadline interrupts and memory exhaustion),
     /// [`PolicyError::Refused`] for an error result, or [`PolicyError::InvalidAnswer`].
     pub fn route(&mut self, request: &table::RequestInfo, workers: &table::WorkerTable) -> Result<u32, PolicyError> {
+        self.store.data_mut().begin_call();
         self.store.set_epoch_deadline(self.deadline_ticks);
         let decision = self
             .bindings

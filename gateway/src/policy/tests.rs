@@ -124,3 +124,29 @@ fn publish_and_rollback_switch_versions() {
     assert_eq!(switch.route(&request, &table).1.generation(), Some(1));
     assert!(switch.rollback().is_none());
 }
+
+#[test]
+fn the_deadline_counts_cpu_time_not_time_spent_preempted() {
+    use std::time::{Duration, Instant};
+    let limits = wasmtime::StoreLimitsBuilder::new().build();
+    let mut state = super::host::HostState::new(Arc::new(toml::Table::new()), limits);
+    state.begin_call();
+    std::thread::sleep(Duration::from_millis(20));
+    assert!(
+        !state.deadline_passed(Duration::from_millis(5), Duration::from_secs(10)),
+        "sleeping uses no CPU"
+    );
+    assert!(
+        state.deadline_passed(Duration::from_millis(5), Duration::from_millis(10)),
+        "the wall-clock cap holds"
+    );
+    state.begin_call();
+    let spin = Instant::now();
+    while spin.elapsed() < Duration::from_millis(30) {
+        std::hint::black_box(0u64);
+    }
+    assert!(
+        state.deadline_passed(Duration::from_millis(5), Duration::from_secs(10)),
+        "spinning uses CPU"
+    );
+}
