@@ -24,9 +24,10 @@ pub struct HostState {
     started: Instant,
     log_window: Instant,
     log_lines: u32,
-    /// This thread's CPU time and the wall clock when the current call began.
-    call_cpu_start: std::time::Duration,
-    call_wall_start: Instant,
+    /// This thread's CPU time and the wall clock at the current call's last deadline check.
+    sample: Option<(std::time::Duration, Instant)>,
+    /// Deadline checks of the current call.
+    checks: u32,
 }
 
 impl HostState {
@@ -39,30 +40,39 @@ impl HostState {
             started: now,
             log_window: now,
             log_lines: 0,
-            call_cpu_start: std::time::Duration::ZERO,
-            call_wall_start: now,
+            sample: None,
+            checks: 0,
         }
     }
 }
 
 impl HostState {
-    /// Marks the start of a call into the guest, for [`HostState::deadline_passed`].
+    /// Marks the start of a call into the guest, for [`HostState::check_deadline`].
     pub fn begin_call(&mut self) {
-        self.call_cpu_start = cpu_time::ThreadTime::now().as_duration();
-        self.call_wall_start = Instant::now();
+        self.sample = None;
+        self.checks = 0;
     }
 
-    /// Whether the current call has used `deadline` of this thread's CPU time, or
-    /// `wall_cap` of wall-clock time.
+    /// Called each time the call reaches its (half-)deadline in wall-clock time; answers
+    /// whether to interrupt it.
     ///
-    /// The epoch ticker measures wall-clock time, so a thread that the OS preempted mid-call
-    /// reaches its epoch deadline without having run long; only CPU time it actually used counts
-    /// against the policy, and the deadline is extended otherwise (up to `wall_cap`).
-    pub fn deadline_passed(&self, deadline: std::time::Duration, wall_cap: std::time::Duration) -> bool {
-        let used = cpu_time::ThreadTime::now()
-            .as_duration()
-            .saturating_sub(self.call_cpu_start);
-        used >= deadline || self.call_wall_start.elapsed() >= wall_cap
+    /// The epoch ticker measures wall-clock time, so a thread the OS preempted mid-call reaches
+    /// its deadline without having run. The first check samples this thread's CPU time; each
+    /// later check interrupts the call only if the thread ran for most of the time since the
+    /// previous check (a busy guest), and otherwise extends it, at most `max_checks` times.
+    /// Reading the thread's CPU clock is a system call, so it happens here, not on every call.
+    pub fn check_deadline(&mut self, max_checks: u32) -> bool {
+        self.checks += 1;
+        let now = (cpu_time::ThreadTime::now().as_duration(), Instant::now());
+        let busy = match self.sample {
+            None => false,
+            Some((cpu, wall)) => {
+                let ran = now.0.saturating_sub(cpu);
+                ran * 2 >= now.1.saturating_duration_since(wall)
+            }
+        };
+        self.sample = Some(now);
+        busy || self.checks >= max_checks
     }
 }
 

@@ -61,7 +61,7 @@ pub struct PolicyRuntime {
     linker: Linker<HostState>,
     config: RuntimeConfig,
     compatibility: String,
-    epoch_ticks_per_deadline: u64,
+    half_deadline_ticks: u64,
     ticker_stop: Arc<AtomicBool>,
 }
 
@@ -73,9 +73,9 @@ impl std::fmt::Debug for PolicyRuntime {
     }
 }
 
-/// A call preempted by the OS may overrun its deadline in wall-clock time by this factor before
-/// it is interrupted anyway (it is otherwise judged by the CPU time it used).
-const WALL_CAP_FACTOR: u32 = 50;
+/// Half-deadline checks after which a call is interrupted even if the OS kept preempting it
+/// (about 50 deadlines of wall-clock time).
+const MAX_DEADLINE_CHECKS: u32 = 100;
 
 /// How often the epoch advances: the resolution of the per-call deadline.
 const EPOCH_TICK: Duration = Duration::from_micros(500);
@@ -119,15 +119,16 @@ impl PolicyRuntime {
                 })
                 .map_err(|err| PolicyError::Engine(format!("cannot start the epoch ticker: {err}")))?;
         }
-        // The next tick may come at once, so one more than the deadline holds guarantees the
-        // call at least its full deadline.
-        let epoch_ticks_per_deadline = config.deadline.as_micros().div_ceil(EPOCH_TICK.as_micros()) as u64 + 1;
+        // Deadline checks come every half deadline (see `HostState::check_deadline`: the first
+        // samples the thread's CPU clock, the next judges); the next tick may come at once, so
+        // one more tick than half the deadline holds guarantees a call its full deadline.
+        let half_deadline_ticks = (config.deadline / 2).as_micros().div_ceil(EPOCH_TICK.as_micros()) as u64 + 1;
         Ok(PolicyRuntime {
             engine,
             linker,
             config,
             compatibility,
-            epoch_ticks_per_deadline,
+            half_deadline_ticks,
             ticker_stop,
         })
     }
@@ -236,13 +237,12 @@ impl PolicyRuntime {
             .build();
         let mut store = Store::new(&self.engine, HostState::new(config, limits));
         store.limiter(|state| &mut state.limits);
-        let deadline = self.config.deadline;
-        let wall_cap = deadline.saturating_mul(WALL_CAP_FACTOR);
-        store.epoch_deadline_callback(move |state| {
-            Ok(if state.data().deadline_passed(deadline, wall_cap) {
+        let half = self.half_deadline_ticks;
+        store.epoch_deadline_callback(move |mut state| {
+            Ok(if state.data_mut().check_deadline(MAX_DEADLINE_CHECKS) {
                 UpdateDeadline::Interrupt
             } else {
-                UpdateDeadline::Continue(1)
+                UpdateDeadline::Continue(half)
             })
         });
         store
@@ -284,10 +284,10 @@ impl RouterPolicy {
     pub fn instantiate(&self) -> Result<RouterInstance, PolicyError> {
         let mut store = self.runtime.store(self.config.clone());
         store.data_mut().begin_call();
-        store.set_epoch_deadline(self.runtime.epoch_ticks_per_deadline);
+        store.set_epoch_deadline(self.runtime.half_deadline_ticks);
         let bindings = self.pre.instantiate(&mut store).map_err(PolicyError::trap)?;
         store.data_mut().begin_call();
-        store.set_epoch_deadline(self.runtime.epoch_ticks_per_deadline);
+        store.set_epoch_deadline(self.runtime.half_deadline_ticks);
         bindings
             .call_init(&mut store)
             .map_err(PolicyError::trap)?
@@ -295,7 +295,7 @@ impl RouterPolicy {
         Ok(RouterInstance {
             store,
             bindings,
-            deadline_ticks: self.runtime.epoch_ticks_per_deadline,
+            deadline_ticks: self.runtime.half_deadline_ticks,
         })
     }
 }
