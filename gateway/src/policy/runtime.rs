@@ -237,7 +237,9 @@ impl PolicyRuntime {
             .build();
         let mut store = Store::new(&self.engine, HostState::new(config, limits));
         store.limiter(|state| &mut state.limits);
-        let half = self.half_deadline_ticks;
+        // A check runs right as the epoch advances, so the next check comes exactly `half - 1`
+        // ticks later (the initial `half` includes one tick for a first tick that may come at once).
+        let half = self.half_deadline_ticks.saturating_sub(1).max(1);
         store.epoch_deadline_callback(move |mut state| {
             Ok(if state.data_mut().check_deadline(MAX_DEADLINE_CHECKS) {
                 UpdateDeadline::Interrupt
