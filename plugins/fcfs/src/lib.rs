@@ -1,6 +1,6 @@
 //! `fcfs`: first come, first served. Requests are taken longest-waiting first (higher priority
 //! classes before lower), and batches are filled in that order up to `max-items` and the
-//! largest token budget; each batch is labelled with the smallest budget its tokens fit.
+//! largest token budget ([`switchyard_policy_sdk::pack`]).
 
 #![cfg_attr(not(test), no_std)]
 
@@ -21,45 +21,33 @@ impl Batcher for Fcfs {
                 .cmp(&queue.priority[a])
                 .then(queue.waited_ms[b].total_cmp(&queue.waited_ms[a]))
         });
-        let largest = budget.token_budgets.last().copied().unwrap_or(u32::MAX);
-        let mut batches = Vec::new();
-        let mut items = Vec::new();
-        let mut tokens = 0u32;
-        for index in order {
-            let need = queue.tokens[index];
-            let full = items.len() as u32 >= budget.max_items.max(1) || tokens.saturating_add(need) > largest;
-            if full && !items.is_empty() {
-                batches.push(Batch {
-                    token_budget: smallest_fit(budget, tokens),
-                    items: core::mem::take(&mut items),
-                });
-                tokens = 0;
-                if batches.len() as u32 >= budget.max_batches.max(1) {
-                    return batches;
-                }
-            }
-            items.push(index as u32);
-            tokens = tokens.saturating_add(need);
-        }
-        if !items.is_empty() {
-            batches.push(Batch {
-                token_budget: smallest_fit(budget, tokens),
-                items,
-            });
-        }
-        batches
+        switchyard_policy_sdk::pack(order, &queue.tokens, budget)
     }
 }
 
-/// The smallest budget holding `tokens`, or the largest if none does.
-pub fn smallest_fit(budget: &Budget, tokens: u32) -> u32 {
-    budget
-        .token_budgets
-        .iter()
-        .copied()
-        .find(|b| *b >= tokens)
-        .or(budget.token_budgets.last().copied())
-        .unwrap_or(tokens)
-}
-
 switchyard_policy_sdk::batcher!(Fcfs);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use alloc::vec;
+
+    #[test]
+    fn higher_priority_then_longest_waiting_first() {
+        let queue = PendingTable {
+            ids: vec![1, 2, 3, 4],
+            tokens: vec![100; 4],
+            waited_ms: vec![5.0, 50.0, 1.0, 20.0],
+            priority: vec![0, 0, 1, 0],
+        };
+        let budget = Budget {
+            token_budgets: vec![256],
+            max_items: 2,
+            max_batches: 4,
+        };
+        let batches = Fcfs::form_batches(&queue, &budget);
+        assert_eq!(batches[0].items, vec![2, 1], "priority 1 first, then the 50 ms wait");
+        assert_eq!(batches[1].items, vec![3, 0]);
+        assert_eq!(batches[0].token_budget, 256);
+    }
+}

@@ -18,42 +18,7 @@ impl Batcher for TokenBudget {
     fn form_batches(queue: &PendingTable, budget: &Budget) -> Vec<Batch> {
         let mut order: Vec<usize> = (0..queue.ids.len()).collect();
         order.sort_by_key(|&i| (queue.tokens[i], i));
-        let largest = budget.token_budgets.last().copied().unwrap_or(u32::MAX);
-        let fit = |tokens: u32| {
-            budget
-                .token_budgets
-                .iter()
-                .copied()
-                .find(|b| *b >= tokens)
-                .unwrap_or(tokens)
-        };
-        let mut batches = Vec::new();
-        let mut items: Vec<u32> = Vec::new();
-        let mut tokens = 0u32;
-        for index in order {
-            let need = queue.tokens[index];
-            if !items.is_empty()
-                && (tokens.saturating_add(need) > largest || items.len() as u32 >= budget.max_items.max(1))
-            {
-                batches.push(Batch {
-                    token_budget: fit(tokens),
-                    items: core::mem::take(&mut items),
-                });
-                tokens = 0;
-                if batches.len() as u32 >= budget.max_batches.max(1) {
-                    return batches;
-                }
-            }
-            items.push(index as u32);
-            tokens = tokens.saturating_add(need);
-        }
-        if !items.is_empty() {
-            batches.push(Batch {
-                token_budget: fit(tokens),
-                items,
-            });
-        }
-        batches
+        switchyard_policy_sdk::pack(order, &queue.tokens, budget)
     }
 }
 
