@@ -36,6 +36,15 @@ pub struct Version {
 }
 
 impl Version {
+    fn new(generation: u64, policy: Arc<RouterPolicy>) -> Arc<Version> {
+        Arc::new(Version {
+            generation,
+            policy,
+            failures: AtomicU32::new(0),
+            retry_after_ms: AtomicU64::new(0),
+        })
+    }
+
     /// A label for metrics and logs: `name@sha256-prefix`.
     pub fn label(&self) -> String {
         format!(
@@ -149,12 +158,7 @@ pub struct Rollout {
 impl PolicySwitch {
     /// A switch whose active version is `policy`.
     pub fn new(policy: RouterPolicy, config: SwitchConfig) -> PolicySwitch {
-        let first = Arc::new(Version {
-            generation: 1,
-            policy: Arc::new(policy),
-            failures: AtomicU32::new(0),
-            retry_after_ms: AtomicU64::new(0),
-        });
+        let first = Version::new(1, Arc::new(policy));
         PolicySwitch {
             active: ArcSwap::new(first),
             previous: Mutex::new(VecDeque::new()),
@@ -210,12 +214,7 @@ impl PolicySwitch {
     /// routed are unaffected; each thread switches on its next call.
     pub fn publish(&self, policy: Arc<RouterPolicy>) -> Arc<Version> {
         self.rollout.store(None);
-        let version = Arc::new(Version {
-            generation: self.next_generation.fetch_add(1, Ordering::Relaxed),
-            policy,
-            failures: AtomicU32::new(0),
-            retry_after_ms: AtomicU64::new(0),
-        });
+        let version = Version::new(self.next_generation.fetch_add(1, Ordering::Relaxed), policy);
         let old = self.active.swap(version.clone());
         if let Ok(mut previous) = self.previous.lock() {
             previous.push_back(old);
@@ -245,12 +244,7 @@ impl PolicySwitch {
         mode: RolloutMode,
         key_header: Option<String>,
     ) -> Arc<Rollout> {
-        let candidate = Arc::new(Version {
-            generation: self.next_generation.fetch_add(1, Ordering::Relaxed),
-            policy,
-            failures: AtomicU32::new(0),
-            retry_after_ms: AtomicU64::new(0),
-        });
+        let candidate = Version::new(self.next_generation.fetch_add(1, Ordering::Relaxed), policy);
         let rollout = Arc::new(Rollout {
             candidate,
             mode,

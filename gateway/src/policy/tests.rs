@@ -134,14 +134,16 @@ fn the_deadline_counts_cpu_time_not_time_spent_preempted() {
     assert!(!state.check_deadline(100), "the first check only samples");
     std::thread::sleep(Duration::from_millis(20));
     assert!(!state.check_deadline(100), "a preempted (sleeping) call is extended");
-    let spin = Instant::now();
-    while spin.elapsed() < Duration::from_millis(20) {
-        std::hint::black_box(0u64);
-    }
-    assert!(
-        state.check_deadline(100),
-        "a call that kept the CPU busy is interrupted"
-    );
+    // Spinning keeps the CPU busy; on a machine shared with other tests a round may still get
+    // less than half a core, so allow a few rounds.
+    let interrupted = (0..10).any(|_| {
+        let spin = Instant::now();
+        while spin.elapsed() < Duration::from_millis(10) {
+            std::hint::black_box(0u64);
+        }
+        state.check_deadline(100)
+    });
+    assert!(interrupted, "a call that keeps the CPU busy is interrupted");
     state.begin_call();
     assert!(!state.check_deadline(3));
     std::thread::sleep(Duration::from_millis(5));
