@@ -12,6 +12,7 @@ pub mod api;
 pub mod blocks;
 pub mod mocker;
 pub mod respond;
+pub mod serve;
 pub mod tokenize;
 
 #[cfg(test)]

@@ -14,14 +14,10 @@
 //! `DELETE /admin/rollout` ends a rollout. Activating or rolling back also ends it.
 
 use std::collections::HashMap;
-use std::convert::Infallible;
 use std::sync::{Arc, Mutex};
 
 use http::{Method, Request, Response, StatusCode};
 use hyper::body::Incoming;
-use hyper::service::service_fn;
-use hyper_util::rt::{TokioExecutor, TokioIo};
-use hyper_util::server::conn::auto;
 use serde_json::json;
 use switchyard_workers::api::ApiError;
 use switchyard_workers::respond::{self, Body};
@@ -45,41 +41,18 @@ pub struct Candidates {
 pub async fn serve(listener: TcpListener, token: String, state: Arc<AppState>) {
     let candidates = Arc::new(Candidates::default());
     let token = Arc::new(token);
-    loop {
-        let (stream, _) = match listener.accept().await {
-            Ok(accepted) => accepted,
-            Err(err) => {
-                tracing::warn!(error = %err, "admin accept failed");
-                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-                continue;
+    switchyard_workers::serve::serve_http(listener, "admin", move |request| {
+        let (state, token, candidates) = (state.clone(), token.clone(), candidates.clone());
+        async move {
+            match authorize(&request, &token) {
+                Ok(()) => handle(&state, &candidates, request)
+                    .await
+                    .unwrap_or_else(|err| respond::error(&err)),
+                Err(err) => respond::error(&err),
             }
-        };
-        let state = state.clone();
-        let token = token.clone();
-        let candidates = candidates.clone();
-        tokio::spawn(async move {
-            let service = service_fn(move |request| {
-                let state = state.clone();
-                let token = token.clone();
-                let candidates = candidates.clone();
-                async move {
-                    let response = match authorize(&request, &token) {
-                        Ok(()) => handle(&state, &candidates, request)
-                            .await
-                            .unwrap_or_else(|err| respond::error(&err)),
-                        Err(err) => respond::error(&err),
-                    };
-                    Ok::<_, Infallible>(response)
-                }
-            });
-            if let Err(err) = auto::Builder::new(TokioExecutor::new())
-                .serve_connection(TokioIo::new(stream), service)
-                .await
-            {
-                tracing::debug!(error = %err, "admin connection ended with an error");
-            }
-        });
-    }
+        }
+    })
+    .await;
 }
 
 fn authorize(request: &Request<Incoming>, token: &str) -> Result<(), ApiError> {

@@ -18,9 +18,6 @@ use bytes::Bytes;
 use http::{Method, Request, Response, StatusCode};
 use http_body::Frame;
 use hyper::body::Incoming;
-use hyper::service::service_fn;
-use hyper_util::rt::{TokioExecutor, TokioIo};
-use hyper_util::server::conn::auto;
 use serde_json::json;
 use tokio::net::TcpListener;
 use tokio::sync::mpsc;
@@ -97,30 +94,7 @@ impl Drop for MockerServer {
 }
 
 async fn accept_loop(listener: TcpListener, state: Arc<State>) {
-    loop {
-        let (stream, _) = match listener.accept().await {
-            Ok(accepted) => accepted,
-            Err(err) => {
-                tracing::warn!(error = %err, "mocker accept failed");
-                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-                continue;
-            }
-        };
-        let _ = stream.set_nodelay(true);
-        let state = state.clone();
-        tokio::spawn(async move {
-            let service = service_fn(move |request| {
-                let state = state.clone();
-                async move { Ok::<_, Infallible>(handle(state, request).await) }
-            });
-            if let Err(err) = auto::Builder::new(TokioExecutor::new())
-                .serve_connection(TokioIo::new(stream), service)
-                .await
-            {
-                tracing::debug!(error = %err, "mocker connection ended with an error");
-            }
-        });
-    }
+    crate::serve::serve_http(listener, "mocker", move |request| handle(state.clone(), request)).await;
 }
 
 async fn handle(state: Arc<State>, request: Request<Incoming>) -> Response<Body> {
