@@ -7,18 +7,12 @@ mod build_guests;
 
 use std::path::PathBuf;
 
-use build_guests::build_guests;
-
 const BUILT_INS: [&str; 5] = ["round_robin", "least_load", "kv_aware", "fcfs", "token_budget"];
 
 fn main() {
-    let manifest_dir = PathBuf::from(std::env::var_os("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"));
-    let root = manifest_dir.parent().expect("gateway/ has a parent").to_path_buf();
+    let root = build_guests::repository_root();
     let plugins = root.join("plugins");
-    let target_dir = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| root.join("target"))
-        .join("wasm-plugins");
+    let target_dir = build_guests::guest_target_dir("wasm-plugins");
     println!("cargo:rerun-if-changed={}", root.join("wit").display());
     for entry in [
         "Cargo.toml",
@@ -33,7 +27,7 @@ fn main() {
     ] {
         println!("cargo:rerun-if-changed={}", plugins.join(entry).display());
     }
-    build_guests(&plugins, &target_dir);
+    build_guests::build_guests(&plugins, &target_dir);
     let out_dir = PathBuf::from(std::env::var_os("OUT_DIR").expect("cargo sets OUT_DIR"));
     for name in BUILT_INS {
         let built = target_dir.join("wasm32-wasip2/release").join(format!("{name}.wasm"));

@@ -1,8 +1,26 @@
 //! Shared by the build scripts of `switchyard` and `switchyard-e2e`: builds a workspace of
 //! policy guests to `wasm32-wasip2` components with the pinned toolchain.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
+
+/// The repository root (the parent of the calling package's folder).
+pub(crate) fn repository_root() -> PathBuf {
+    let manifest_dir = PathBuf::from(std::env::var_os("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"));
+    manifest_dir
+        .parent()
+        .expect("packages sit one folder below the root")
+        .to_path_buf()
+}
+
+/// `NAME` inside the shared target folder (`CARGO_TARGET_DIR`, or `target/` at the root), where
+/// a guest workspace builds so that debug, release and clippy runs share its output.
+pub(crate) fn guest_target_dir(name: &str) -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repository_root().join("target"))
+        .join(name)
+}
 
 /// Runs `cargo build --release --target wasm32-wasip2` in `workspace`.
 pub(crate) fn build_guests(workspace: &Path, target_dir: &Path) {
