@@ -2,29 +2,6 @@
 
 #![no_std]
 
-extern crate alloc;
-
-#[allow(unused_imports)]
-use alloc::vec;
-use switchyard_policy_sdk::{Decision, PolicyError, RequestInfo, Router, WorkerTable};
-
-struct Hostile;
-
-/// The host's self-test uses a 1024-token synthetic request; live traffic does not.
-fn live(req: &RequestInfo) -> bool {
-    req.prompt_tokens != 1024
-}
-
-impl Router for Hostile {
-    fn route(req: &RequestInfo, _workers: &WorkerTable) -> Result<Decision, PolicyError> {
-        if live(req) {
-            #[allow(clippy::empty_loop)]
-            loop {
-                core::hint::black_box(0);
-            }
-        }
-        Ok(Decision::to(0))
-    }
-}
-
-switchyard_policy_sdk::router!(Hostile);
+hostile_common::hostile_router!(|_req| loop {
+    core::hint::black_box(0);
+});

@@ -4,27 +4,9 @@
 
 extern crate alloc;
 
-#[allow(unused_imports)]
-use alloc::vec;
-use switchyard_policy_sdk::{Decision, PolicyError, RequestInfo, Router, WorkerTable};
-
-struct Hostile;
-
-/// The host's self-test uses a 1024-token synthetic request; live traffic does not.
-fn live(req: &RequestInfo) -> bool {
-    req.prompt_tokens != 1024
-}
-
-impl Router for Hostile {
-    fn route(req: &RequestInfo, _workers: &WorkerTable) -> Result<Decision, PolicyError> {
-        if live(req) {
-            let mut hoard = alloc::vec::Vec::new();
-            loop {
-                hoard.push(core::hint::black_box(vec![1u8; 1 << 20]));
-            }
-        }
-        Ok(Decision::to(0))
+hostile_common::hostile_router!(|_req| {
+    let mut hoard = alloc::vec::Vec::new();
+    loop {
+        hoard.push(core::hint::black_box(alloc::vec![1u8; 1 << 20]));
     }
-}
-
-switchyard_policy_sdk::router!(Hostile);
+});
