@@ -267,6 +267,69 @@ impl Gateway {
     }
 }
 
+impl Gateway {
+    /// Starts a plain-HTTP gateway from `config` with the admin API enabled on a free loopback
+    /// port under `token`; returns it with a client of the admin API.
+    ///
+    /// # Errors
+    ///
+    /// Fails if the gateway does not start.
+    pub fn start_with_admin(config: &str, token: &str) -> anyhow::Result<(Gateway, Admin)> {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+        let config = format!("{config}\n[admin]\nlisten = \"127.0.0.1:{port}\"\ntoken = \"{token}\"\n");
+        let gateway = Gateway::start(&config)?;
+        let admin = Admin {
+            client: Client::plain(([127, 0, 0, 1], port).into()),
+            token: token.to_string(),
+        };
+        Ok((gateway, admin))
+    }
+}
+
+/// A client of a gateway's admin API.
+#[derive(Debug, Clone)]
+pub struct Admin {
+    /// A plain client of the admin listener.
+    pub client: Client,
+    token: String,
+}
+
+impl Admin {
+    /// The admin API's `http://HOST:PORT`.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.client.addr)
+    }
+
+    /// The bearer token.
+    pub fn token(&self) -> &str {
+        &self.token
+    }
+
+    /// One authenticated request; returns the status and the body as JSON (`null` if it is not).
+    ///
+    /// # Errors
+    ///
+    /// Fails on any transport error.
+    pub async fn call(&self, method: &str, path: &str, body: Vec<u8>) -> anyhow::Result<(u16, serde_json::Value)> {
+        let mut connection = self.client.connect().await?;
+        let reply = connection.send_with_auth(method, path, body, &self.token).await?;
+        Ok((
+            reply.status.as_u16(),
+            serde_json::from_slice(&reply.body()).unwrap_or(serde_json::Value::Null),
+        ))
+    }
+
+    /// The name of the active router policy.
+    ///
+    /// # Errors
+    ///
+    /// Fails on any transport error.
+    pub async fn active(&self) -> anyhow::Result<String> {
+        let (_, list) = self.call("GET", "/admin/policies", Vec::new()).await?;
+        Ok(list["active"]["name"].as_str().unwrap_or_default().to_string())
+    }
+}
+
 /// Which HTTP version to ask for in ALPN.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Alpn {

@@ -6,7 +6,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use switchyard_e2e::{Client, Gateway, chat_body, eventually};
+use switchyard_e2e::{Admin, Client, Gateway, chat_body, eventually};
 
 const TOKEN: &str = "hostile-test-token-0123456789";
 
@@ -15,37 +15,14 @@ fn guest(name: &str) -> anyhow::Result<Vec<u8>> {
     std::fs::read(&path).map_err(|err| anyhow::anyhow!("{}: {err}", path.display()))
 }
 
-struct Admin {
-    client: Client,
-}
-
-impl Admin {
-    async fn call(&self, method: &str, path: &str, body: Vec<u8>) -> anyhow::Result<(u16, serde_json::Value)> {
-        let mut connection = self.client.connect().await?;
-        let reply = connection.send_with_auth(method, path, body, TOKEN).await?;
-        let json = serde_json::from_slice(&reply.body()).unwrap_or(serde_json::Value::Null);
-        Ok((reply.status.as_u16(), json))
-    }
-
-    async fn active(&self) -> anyhow::Result<String> {
-        let (_, list) = self.call("GET", "/admin/policies", Vec::new()).await?;
-        Ok(list["active"]["name"].as_str().unwrap_or_default().to_string())
-    }
-}
-
 fn start() -> anyhow::Result<(Gateway, Client, Admin)> {
-    let admin_port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
-    let config = format!(
+    let (gateway, admin) = Gateway::start_with_admin(
         "[server]\nplaintext = true\n\
          [embedded_mockers]\ncount = 2\nspeedup = 50.0\n\
-         [policy]\nrouter = \"least-load\"\ndeadline_ms = 5\nmax_failures = 3\n\
-         [admin]\nlisten = \"127.0.0.1:{admin_port}\"\ntoken = \"{TOKEN}\"\n"
-    );
-    let gateway = Gateway::start(&config)?;
+         [policy]\nrouter = \"least-load\"\ndeadline_ms = 5\nmax_failures = 3\n",
+        TOKEN,
+    )?;
     let client = Client::plain(gateway.addr);
-    let admin = Admin {
-        client: Client::plain(([127, 0, 0, 1], admin_port).into()),
-    };
     Ok((gateway, client, admin))
 }
 

@@ -22,17 +22,14 @@ fn generation(label: &str) -> u64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn swapping_twenty_times_under_two_hundred_streams_loses_nothing() -> anyhow::Result<()> {
-    let admin_port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
     // A generous deadline: this test is about swaps, and the deadline is wall-clock time on
     // two cores shared with the load.
-    let config = format!(
+    let (gateway, admin) = Gateway::start_with_admin(
         "[server]\nplaintext = true\n[embedded_mockers]\ncount = 4\nspeedup = 4.0\n\
-         [policy]\nrouter = \"least-load\"\ndeadline_ms = 100\n\
-         [admin]\nlisten = \"127.0.0.1:{admin_port}\"\ntoken = \"{TOKEN}\"\n"
-    );
-    let gateway = Gateway::start(&config)?;
+         [policy]\nrouter = \"least-load\"\ndeadline_ms = 100\n",
+        TOKEN,
+    )?;
     let client = Client::plain(gateway.addr);
-    let admin = Client::plain(([127, 0, 0, 1], admin_port).into());
     let guests = [
         (
             "least-load",
@@ -61,22 +58,11 @@ async fn swapping_twenty_times_under_two_hundred_streams_loses_nothing() -> anyh
     let mut published = Vec::new();
     for swap in 0..20 {
         let (name, wasm) = &guests[(swap + 1) % 2];
-        let mut connection = admin.connect().await?;
-        let reply = connection
-            .send_with_auth(
-                "PUT",
-                &format!("/admin/policies/{name}?activate=true"),
-                wasm.clone(),
-                TOKEN,
-            )
+        let (status, answer) = admin
+            .call("PUT", &format!("/admin/policies/{name}?activate=true"), wasm.clone())
             .await?;
-        assert_eq!(
-            reply.status,
-            200,
-            "swap {swap}: {}",
-            String::from_utf8_lossy(&reply.body())
-        );
-        let generation_published = reply.json()?["generation"].as_u64().unwrap_or(0);
+        assert_eq!(status, 200, "swap {swap}: {answer}");
+        let generation_published = answer["generation"].as_u64().unwrap_or(0);
         published.push(generation_published);
         // The very next request is decided by the new version.
         let probe = client

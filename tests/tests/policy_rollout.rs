@@ -3,22 +3,19 @@
 
 use std::collections::HashMap;
 
-use switchyard_e2e::{Client, Gateway, chat_body};
+use switchyard_e2e::{Admin, Client, Gateway, chat_body};
 
 const TOKEN: &str = "rollout-test-token-0123456789";
 
-async fn admin_call(
-    admin: &Client,
-    method: &str,
-    path: &str,
-    body: Vec<u8>,
-) -> anyhow::Result<(u16, serde_json::Value)> {
-    let mut connection = admin.connect().await?;
-    let reply = connection.send_with_auth(method, path, body, TOKEN).await?;
-    Ok((
-        reply.status.as_u16(),
-        serde_json::from_slice(&reply.body()).unwrap_or(serde_json::Value::Null),
-    ))
+/// A gateway with 4 fast mockers, least-load, and the admin API.
+fn start() -> anyhow::Result<(Gateway, Client, Admin)> {
+    let (gateway, admin) = Gateway::start_with_admin(
+        "[server]\nplaintext = true\n[embedded_mockers]\ncount = 4\nspeedup = 50.0\n\
+         [policy]\nrouter = \"least-load\"\ndeadline_ms = 100\n",
+        TOKEN,
+    )?;
+    let client = Client::plain(gateway.addr);
+    Ok((gateway, client, admin))
 }
 
 fn counter(metrics: &str, prefix: &str, needles: &[&str]) -> f64 {
@@ -31,21 +28,13 @@ fn counter(metrics: &str, prefix: &str, needles: &[&str]) -> f64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shadow_compares_and_split_is_sticky_by_key() -> anyhow::Result<()> {
-    let admin_port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
-    let config = format!(
-        "[server]\nplaintext = true\n[embedded_mockers]\ncount = 4\nspeedup = 50.0\n\
-         [policy]\nrouter = \"least-load\"\ndeadline_ms = 100\n\
-         [admin]\nlisten = \"127.0.0.1:{admin_port}\"\ntoken = \"{TOKEN}\"\n"
-    );
-    let gateway = Gateway::start(&config)?;
-    let client = Client::plain(gateway.addr);
-    let admin = Client::plain(([127, 0, 0, 1], admin_port).into());
+    let (_gateway, client, admin) = start()?;
     let round_robin = std::fs::read(concat!(env!("SWITCHYARD_PLUGINS_DIR"), "/round_robin.wasm"))?;
-    let (status, _) = admin_call(&admin, "PUT", "/admin/policies/rr", round_robin).await?;
+    let (status, _) = admin.call("PUT", "/admin/policies/rr", round_robin).await?;
     assert_eq!(status, 200);
 
     // Shadow: the candidate is asked on every request, its answers are only compared.
-    let (status, answer) = admin_call(&admin, "POST", "/admin/policies/rr/shadow", Vec::new()).await?;
+    let (status, answer) = admin.call("POST", "/admin/policies/rr/shadow", Vec::new()).await?;
     assert_eq!(status, 200, "{answer}");
     for _ in 0..30 {
         let reply = client
@@ -76,15 +65,11 @@ async fn shadow_compares_and_split_is_sticky_by_key() -> anyhow::Result<()> {
     );
 
     // Split 50 % sticky by a session header: each session always gets the same version.
-    let (status, answer) = admin_call(
-        &admin,
-        "POST",
-        "/admin/policies/rr/split?percent=50&key=x-session",
-        Vec::new(),
-    )
-    .await?;
+    let (status, answer) = admin
+        .call("POST", "/admin/policies/rr/split?percent=50&key=x-session", Vec::new())
+        .await?;
     assert_eq!(status, 200, "{answer}");
-    let (_, list) = admin_call(&admin, "GET", "/admin/policies", Vec::new()).await?;
+    let (_, list) = admin.call("GET", "/admin/policies", Vec::new()).await?;
     assert_eq!(list["rollout"]["mode"], "split");
     let mut by_session: HashMap<u32, Vec<String>> = HashMap::new();
     for round in 0..3 {
@@ -125,9 +110,9 @@ async fn shadow_compares_and_split_is_sticky_by_key() -> anyhow::Result<()> {
     );
 
     // Activating the candidate ends the rollout.
-    let (status, _) = admin_call(&admin, "POST", "/admin/policies/rr/activate", Vec::new()).await?;
+    let (status, _) = admin.call("POST", "/admin/policies/rr/activate", Vec::new()).await?;
     assert_eq!(status, 200);
-    let (_, list) = admin_call(&admin, "GET", "/admin/policies", Vec::new()).await?;
+    let (_, list) = admin.call("GET", "/admin/policies", Vec::new()).await?;
     assert!(list["rollout"].is_null(), "{list}");
     assert_eq!(list["active"]["name"], "rr");
     Ok(())
@@ -135,13 +120,7 @@ async fn shadow_compares_and_split_is_sticky_by_key() -> anyhow::Result<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_cli_pushes_a_policy_with_its_config_in_one_command() -> anyhow::Result<()> {
-    let admin_port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
-    let config = format!(
-        "[server]\nplaintext = true\n[embedded_mockers]\ncount = 2\nspeedup = 50.0\n\
-         [policy]\nrouter = \"least-load\"\ndeadline_ms = 100\n\
-         [admin]\nlisten = \"127.0.0.1:{admin_port}\"\ntoken = \"{TOKEN}\"\n"
-    );
-    let gateway = Gateway::start(&config)?;
+    let (_gateway, client, admin) = start()?;
     let dir = tempfile::tempdir()?;
     let good = dir.path().join("good.toml");
     let bad = dir.path().join("bad.toml");
@@ -152,8 +131,8 @@ async fn the_cli_pushes_a_policy_with_its_config_in_one_command() -> anyhow::Res
         Ok(std::process::Command::new(switchyard_e2e::binary("switchyard")?)
             .arg("policy")
             .args(args)
-            .env("SWITCHYARD_ADMIN", format!("http://127.0.0.1:{admin_port}"))
-            .env("SWITCHYARD_ADMIN_TOKEN", TOKEN)
+            .env("SWITCHYARD_ADMIN", admin.url())
+            .env("SWITCHYARD_ADMIN_TOKEN", admin.token())
             .output()?)
     };
     let refused = cli(&[
@@ -182,7 +161,6 @@ async fn the_cli_pushes_a_policy_with_its_config_in_one_command() -> anyhow::Res
     let listed = cli(&["list"])?;
     let list: serde_json::Value = serde_json::from_slice(&listed.stdout)?;
     assert_eq!(list["active"]["name"], "affinity", "{list}");
-    let client = Client::plain(gateway.addr);
     let reply = client
         .post_json("/v1/chat/completions", &chat_body("mock", "via the template", 1, false))
         .await?;
