@@ -196,10 +196,14 @@ fn percentile(sorted: &[f64], q: f64) -> f64 {
     sorted[index.min(sorted.len() - 1)]
 }
 
-/// `concurrency` connections each stream completions back to back for `duration`; returns
-/// every TTFB in milliseconds.
-async fn run_streams(client: &Client, concurrency: usize, duration: Duration, tokens: u32) -> anyhow::Result<Vec<f64>> {
-    let body = serde_json::to_vec(&chat_body("mock", "benchmark prompt", tokens, true))?;
+/// `concurrency` connections each send `body` to chat completions back to back for
+/// `duration` (closed loop); returns every request's time to first byte in milliseconds.
+async fn closed_loop(
+    client: &Client,
+    concurrency: usize,
+    duration: Duration,
+    body: Vec<u8>,
+) -> anyhow::Result<Vec<f64>> {
     let deadline = Instant::now() + duration;
     let mut tasks = tokio::task::JoinSet::new();
     for _ in 0..concurrency {
@@ -211,7 +215,7 @@ async fn run_streams(client: &Client, concurrency: usize, duration: Duration, to
             while Instant::now() < deadline {
                 let reply = connection.send("POST", "/v1/chat/completions", body.clone()).await?;
                 anyhow::ensure!(reply.status == 200, "status {}", reply.status);
-                samples.push(reply.first_byte_ms().context("empty stream")?);
+                samples.push(reply.first_byte_ms().context("empty answer")?);
             }
             anyhow::Ok(samples)
         });
@@ -223,30 +227,16 @@ async fn run_streams(client: &Client, concurrency: usize, duration: Duration, to
     Ok(all)
 }
 
-/// `concurrency` connections send tiny non-streamed completions back to back for `duration`;
-/// returns the count and the seconds taken.
+/// TTFBs of streamed completions of `tokens` tokens.
+async fn run_streams(client: &Client, concurrency: usize, duration: Duration, tokens: u32) -> anyhow::Result<Vec<f64>> {
+    let body = serde_json::to_vec(&chat_body("mock", "benchmark prompt", tokens, true))?;
+    closed_loop(client, concurrency, duration, body).await
+}
+
+/// Tiny non-streamed completions: returns the count and the seconds taken.
 async fn run_whole(client: &Client, concurrency: usize, duration: Duration) -> anyhow::Result<(usize, f64)> {
     let body = serde_json::to_vec(&chat_body("mock", "hi", 1, false))?;
     let started = Instant::now();
-    let deadline = started + duration;
-    let mut tasks = tokio::task::JoinSet::new();
-    for _ in 0..concurrency {
-        let client = client.clone();
-        let body = body.clone();
-        tasks.spawn(async move {
-            let mut connection = client.connect().await?;
-            let mut count = 0usize;
-            while Instant::now() < deadline {
-                let reply = connection.send("POST", "/v1/chat/completions", body.clone()).await?;
-                anyhow::ensure!(reply.status == 200, "status {}", reply.status);
-                count += 1;
-            }
-            anyhow::Ok(count)
-        });
-    }
-    let mut total = 0;
-    while let Some(result) = tasks.join_next().await {
-        total += result??;
-    }
-    Ok((total, started.elapsed().as_secs_f64()))
+    let count = closed_loop(client, concurrency, duration, body).await?.len();
+    Ok((count, started.elapsed().as_secs_f64()))
 }
