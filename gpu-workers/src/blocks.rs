@@ -23,11 +23,26 @@ pub struct BlockHash {
 
 /// The local hash of one block of token ids.
 pub fn local_hash(tokens: &[u32]) -> u64 {
+    local_hash_with_seed(tokens, HASH_SEED)
+}
+
+/// The seed of local hashes for blocks computed under LoRA adapter `lora`: `1337 +
+/// xxh3_64(name)` (wrapping), so an adapter's cache never matches the base model's; without an
+/// adapter it is [`HASH_SEED`]. Sequence hashes keep chaining with [`HASH_SEED`].
+pub fn lora_seed(lora: Option<&str>) -> u64 {
+    match lora {
+        None => HASH_SEED,
+        Some(name) => HASH_SEED.wrapping_add(xxhash_rust::xxh3::xxh3_64(name.as_bytes())),
+    }
+}
+
+/// The local hash of one block of token ids under `seed` (see [`lora_seed`]).
+pub fn local_hash_with_seed(tokens: &[u32], seed: u64) -> u64 {
     let mut bytes = Vec::with_capacity(tokens.len() * 4);
     for token in tokens {
         bytes.extend_from_slice(&token.to_le_bytes());
     }
-    xxh3_64_with_seed(&bytes, HASH_SEED)
+    xxh3_64_with_seed(&bytes, seed)
 }
 
 /// The sequence hash of a block whose local hash is `local`, following the block whose sequence
@@ -50,12 +65,22 @@ pub fn chain_hash(parent: Option<u64>, local: u64) -> u64 {
 ///
 /// Panics if `block_size` is 0 (block sizes are validated when configured).
 pub fn block_hashes(tokens: &[u32], block_size: usize) -> Vec<BlockHash> {
+    block_hashes_for(tokens, block_size, None)
+}
+
+/// [`block_hashes`] for blocks computed under LoRA adapter `lora` (salted local hashes).
+///
+/// # Panics
+///
+/// Panics if `block_size` is 0 (block sizes are validated when configured).
+pub fn block_hashes_for(tokens: &[u32], block_size: usize, lora: Option<&str>) -> Vec<BlockHash> {
     assert!(block_size > 0, "block size must be positive");
+    let seed = lora_seed(lora);
     let mut parent = None;
     tokens
         .chunks_exact(block_size)
         .map(|block| {
-            let local = local_hash(block);
+            let local = local_hash_with_seed(block, seed);
             let sequence = chain_hash(parent, local);
             parent = Some(sequence);
             BlockHash { local, sequence }
@@ -103,6 +128,21 @@ mod tests {
                 sequence: xxh3_64_with_seed(&chained, 1337)
             }
         );
+    }
+
+    #[test]
+    fn lora_salts_local_hashes() {
+        let tokens: Vec<u32> = (0..4).collect();
+        let base = block_hashes(&tokens, 4);
+        let salted = block_hashes_for(&tokens, 4, Some("sql-adapter"));
+        let mut bytes = Vec::new();
+        for t in 0u32..4 {
+            bytes.extend_from_slice(&t.to_le_bytes());
+        }
+        let seed = 1337u64.wrapping_add(xxhash_rust::xxh3::xxh3_64(b"sql-adapter"));
+        assert_eq!(salted[0].local, xxh3_64_with_seed(&bytes, seed));
+        assert_ne!(salted[0].sequence, base[0].sequence);
+        assert_eq!(block_hashes_for(&tokens, 4, None), base);
     }
 
     #[test]

@@ -2,7 +2,7 @@
 //!
 //! The crate owns everything that runs behind the gateway: the OpenAI wire format both sides
 //! speak ([`api`], [`respond`]), the fallback tokenizer ([`tokenize`]), Dynamo-compatible KV
-//! block hashing ([`blocks`]), and the simulated engine ([`mocker`]). Native LLM and encoder
+//! block hashing ([`blocks`]), the KV event protocol ([`kv_events`]) and its NATS link ([`kv_link`]), and the simulated engine ([`mocker`]). Native LLM and encoder
 //! engines join it as their own modules.
 
 #![deny(missing_docs, missing_debug_implementations, unsafe_op_in_unsafe_fn)]
@@ -10,6 +10,8 @@
 
 pub mod api;
 pub mod blocks;
+pub mod kv_events;
+pub mod kv_link;
 pub mod mocker;
 pub mod respond;
 pub mod serve;

@@ -1,29 +1,158 @@
-//! Turning requests into token ids when no model tokenizer is configured.
+//! Turning requests into token ids.
 //!
-//! This module owns the deterministic byte-level fallback tokenizer (one token per UTF-8 byte,
-//! ids 0..=255) and the plain chat template that renders a conversation to text before
-//! tokenizing. Both are stable across releases so that equal prompts give equal block hashes on
-//! every gateway and worker. Model tokenizers (`tokenizer.json`) are a separate concern.
+//! This module owns the prompt side of tokenization for gateways and workers alike: a model's
+//! Hugging Face `tokenizer.json` (through the `tokenizers` crate) when one is configured, the
+//! deterministic byte-level fallback otherwise (one token per UTF-8 byte, ids 0..=255), and the
+//! chat template that renders a conversation to text first ([`ChatTemplate`]). The fallback and
+//! the default template are stable across releases, so equal prompts give equal block hashes on
+//! every gateway and worker; a gateway and its workers must be configured alike for their
+//! hashes to agree.
+
+use std::path::Path;
 
 use crate::api::{ChatMessage, CompletionRequest, GenerateRequest, Prompt};
 
-/// Renders a conversation with the fallback chat template.
+/// Why a prompt could not be tokenized, or a tokenizer not loaded.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum TokenizeError {
+    /// The `tokenizer.json` could not be read or parsed.
+    #[error("cannot load tokenizer `{path}`: {reason}")]
+    Load {
+        /// The file.
+        path: String,
+        /// Why.
+        reason: String,
+    },
+    /// The tokenizer failed on the text.
+    #[error("cannot tokenize the prompt: {0}")]
+    Encode(String),
+}
+
+/// A chat template: how each message is rendered, and what follows the last one.
 ///
-/// Each message becomes `<|ROLE|>\nCONTENT\n`, and the prompt ends with `<|assistant|>\n` so
-/// the model answers as the assistant.
-pub fn render_chat(messages: &[ChatMessage]) -> String {
-    let mut prompt = String::new();
-    for message in messages {
-        prompt.push_str("<|");
-        prompt.push_str(&message.role);
-        prompt.push_str("|>\n");
-        if let Some(content) = &message.content {
-            prompt.push_str(&content.text());
+/// `message` is written once per message with `{role}` and `{content}` replaced (each
+/// placeholder once, in one pass, so content that contains a placeholder is left as it is);
+/// `generation_prompt` is appended at the end so the model answers as the assistant. The
+/// default renders `<|ROLE|>\nCONTENT\n` per message and ends with `<|assistant|>\n`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChatTemplate {
+    /// The per-message pattern, with `{role}` and `{content}`.
+    pub message: String,
+    /// Text after the last message.
+    pub generation_prompt: String,
+}
+
+impl Default for ChatTemplate {
+    fn default() -> ChatTemplate {
+        ChatTemplate {
+            message: "<|{role}|>\n{content}\n".into(),
+            generation_prompt: "<|assistant|>\n".into(),
         }
-        prompt.push('\n');
     }
-    prompt.push_str("<|assistant|>\n");
-    prompt
+}
+
+impl ChatTemplate {
+    /// Renders a conversation.
+    pub fn render(&self, messages: &[ChatMessage]) -> String {
+        let mut prompt = String::new();
+        for message in messages {
+            let content = message.content.as_ref().map(|c| c.text()).unwrap_or_default();
+            let mut rest = self.message.as_str();
+            while let Some(open) = rest.find('{') {
+                prompt.push_str(&rest[..open]);
+                let tail = &rest[open..];
+                if let Some(after) = tail.strip_prefix("{role}") {
+                    prompt.push_str(&message.role);
+                    rest = after;
+                } else if let Some(after) = tail.strip_prefix("{content}") {
+                    prompt.push_str(&content);
+                    rest = after;
+                } else {
+                    prompt.push('{');
+                    rest = &tail[1..];
+                }
+            }
+            prompt.push_str(rest);
+        }
+        prompt.push_str(&self.generation_prompt);
+        prompt
+    }
+}
+
+/// A tokenizer: a model's `tokenizer.json`, or the byte-level fallback.
+#[derive(Debug, Clone, Default)]
+pub enum Tokenizer {
+    /// One token per UTF-8 byte.
+    #[default]
+    Bytes,
+    /// A Hugging Face tokenizer.
+    Hf(Box<tokenizers::Tokenizer>),
+}
+
+impl Tokenizer {
+    /// Loads a Hugging Face `tokenizer.json`.
+    ///
+    /// # Errors
+    ///
+    /// Returns [`TokenizeError::Load`] naming the file if it cannot be read or parsed.
+    pub fn from_file(path: &Path) -> Result<Tokenizer, TokenizeError> {
+        tokenizers::Tokenizer::from_file(path)
+            .map(|t| Tokenizer::Hf(Box::new(t)))
+            .map_err(|err| TokenizeError::Load {
+                path: path.display().to_string(),
+                reason: err.to_string(),
+            })
+    }
+
+    /// Tokenizes `text`. Special tokens are not added: templates spell out what they need.
+    ///
+    /// # Errors
+    ///
+    /// Returns [`TokenizeError::Encode`] if the model tokenizer fails.
+    pub fn encode(&self, text: &str) -> Result<Vec<u32>, TokenizeError> {
+        match self {
+            Tokenizer::Bytes => Ok(byte_tokens(text)),
+            Tokenizer::Hf(tokenizer) => tokenizer
+                .encode(text, false)
+                .map(|encoding| encoding.get_ids().to_vec())
+                .map_err(|err| TokenizeError::Encode(err.to_string())),
+        }
+    }
+}
+
+/// A tokenizer with the chat template that goes with it.
+#[derive(Debug, Clone, Default)]
+pub struct PromptEncoder {
+    /// The tokenizer.
+    pub tokenizer: Tokenizer,
+    /// The chat template.
+    pub template: ChatTemplate,
+}
+
+impl PromptEncoder {
+    /// The prompt token ids of a request; token-id prompts are taken as they are.
+    ///
+    /// # Errors
+    ///
+    /// Returns [`TokenizeError::Encode`] if the model tokenizer fails.
+    pub fn prompt_tokens(&self, request: &GenerateRequest) -> Result<Vec<u32>, TokenizeError> {
+        match request {
+            GenerateRequest::Chat(chat) => self.tokenizer.encode(&self.template.render(&chat.messages)),
+            GenerateRequest::Completion(CompletionRequest { prompt, .. }) => match prompt {
+                Prompt::Text(text) => self.tokenizer.encode(text),
+                Prompt::Tokens(ids) => Ok(ids.clone()),
+                // Batches are rejected at parse time; tokenizing the first keeps this total.
+                Prompt::TextBatch(texts) => texts.first().map_or(Ok(Vec::new()), |t| self.tokenizer.encode(t)),
+                Prompt::TokenBatch(batches) => Ok(batches.first().cloned().unwrap_or_default()),
+            },
+        }
+    }
+}
+
+/// Renders a conversation with the default chat template.
+pub fn render_chat(messages: &[ChatMessage]) -> String {
+    ChatTemplate::default().render(messages)
 }
 
 /// Tokenizes text with the byte-level fallback: each UTF-8 byte is one token.
@@ -31,19 +160,11 @@ pub fn byte_tokens(text: &str) -> Vec<u32> {
     text.bytes().map(u32::from).collect()
 }
 
-/// The prompt token ids of a request under the fallback tokenizer; token-id prompts are taken
-/// as they are.
+/// The prompt token ids of a request under the fallback tokenizer and the default template;
+/// token-id prompts are taken as they are.
 pub fn prompt_tokens(request: &GenerateRequest) -> Vec<u32> {
-    match request {
-        GenerateRequest::Chat(chat) => byte_tokens(&render_chat(&chat.messages)),
-        GenerateRequest::Completion(CompletionRequest { prompt, .. }) => match prompt {
-            Prompt::Text(text) => byte_tokens(text),
-            Prompt::Tokens(ids) => ids.clone(),
-            // Batches are rejected at parse time; tokenizing the first keeps this total.
-            Prompt::TextBatch(texts) => texts.first().map(|t| byte_tokens(t)).unwrap_or_default(),
-            Prompt::TokenBatch(batches) => batches.first().cloned().unwrap_or_default(),
-        },
-    }
+    // The byte-level fallback cannot fail.
+    PromptEncoder::default().prompt_tokens(request).unwrap_or_default()
 }
 
 #[cfg(test)]
@@ -67,6 +188,41 @@ mod tests {
             render_chat(&messages),
             "<|system|>\nbe brief\n<|user|>\nhi\n<|assistant|>\n"
         );
+    }
+
+    #[test]
+    fn custom_templates_substitute_placeholders_once() {
+        let template = ChatTemplate {
+            message: "[{role}] {content} {x}|".into(),
+            generation_prompt: "[assistant]".into(),
+        };
+        let messages = vec![ChatMessage {
+            role: "user".into(),
+            content: Some(MessageContent::Text("say {role}".into())),
+        }];
+        assert_eq!(template.render(&messages), "[user] say {role} {x}|[assistant]");
+    }
+
+    /// A word-level `tokenizer.json` with a regex pre-tokenizer, written by hand.
+    const WORD_LEVEL: &str = r#"{
+        "version": "1.0", "truncation": null, "padding": null, "added_tokens": [],
+        "normalizer": {"type": "Lowercase"}, "pre_tokenizer": {"type": "Whitespace"},
+        "post_processor": null, "decoder": null,
+        "model": {"type": "WordLevel", "vocab": {"[UNK]": 0, "hello": 1, "world": 2, "!": 3, "<": 4, "|": 5, ">": 6},
+                  "unk_token": "[UNK]"}
+    }"#;
+
+    #[test]
+    fn hf_tokenizers_load_from_tokenizer_json() {
+        let path = std::env::temp_dir().join(format!("switchyard-tokenizer-{}.json", std::process::id()));
+        std::fs::write(&path, WORD_LEVEL).expect("writes");
+        let tokenizer = Tokenizer::from_file(&path).expect("loads");
+        assert_eq!(tokenizer.encode("Hello world !").expect("encodes"), vec![1, 2, 3]);
+        assert_eq!(tokenizer.encode("hello mars").expect("encodes"), vec![1, 0]);
+        std::fs::write(&path, "{not json").expect("writes");
+        let err = Tokenizer::from_file(&path).expect_err("broken file");
+        assert!(err.to_string().contains("switchyard-tokenizer"), "{err}");
+        let _ = std::fs::remove_file(&path);
     }
 
     #[test]

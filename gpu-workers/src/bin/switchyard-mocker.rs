@@ -5,6 +5,7 @@ use std::net::IpAddr;
 use anyhow::Context;
 use clap::Parser;
 use switchyard_workers::mocker::{self, EngineConfig, ServerConfig};
+use switchyard_workers::{kv_events, kv_link};
 
 /// Simulated LLM workers speaking the OpenAI API (timing from Dynamo's fitted perf model).
 #[derive(Debug, Parser)]
@@ -46,6 +47,21 @@ struct Args {
     /// Disable prefix caching.
     #[arg(long)]
     no_prefix_caching: bool,
+    /// Publish KV events, registration and heartbeats to this NATS server (`nats://host:4222`).
+    #[arg(long)]
+    nats: Option<String>,
+    /// NATS subject prefix.
+    #[arg(long, default_value = "switchyard")]
+    subject_prefix: String,
+    /// Worker names are NAME-0, NAME-1, ... (NATS mode; default `mocker-PORT`).
+    #[arg(long)]
+    name: Option<String>,
+    /// Heartbeat interval in milliseconds (NATS mode).
+    #[arg(long, default_value_t = 500)]
+    heartbeat_ms: u64,
+    /// Fault injection: lose every N-th KV event (it is still numbered, so gateways see gaps).
+    #[arg(long)]
+    drop_kv_event_every: Option<u64>,
 }
 
 fn main() -> std::process::ExitCode {
@@ -102,10 +118,51 @@ async fn run() -> anyhow::Result<()> {
     let fleet = mocker::spawn_fleet(args.num_workers, args.host, args.port, &engine, &server)
         .await
         .context("could not bind the mocker ports")?;
+    let mut links = Vec::new();
+    if let Some(url) = &args.nats {
+        let client = async_nats::connect(url.as_str())
+            .await
+            .with_context(|| format!("cannot connect to NATS at `{url}`"))?;
+        for (index, worker) in fleet.iter().enumerate() {
+            let name = match &args.name {
+                Some(prefix) => format!("{prefix}-{index}"),
+                None => format!("mocker-{}", worker.addr().port()),
+            };
+            anyhow::ensure!(
+                kv_events::valid_worker_name(&name),
+                "worker name `{name}` must be letters, digits, `-` and `_`"
+            );
+            let (sink, events) = tokio::sync::mpsc::unbounded_channel();
+            worker.engine().subscribe_kv_events(sink);
+            let (stop, stopped) = tokio::sync::oneshot::channel();
+            let config = kv_link::LinkConfig {
+                subjects: kv_events::Subjects::new(args.subject_prefix.clone()),
+                registration: kv_events::Registration {
+                    worker: name,
+                    url: format!("http://{}", worker.addr()),
+                    model: args.model.clone(),
+                    role: "llm".into(),
+                    block_size: args.block_size,
+                    capacity_blocks: args.num_gpu_blocks as u64,
+                    capabilities: vec!["text".into()],
+                    cost: 1.0,
+                    heartbeat_ms: args.heartbeat_ms.max(1),
+                    last_event_id: 0,
+                },
+                drop_every: args.drop_kv_event_every,
+            };
+            let task = tokio::spawn(kv_link::run(client.clone(), config, events, stopped));
+            links.push((stop, task));
+        }
+    }
     for (index, worker) in fleet.iter().enumerate() {
         println!("mocker {index} listening on http://{}", worker.addr());
     }
     println!("mocker ready: {} worker(s), model `{}`", fleet.len(), args.model);
     tokio::signal::ctrl_c().await.context("waiting for ctrl-c")?;
+    for (stop, task) in links {
+        let _ = stop.send(());
+        let _ = task.await;
+    }
     Ok(())
 }

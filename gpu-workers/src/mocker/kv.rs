@@ -15,33 +15,7 @@ use lru::LruCache;
 
 use crate::blocks::BlockHash;
 
-/// One block of a `stored` event.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct StoredBlock {
-    /// The block's sequence hash (what the engine names it by).
-    pub block_hash: u64,
-    /// The hash of the block's own tokens.
-    pub tokens_hash: u64,
-}
-
-/// A change to the set of blocks this engine holds in its prefix cache.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum KvEvent {
-    /// Blocks became cached, chained after `parent` (`None`: at the start of a sequence).
-    Stored {
-        /// The sequence hash of the block before the first stored one.
-        parent: Option<u64>,
-        /// The stored blocks, in sequence order.
-        blocks: Vec<StoredBlock>,
-    },
-    /// Blocks were evicted.
-    Removed {
-        /// Sequence hashes of the evicted blocks.
-        block_hashes: Vec<u64>,
-    },
-    /// Every cached block was dropped.
-    Cleared,
-}
+pub use crate::kv_events::{KvEvent, StoredBlock};
 
 /// The simulated GPU block pool of one engine.
 #[derive(Debug)]
