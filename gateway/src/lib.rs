@@ -11,6 +11,7 @@
 
 pub mod admin;
 pub mod config;
+pub mod kv;
 pub mod metrics;
 pub mod policy;
 pub mod server;
@@ -61,6 +62,17 @@ pub enum Error {
         name: String,
         /// Why.
         source: policy::PolicyError,
+    },
+    /// A model's tokenizer could not be loaded.
+    #[error(transparent)]
+    Kv(#[from] kv::KvSetupError),
+    /// The NATS server could not be reached.
+    #[error("cannot connect to NATS at `{url}`: {reason}")]
+    Nats {
+        /// The configured URL.
+        url: String,
+        /// Why.
+        reason: String,
     },
     /// A worker URL did not parse.
     #[error("invalid worker URL: {0}")]
@@ -119,10 +131,33 @@ impl Gateway {
                 ..Default::default()
             },
         ));
+        let kv = Arc::new(kv::KvState::new(&config)?);
         let mut metrics = Metrics::new();
         switch.register_metrics(metrics.registry_mut());
+        kv.metrics.register(metrics.registry_mut());
         let metrics = Arc::new(metrics);
-        let pool = Arc::new(WorkerPool::new(&config.workers, &metrics)?);
+        let pool = Arc::new(WorkerPool::new(&config.workers, metrics.clone())?);
+        for worker in pool.workers().iter() {
+            kv.check_block_size(worker);
+        }
+        let (inbound, applier) = kv::sync::spawn(
+            kv.clone(),
+            pool.clone(),
+            kv::sync::SyncConfig {
+                heartbeat_misses: config.kv.heartbeat_misses,
+                resync_buffer: config.kv.resync_buffer,
+                resync_timeout: std::time::Duration::from_millis(config.kv.resync_timeout_ms),
+            },
+        );
+        let mut tasks = vec![applier];
+        tasks.extend(kv::bus::connect(
+            mockers
+                .iter()
+                .enumerate()
+                .map(|(index, mocker)| (workers::embedded::name(index), mocker.engine().clone()))
+                .collect(),
+            inbound.clone(),
+        ));
         let client = WorkerClient::new(&config.forwarding);
         let listener = TcpListener::bind(config.server.listen)
             .await
@@ -134,7 +169,30 @@ impl Gateway {
             addr: config.server.listen,
             source,
         })?;
-        let health = workers::health::spawn(pool.clone(), client.clone(), config.health.clone());
+        if let Some(url) = &config.kv.nats_url {
+            let client = kv::nats::connect(url).await.map_err(|reason| Error::Nats {
+                url: url.clone(),
+                reason,
+            })?;
+            let subjects = switchyard_workers::kv_events::Subjects::new(config.kv.subject_prefix.clone());
+            tasks.extend(
+                kv::nats::start(client, subjects, config.kv.replica_sync, kv.clone(), inbound.clone())
+                    .await
+                    .map_err(|reason| Error::Nats {
+                        url: url.clone(),
+                        reason,
+                    })?,
+            );
+        }
+        for vllm in &config.kv.vllm {
+            let block_size = config
+                .workers
+                .iter()
+                .find(|w| w.display_name() == vllm.worker)
+                .map_or(64, |w| w.block_size);
+            tasks.push(kv::vllm::spawn(vllm.clone(), block_size, kv.clone(), inbound.clone()));
+        }
+        let health = workers::health::spawn(pool.clone(), client.clone(), config.health.clone(), kv.clone());
         let state = Arc::new(AppState {
             config,
             pool,
@@ -142,10 +200,11 @@ impl Gateway {
             metrics,
             policy: switch,
             policy_runtime,
+            kv,
             next_request: std::sync::atomic::AtomicU64::new(1_000),
         });
         let mut admin_addr = None;
-        let mut tasks = vec![health];
+        tasks.push(health);
         if let Some(dir) = &state.config.policy.watch_dir {
             tasks.push(policy::watch::spawn(
                 dir,

@@ -151,9 +151,8 @@ async fn run(config: Config) -> anyhow::Result<()> {
         .pool
         .models()
         .first()
-        .copied()
-        .unwrap_or("mock")
-        .to_string();
+        .cloned()
+        .unwrap_or_else(|| "mock".into());
     println!("switchyard listening on {url} (models: {models}; {workers} workers)");
     if let Some(admin) = gateway.admin_addr() {
         println!("admin API listening on http://{admin}");

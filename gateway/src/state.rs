@@ -23,6 +23,8 @@ pub struct AppState {
     pub policy: Arc<PolicySwitch>,
     /// Compiles and validates new policy versions.
     pub policy_runtime: Arc<crate::policy::runtime::PolicyRuntime>,
+    /// KV-aware routing state: prefix index, active sequences, prompt hashing.
+    pub kv: Arc<crate::kv::KvState>,
     /// Numbers requests for policies.
     pub next_request: std::sync::atomic::AtomicU64,
 }

@@ -161,6 +161,75 @@ impl Mockers {
     }
 }
 
+/// A real `nats-server` on a free loopback port, killed on drop.
+#[derive(Debug)]
+pub struct NatsServer {
+    child: Child,
+    /// Its `nats://127.0.0.1:PORT` URL.
+    pub url: String,
+}
+
+impl NatsServer {
+    /// Starts `nats-server` (`$SWITCHYARD_NATS_SERVER`, else from `PATH` or `/usr/sbin`) and
+    /// waits until it accepts connections.
+    ///
+    /// # Errors
+    ///
+    /// Fails with an install hint if the binary is missing, or if it does not start in time.
+    pub fn start() -> anyhow::Result<NatsServer> {
+        let program = std::env::var_os("SWITCHYARD_NATS_SERVER")
+            .map(PathBuf::from)
+            .or_else(|| {
+                std::env::var_os("PATH").and_then(|paths| {
+                    std::env::split_paths(&paths)
+                        .chain([PathBuf::from("/usr/sbin"), PathBuf::from("/usr/local/bin")])
+                        .map(|dir| dir.join("nats-server"))
+                        .find(|path| path.is_file())
+                })
+            })
+            .context("nats-server is not installed (Debian: `apt-get install nats-server`; .ci/run installs it)")?;
+        let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+        let child = Command::new(&program)
+            .args(["-a", "127.0.0.1", "-p", &port.to_string()])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .with_context(|| format!("starting {}", program.display()))?;
+        let server = NatsServer {
+            child,
+            url: format!("nats://127.0.0.1:{port}"),
+        };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            if Instant::now() > deadline {
+                bail!("nats-server did not listen on port {port} within 10 s");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Ok(server)
+    }
+}
+
+impl Drop for NatsServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The sum of every sample of metric `name` in Prometheus text whose labels contain all of
+/// `labels` (`key="value"` strings); 0 when there is none.
+pub fn metric_sum(text: &str, name: &str, labels: &[&str]) -> f64 {
+    text.lines()
+        .filter(|line| !line.starts_with('#'))
+        .filter_map(|line| {
+            let (series, value) = line.rsplit_once(' ')?;
+            let (metric, rest) = series.split_once('{').unwrap_or((series, ""));
+            (metric == name && labels.iter().all(|label| rest.contains(label))).then(|| value.parse::<f64>().ok())?
+        })
+        .sum()
+}
+
 /// A throwaway certificate authority and a server certificate for `localhost`/`127.0.0.1`,
 /// written as PEM files into a temporary folder.
 #[derive(Debug)]

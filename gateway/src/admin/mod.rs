@@ -1,4 +1,4 @@
-//! The admin API: managing router policies on a listener of its own.
+//! The admin API: managing router policies and inspecting KV routing, on a listener of its own.
 //!
 //! Every request needs `authorization: Bearer TOKEN` with the configured token (401 otherwise).
 //! `GET /admin/policies` lists the active version, the kept versions and uploaded candidates;
@@ -12,6 +12,8 @@
 //! (answers compared and counted, not used); `POST /admin/policies/{name}/split?percent=P&key=H`
 //! lets the candidate decide P % of requests, sticky by the hash of header H;
 //! `DELETE /admin/rollout` ends a rollout. Activating or rolling back also ends it.
+//! `GET /admin/kv` summarises the KV index (nodes, holdings, estimated heap) and, per worker,
+//! its cached blocks, block-size agreement and live load.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -91,6 +93,7 @@ async fn handle(
     let segments: Vec<&str> = path.trim_matches('/').split('/').collect();
     match (request.method().clone(), segments.as_slice()) {
         (Method::GET, ["admin", "policies"]) => Ok(list(state, candidates)),
+        (Method::GET, ["admin", "kv"]) => Ok(respond::json(StatusCode::OK, &state.kv.summary(&state.pool.workers()))),
         (Method::PUT, ["admin", "policies", name, "config"]) => {
             let name = valid_name(name)?;
             let (parts, body) = request.into_parts();

@@ -82,6 +82,93 @@ pub struct Config {
     /// The admin API (policy management).
     #[serde(default)]
     pub admin: Option<AdminConfig>,
+    /// Per-model tokenization and KV block settings.
+    #[serde(default)]
+    pub models: Vec<ModelConfig>,
+    /// KV-aware routing: event transports, replicas, adapters.
+    #[serde(default)]
+    pub kv: KvConfig,
+}
+
+/// `[[models]]`: how a model's prompts are tokenized and cut into KV blocks.
+///
+/// A model without an entry uses the byte-level fallback tokenizer, the default chat template,
+/// and the block size of its embedded mockers (or of its first configured worker).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelConfig {
+    /// The model name requests use.
+    pub name: String,
+    /// Tokens per KV block; workers registering another size are reported and not indexed.
+    #[serde(default = "default_block_size")]
+    pub block_size: usize,
+    /// A Hugging Face `tokenizer.json`; the byte-level fallback when absent.
+    #[serde(default)]
+    pub tokenizer: Option<PathBuf>,
+    /// The chat template (see `switchyard_workers::tokenize::ChatTemplate`).
+    #[serde(default)]
+    pub chat_template: Option<ChatTemplateConfig>,
+    /// A LoRA adapter name that salts the model's block hashes.
+    #[serde(default)]
+    pub lora: Option<String>,
+}
+
+/// `[models.chat_template]`: `message` with `{role}` and `{content}`, then `generation_prompt`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ChatTemplateConfig {
+    /// Written once per message.
+    pub message: String,
+    /// Written after the last message.
+    #[serde(default)]
+    pub generation_prompt: String,
+}
+
+/// `[kv]`: where KV events, registrations and heartbeats come from.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct KvConfig {
+    /// A NATS server (`nats://host:4222`) for distributed workers and gateway replicas.
+    pub nats_url: Option<String>,
+    /// The prefix of every NATS subject.
+    pub subject_prefix: String,
+    /// Share active sequences with the other gateways on the same NATS.
+    pub replica_sync: bool,
+    /// Heartbeats a registered worker may miss before it leaves the index and the rotation.
+    pub heartbeat_misses: u32,
+    /// Events buffered per worker while its resync dump is awaited.
+    pub resync_buffer: usize,
+    /// How long a resync dump is awaited, in milliseconds.
+    pub resync_timeout_ms: u64,
+    /// vLLM workers whose ZMQ KV event stream is consumed.
+    pub vllm: Vec<VllmEventsConfig>,
+}
+
+impl Default for KvConfig {
+    fn default() -> KvConfig {
+        KvConfig {
+            nats_url: None,
+            subject_prefix: "switchyard".into(),
+            replica_sync: false,
+            heartbeat_misses: 3,
+            resync_buffer: 10_000,
+            resync_timeout_ms: 2_000,
+            vllm: Vec::new(),
+        }
+    }
+}
+
+/// `[[kv.vllm]]`: a vLLM worker's KV event publisher.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VllmEventsConfig {
+    /// The `[[workers]]` entry (by name) the events describe.
+    pub worker: String,
+    /// Its ZMQ PUB endpoint, e.g. `tcp://10.0.0.5:5557`.
+    pub endpoint: String,
+    /// The ZMQ topic to subscribe to (empty: all).
+    #[serde(default)]
+    pub topic: String,
 }
 
 /// `[policy]`: the router policy (a Wasm component) and its sandbox.
@@ -107,7 +194,7 @@ pub struct PolicyConfig {
 impl Default for PolicyConfig {
     fn default() -> PolicyConfig {
         PolicyConfig {
-            router: "least-load".into(),
+            router: "kv-aware".into(),
             deadline_ms: 1,
             memory_limit_mib: 32,
             max_failures: 5,
@@ -298,6 +385,9 @@ pub struct WorkerConfig {
     /// Relative cost of a token on this worker (spot < reserved).
     #[serde(default = "default_cost")]
     pub cost: f64,
+    /// Total KV blocks of the worker (0: unknown).
+    #[serde(default)]
+    pub capacity_blocks: u64,
 }
 
 fn default_block_size() -> usize {
@@ -486,11 +576,87 @@ impl Config {
                 ));
             }
         }
-        if self.workers.is_empty() && self.embedded_mockers.as_ref().is_none_or(|m| m.count == 0) {
+        if self.workers.is_empty()
+            && self.embedded_mockers.as_ref().is_none_or(|m| m.count == 0)
+            && self.kv.nats_url.is_none()
+        {
             return Err(invalid(
                 "workers",
-                "no workers configured: add `[[workers]]` entries or `[embedded_mockers] count = N`".into(),
+                "no workers configured: add `[[workers]]` entries, `[embedded_mockers] count = N`, or `[kv] nats_url` for workers that register themselves".into(),
             ));
+        }
+        let mut models = std::collections::HashSet::new();
+        for (index, model) in self.models.iter().enumerate() {
+            let key = |field: &str| format!("models[{index}].{field}");
+            if model.name.is_empty() {
+                return Err(invalid(&key("name"), "must not be empty".into()));
+            }
+            if !models.insert(model.name.as_str()) {
+                return Err(invalid(&key("name"), format!("model `{}` is listed twice", model.name)));
+            }
+            if model.block_size == 0 {
+                return Err(invalid(&key("block_size"), "must be greater than 0".into()));
+            }
+            if let Some(path) = &model.tokenizer
+                && !path.is_file()
+            {
+                return Err(invalid(
+                    &key("tokenizer"),
+                    format!("file `{}` does not exist", path.display()),
+                ));
+            }
+        }
+        let kv = &self.kv;
+        if let Some(url) = &kv.nats_url
+            && !(url.starts_with("nats://") || url.starts_with("tls://"))
+        {
+            return Err(invalid(
+                "kv.nats_url",
+                format!("`{url}` must be a `nats://host:port` (or `tls://`) URL"),
+            ));
+        }
+        if kv.subject_prefix.is_empty()
+            || kv
+                .subject_prefix
+                .split('.')
+                .any(|token| !switchyard_workers::kv_events::valid_worker_name(token))
+        {
+            return Err(invalid(
+                "kv.subject_prefix",
+                format!(
+                    "`{}` must be dot-separated tokens of letters, digits, `-` and `_`",
+                    kv.subject_prefix
+                ),
+            ));
+        }
+        if kv.replica_sync && kv.nats_url.is_none() {
+            return Err(invalid("kv.replica_sync", "needs `kv.nats_url`".into()));
+        }
+        for (key, value) in [
+            ("kv.heartbeat_misses", u64::from(kv.heartbeat_misses)),
+            ("kv.resync_buffer", kv.resync_buffer as u64),
+            ("kv.resync_timeout_ms", kv.resync_timeout_ms),
+        ] {
+            if value == 0 {
+                return Err(invalid(key, "must be greater than 0".into()));
+            }
+        }
+        for (index, vllm) in kv.vllm.iter().enumerate() {
+            if !self.workers.iter().any(|w| w.display_name() == vllm.worker) {
+                return Err(invalid(
+                    &format!("kv.vllm[{index}].worker"),
+                    format!("no `[[workers]]` entry is named `{}`", vllm.worker),
+                ));
+            }
+            if !vllm.endpoint.starts_with("tcp://") && !vllm.endpoint.starts_with("ipc://") {
+                return Err(invalid(
+                    &format!("kv.vllm[{index}].endpoint"),
+                    format!(
+                        "`{}` must be a `tcp://host:port` or `ipc://` ZMQ endpoint",
+                        vllm.endpoint
+                    ),
+                ));
+            }
         }
         Ok(())
     }

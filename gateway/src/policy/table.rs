@@ -3,39 +3,52 @@
 pub use crate::policy::bindings::switchyard::policy::types::{RequestInfo, WorkerTable};
 
 use crate::config::Role;
+use crate::kv::{Load, Overlap};
 use crate::workers::Worker;
 
 /// Builds the table for `candidates` (which the caller has already filtered to healthy workers
-/// of the requested model).
-pub fn build(candidates: &[std::sync::Arc<Worker>]) -> WorkerTable {
+/// of the requested model), with each one's prefix `overlaps` (sorted by worker id, as the
+/// index returns them) and live `loads` (aligned with `candidates`).
+pub fn build(candidates: &[std::sync::Arc<Worker>], overlaps: &[Overlap], loads: &[Load]) -> WorkerTable {
     let n = candidates.len();
     let mut table = WorkerTable {
         ids: Vec::with_capacity(n),
         roles: Vec::with_capacity(n),
         capabilities: Vec::with_capacity(n),
-        overlap_device_blocks: vec![0; n],
-        overlap_host_blocks: vec![0; n],
-        active_blocks: vec![0; n],
-        prefill_tokens: vec![0; n],
+        overlap_device_blocks: Vec::with_capacity(n),
+        overlap_host_blocks: Vec::with_capacity(n),
+        active_blocks: Vec::with_capacity(n),
+        prefill_tokens: Vec::with_capacity(n),
         active_requests: Vec::with_capacity(n),
-        capacity_blocks: vec![0; n],
+        capacity_blocks: Vec::with_capacity(n),
         block_size: Vec::with_capacity(n),
         cost: Vec::with_capacity(n),
     };
+    let saturate = |value: u64| u32::try_from(value).unwrap_or(u32::MAX);
     for (index, worker) in candidates.iter().enumerate() {
-        table.ids.push(index as u32);
+        table.ids.push(worker.kv_id);
         table.roles.push(match worker.role {
             Role::Llm => 0,
             Role::Vision => 1,
             Role::Audio => 2,
         });
         table.capabilities.push(capability_mask(&worker.capabilities));
+        let overlap = overlaps
+            .binary_search_by_key(&worker.kv_id, |o| o.worker)
+            .ok()
+            .map(|i| overlaps[i]);
+        table.overlap_device_blocks.push(overlap.map_or(0, |o| o.device));
+        table.overlap_host_blocks.push(overlap.map_or(0, |o| o.host));
+        let load = loads.get(index).copied().unwrap_or_default();
+        table.active_blocks.push(load.active_blocks);
+        table.prefill_tokens.push(saturate(load.prefill_tokens));
+        // This gateway's in-flight count covers requests the tracker does not (e.g. retries).
+        let local = u64::try_from(worker.in_flight().max(0)).unwrap_or(0);
         table
             .active_requests
-            .push(u32::try_from(worker.in_flight().max(0)).unwrap_or(u32::MAX));
-        table
-            .block_size
-            .push(u32::try_from(worker.block_size).unwrap_or(u32::MAX));
+            .push(saturate(u64::from(load.requests).max(local)));
+        table.capacity_blocks.push(saturate(worker.capacity_blocks));
+        table.block_size.push(saturate(worker.block_size as u64));
         table.cost.push(worker.cost as f32);
     }
     table

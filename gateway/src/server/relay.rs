@@ -59,30 +59,61 @@ pub(crate) async fn generate(
         .with_param(Some("model".into())));
     }
     let stream = parsed.is_stream();
-    let prompt_tokens = switchyard_workers::tokenize::prompt_tokens(&parsed).len();
+    let fallback_block_size = state.pool.candidates(model, &[]).first().map_or(64, |w| w.block_size);
+    let prompt = state
+        .kv
+        .prompt_blocks(model, fallback_block_size, &parsed)
+        .map_err(|err| {
+            ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "invalid_request_error",
+                "tokenization_failed",
+                err.to_string(),
+            )
+        })?;
     let request_id = state.next_request.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let affinity = affinity(state, &parts.headers, request_id);
     let mut tried: Vec<Arc<Worker>> = Vec::new();
     let mut last_failure: Option<String> = None;
     for attempt in 0..=state.config.forwarding.retries {
-        let Some((worker, routed)) = choose(
+        let Some(chosen) = choose(
             state,
             model,
             &tried,
             request_id,
             affinity,
-            prompt_tokens,
+            &prompt,
             parsed.token_limit(),
         ) else {
             break;
         };
+        let Chosen {
+            worker,
+            routed,
+            overlap,
+        } = chosen;
         if attempt > 0 {
             state.metrics.retry();
         }
         tried.push(worker.clone());
-        let in_flight = InFlight::new(worker.clone());
+        let cached_tokens = (overlap as usize * prompt.block_size).min(prompt.tokens);
+        let active = state.kv.begin(
+            request_id,
+            &worker,
+            prompt.hashes.clone(),
+            (prompt.tokens - cached_tokens) as u64,
+        );
+        let mut in_flight = InFlight::new(worker.clone(), Some(active));
         match attempt_on(state, &worker, endpoint, body.clone(), stream).await {
             Attempt::Answered(response) => {
+                in_flight.first_token();
+                if !prompt.hashes.is_empty() {
+                    state
+                        .kv
+                        .metrics
+                        .overlap_ratio
+                        .observe(f64::from(overlap) / prompt.hashes.len() as f64);
+                }
                 let response = finish(state, endpoint, response, in_flight, started, stream).await;
                 return Ok(with_routing_headers(response, &worker.name, &routed));
             }
@@ -123,6 +154,13 @@ fn affinity(state: &AppState, headers: &http::HeaderMap, request_id: u64) -> u64
     keyed.unwrap_or_else(|| xxhash_rust::xxh3::xxh3_64(&request_id.to_le_bytes()))
 }
 
+/// The worker a policy chose, how, and its cached leading blocks of the prompt.
+struct Chosen {
+    worker: Arc<Worker>,
+    routed: Routed,
+    overlap: u32,
+}
+
 /// Asks the router policy for a worker among the healthy workers of `model` not yet tried.
 fn choose(
     state: &AppState,
@@ -130,25 +168,33 @@ fn choose(
     tried: &[Arc<Worker>],
     request_id: u64,
     affinity: u64,
-    prompt_tokens: usize,
+    prompt: &crate::kv::PromptBlocks,
     max_tokens: Option<u32>,
-) -> Option<(Arc<Worker>, Routed)> {
+) -> Option<Chosen> {
     let candidates = state.pool.candidates(model, tried);
-    let block_size = candidates.first()?.block_size.max(1);
-    let table = crate::policy::table::build(&candidates);
+    if candidates.is_empty() {
+        return None;
+    }
+    let overlaps = state.kv.lookup(&prompt.hashes);
+    let loads = state.kv.loads(&candidates);
+    let table = crate::policy::table::build(&candidates, &overlaps, &loads);
     let request = crate::policy::table::RequestInfo {
         request_id,
-        prompt_tokens: u32::try_from(prompt_tokens).unwrap_or(u32::MAX),
+        prompt_tokens: u32::try_from(prompt.tokens).unwrap_or(u32::MAX),
         max_tokens: max_tokens.unwrap_or(0),
-        prompt_blocks: u32::try_from(prompt_tokens / block_size).unwrap_or(u32::MAX),
+        prompt_blocks: u32::try_from(prompt.hashes.len()).unwrap_or(u32::MAX),
         media_tokens: 0,
         affinity,
         ttft_target_ms: 0.0,
     };
     let (index, routed) = state.policy.route(&request, &table);
-    index
-        .and_then(|index| candidates.get(index as usize).cloned())
-        .map(|worker| (worker, routed))
+    let index = index? as usize;
+    let worker = candidates.get(index)?.clone();
+    Some(Chosen {
+        worker,
+        routed,
+        overlap: table.overlap_device_blocks.get(index).copied().unwrap_or(0),
+    })
 }
 
 /// A worker's answer whose first body bytes (if any) have already arrived.
@@ -174,8 +220,8 @@ async fn attempt_on(state: &AppState, worker: &Worker, endpoint: Endpoint, body:
     let response = match state.client.send(request).await {
         Ok(response) => response,
         Err(err) => {
-            if err.is_connect() {
-                worker.eject();
+            if err.is_connect() && worker.eject() {
+                state.kv.worker_lost(worker);
             }
             return Attempt::Failed(err.to_string());
         }

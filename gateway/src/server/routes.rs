@@ -31,7 +31,7 @@ pub(crate) async fn handle(state: Arc<AppState>, request: Request<Incoming>, sta
             "models",
             Ok(respond::json(
                 StatusCode::OK,
-                &ModelList::new(state.pool.models(), "switchyard"),
+                &ModelList::new(state.pool.models().iter().map(String::as_str), "switchyard"),
             )),
         ),
         (&Method::GET, "/healthz") => ("healthz", Ok(respond::text(StatusCode::OK, "text/plain", "ok\n"))),

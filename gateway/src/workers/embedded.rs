@@ -34,14 +34,20 @@ pub async fn start(config: &EmbeddedMockers) -> std::io::Result<(Vec<MockerServe
         .iter()
         .enumerate()
         .map(|(index, mocker)| WorkerConfig {
-            name: Some(format!("embedded-{index}")),
+            name: Some(name(index)),
             url: format!("http://{}", mocker.addr()),
             model: config.model.clone(),
             role: Role::Llm,
             block_size: config.block_size,
             capabilities: vec!["text".into()],
             cost: 1.0,
+            capacity_blocks: config.num_gpu_blocks as u64,
         })
         .collect();
     Ok((fleet, workers))
+}
+
+/// The worker name of embedded mocker `index`.
+pub fn name(index: usize) -> String {
+    format!("embedded-{index}")
 }

@@ -12,17 +12,20 @@ use http_body_util::Full;
 use tokio::task::JoinHandle;
 
 use crate::config::HealthConfig;
+use crate::kv::KvState;
 use crate::workers::WorkerPool;
 use crate::workers::client::WorkerClient;
 
 /// Starts the health checker; it runs until the returned task is aborted.
-pub fn spawn(pool: Arc<WorkerPool>, client: WorkerClient, config: HealthConfig) -> JoinHandle<()> {
+pub fn spawn(pool: Arc<WorkerPool>, client: WorkerClient, config: HealthConfig, kv: Arc<KvState>) -> JoinHandle<()> {
     tokio::spawn(async move {
         let mut ticker = tokio::time::interval(Duration::from_millis(config.interval_ms));
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             ticker.tick().await;
-            let checks = pool.workers().iter().map(|worker| {
+            let workers = pool.workers();
+            let checks = workers.iter().map(|worker| {
+                let kv = kv.clone();
                 let client = client.clone();
                 let worker = worker.clone();
                 let config = config.clone();
@@ -37,8 +40,8 @@ pub fn spawn(pool: Arc<WorkerPool>, client: WorkerClient, config: HealthConfig) 
                     };
                     if passed {
                         worker.record_success(config.successes_to_restore);
-                    } else {
-                        worker.record_failure(config.failures_to_eject);
+                    } else if worker.record_failure(config.failures_to_eject) {
+                        kv.worker_lost(&worker);
                     }
                 }
             });

@@ -1,7 +1,12 @@
-//! The worker registry and least-in-flight selection.
+//! The worker registry: every worker the gateway may route to, and its health.
+//!
+//! Workers come from the configuration (and embedded mockers) at start, and — with KV events
+//! over NATS — from workers that register themselves and later leave or stop heartbeating.
+//! Each worker gets a `kv_id` that names it in the KV index; ids are never reused, so a worker
+//! that re-registers can never inherit another's cached blocks.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, RwLock};
 
 use prometheus_client::metrics::gauge::Gauge;
 
@@ -13,6 +18,8 @@ use crate::metrics::Metrics;
 pub struct Worker {
     /// Unique name (metrics label, logs, `x-switchyard-worker` header).
     pub name: String,
+    /// Its id in the KV index.
+    pub kv_id: u32,
     /// Base URL: scheme and authority.
     pub base: http::Uri,
     /// Model served.
@@ -25,6 +32,8 @@ pub struct Worker {
     pub capabilities: Vec<String>,
     /// Relative token cost.
     pub cost: f64,
+    /// Total KV blocks (0: unknown).
+    pub capacity_blocks: u64,
     healthy: AtomicBool,
     failures: AtomicU32,
     successes: AtomicU32,
@@ -33,9 +42,11 @@ pub struct Worker {
 }
 
 impl Worker {
-    fn new(config: &WorkerConfig, metrics: &Metrics) -> Result<Worker, http::uri::InvalidUri> {
+    fn new(config: &WorkerConfig, kv_id: u32, metrics: &Metrics) -> Result<Worker, http::uri::InvalidUri> {
         let name = config.display_name();
         let worker = Worker {
+            kv_id,
+            capacity_blocks: config.capacity_blocks,
             base: config.url.trim_end_matches('/').parse()?,
             model: config.model.clone(),
             role: config.role,
@@ -73,22 +84,24 @@ impl Worker {
         http::Uri::from_parts(parts).unwrap_or_else(|_| self.base.clone())
     }
 
-    /// Takes the worker out of rotation at once (a request could not reach it).
-    pub fn eject(&self) {
+    /// Takes the worker out of rotation at once (a request could not reach it). Returns
+    /// whether it was in rotation until now.
+    pub fn eject(&self) -> bool {
         self.successes.store(0, Ordering::Relaxed);
         if self.healthy.swap(false, Ordering::Relaxed) {
             self.healthy_gauge.set(0);
             tracing::warn!(worker = %self.name, "worker out of rotation");
+            return true;
         }
+        false
     }
 
-    /// Records a failed health check; ejects after `threshold` in a row.
-    pub fn record_failure(&self, threshold: u32) {
+    /// Records a failed health check; ejects after `threshold` in a row. Returns whether the
+    /// worker left the rotation now.
+    pub fn record_failure(&self, threshold: u32) -> bool {
         self.successes.store(0, Ordering::Relaxed);
         let failures = self.failures.fetch_add(1, Ordering::Relaxed) + 1;
-        if failures >= threshold {
-            self.eject();
-        }
+        failures >= threshold && self.eject()
     }
 
     /// Records a passed health check; restores after `threshold` in a row.
@@ -102,22 +115,31 @@ impl Worker {
     }
 }
 
-/// Counts a request as in flight on a worker until dropped.
+/// Counts a request as in flight on a worker until dropped, and keeps its entry in the
+/// active-sequence tracker (if any) as long.
 #[derive(Debug)]
 pub struct InFlight {
     worker: Arc<Worker>,
+    active: Option<crate::kv::ActiveGuard>,
 }
 
 impl InFlight {
     /// Starts counting a request on `worker`.
-    pub fn new(worker: Arc<Worker>) -> InFlight {
+    pub fn new(worker: Arc<Worker>, active: Option<crate::kv::ActiveGuard>) -> InFlight {
         worker.in_flight.inc();
-        InFlight { worker }
+        InFlight { worker, active }
     }
 
     /// The worker.
     pub fn worker(&self) -> &Arc<Worker> {
         &self.worker
+    }
+
+    /// The request's first token came back: its prompt no longer counts as prefill work.
+    pub fn first_token(&mut self) {
+        if let Some(active) = &mut self.active {
+            active.first_token();
+        }
     }
 }
 
@@ -127,10 +149,12 @@ impl Drop for InFlight {
     }
 }
 
-/// Every configured worker.
+/// Every worker: configured, embedded, or registered.
 #[derive(Debug)]
 pub struct WorkerPool {
-    workers: Vec<Arc<Worker>>,
+    workers: RwLock<Arc<Vec<Arc<Worker>>>>,
+    next_kv_id: AtomicU32,
+    metrics: Arc<Metrics>,
 }
 
 impl WorkerPool {
@@ -139,26 +163,81 @@ impl WorkerPool {
     /// # Errors
     ///
     /// Returns the invalid URI of a worker whose URL does not parse (validation prevents it).
-    pub fn new(configs: &[WorkerConfig], metrics: &Metrics) -> Result<WorkerPool, http::uri::InvalidUri> {
-        let workers = configs
-            .iter()
-            .map(|c| Worker::new(c, metrics).map(Arc::new))
-            .collect::<Result<_, _>>()?;
-        Ok(WorkerPool { workers })
+    pub fn new(configs: &[WorkerConfig], metrics: Arc<Metrics>) -> Result<WorkerPool, http::uri::InvalidUri> {
+        let pool = WorkerPool {
+            workers: RwLock::new(Arc::new(Vec::new())),
+            next_kv_id: AtomicU32::new(0),
+            metrics,
+        };
+        for config in configs {
+            pool.upsert(config)?;
+        }
+        Ok(pool)
     }
 
-    /// Every worker.
-    pub fn workers(&self) -> &[Arc<Worker>] {
-        &self.workers
+    /// Every worker, as of now.
+    pub fn workers(&self) -> Arc<Vec<Arc<Worker>>> {
+        self.workers
+            .read()
+            .map(|w| w.clone())
+            .unwrap_or_else(|p| p.into_inner().clone())
+    }
+
+    fn replace(&self, update: impl FnOnce(&mut Vec<Arc<Worker>>)) {
+        let mut guard = self.workers.write().unwrap_or_else(|p| p.into_inner());
+        let mut workers = guard.as_ref().clone();
+        update(&mut workers);
+        *guard = Arc::new(workers);
+    }
+
+    /// Adds a worker, or returns the one of the same name if it is described the same way
+    /// (`false`); a changed description replaces it with a fresh worker under a new `kv_id`
+    /// (`true`, as for a new one).
+    ///
+    /// # Errors
+    ///
+    /// Returns the invalid URI if the worker's URL does not parse.
+    pub fn upsert(&self, config: &WorkerConfig) -> Result<(Arc<Worker>, bool), http::uri::InvalidUri> {
+        let name = config.display_name();
+        if let Some(existing) = self.by_name(&name)
+            && existing.base == config.url.trim_end_matches('/').parse::<http::Uri>()?
+            && existing.model == config.model
+            && existing.block_size == config.block_size
+            && existing.role == config.role
+        {
+            return Ok((existing, false));
+        }
+        let kv_id = self.next_kv_id.fetch_add(1, Ordering::Relaxed);
+        let worker = Arc::new(Worker::new(config, kv_id, &self.metrics)?);
+        let added = worker.clone();
+        self.replace(|workers| {
+            workers.retain(|w| w.name != name);
+            workers.push(added);
+        });
+        Ok((worker, true))
+    }
+
+    /// Removes the worker named `name`, returning it.
+    pub fn remove(&self, name: &str) -> Option<Arc<Worker>> {
+        let removed = self.by_name(name)?;
+        removed.healthy_gauge.set(0);
+        removed.healthy.store(false, Ordering::Relaxed);
+        self.replace(|workers| workers.retain(|w| w.name != name));
+        Some(removed)
+    }
+
+    /// The worker named `name`.
+    pub fn by_name(&self, name: &str) -> Option<Arc<Worker>> {
+        self.workers().iter().find(|w| w.name == name).cloned()
     }
 
     /// The distinct models served, sorted.
-    pub fn models(&self) -> Vec<&str> {
-        let mut models: Vec<&str> = self
-            .workers
+    pub fn models(&self) -> Vec<String> {
+        let mut models: Vec<String> = self
+            .workers()
             .iter()
             .filter(|w| w.role == Role::Llm)
-            .map(|w| w.model.as_str())
+            .map(|w| w.model.clone())
             .collect();
         models.sort_unstable();
         models.dedup();
@@ -167,17 +246,17 @@ impl WorkerPool {
 
     /// Whether any LLM worker serves `model`, healthy or not.
     pub fn serves(&self, model: &str) -> bool {
-        self.workers.iter().any(|w| w.role == Role::Llm && w.model == model)
+        self.workers().iter().any(|w| w.role == Role::Llm && w.model == model)
     }
 
     /// Whether any worker is in rotation.
     pub fn any_healthy(&self) -> bool {
-        self.workers.iter().any(|w| w.is_healthy())
+        self.workers().iter().any(|w| w.is_healthy())
     }
 
-    /// The healthy LLM workers of `model`, skipping those in `exclude`, in configuration order.
+    /// The healthy LLM workers of `model`, skipping those in `exclude`, in registration order.
     pub fn candidates(&self, model: &str, exclude: &[Arc<Worker>]) -> Vec<Arc<Worker>> {
-        self.workers
+        self.workers()
             .iter()
             .filter(|w| w.role == Role::Llm && w.model == model && w.is_healthy())
             .filter(|w| !exclude.iter().any(|e| Arc::ptr_eq(e, w)))
@@ -200,9 +279,10 @@ mod tests {
                 block_size: 64,
                 capabilities: vec!["text".into()],
                 cost: 1.0,
+                capacity_blocks: 0,
             })
             .collect();
-        WorkerPool::new(&configs, &Metrics::new()).expect("valid urls")
+        WorkerPool::new(&configs, Arc::new(Metrics::new())).expect("valid urls")
     }
 
     #[test]
@@ -214,6 +294,32 @@ mod tests {
         assert_eq!(names(pool.candidates("m", &[])), ["w0", "w1"]);
         assert_eq!(names(pool.candidates("m", &[pool.workers()[0].clone()])), ["w1"]);
         assert!(pool.candidates("other", &[]).is_empty());
+    }
+
+    #[test]
+    fn registration_adds_replaces_and_removes() {
+        let pool = pool(2);
+        let mut config = WorkerConfig {
+            name: Some("w1".into()),
+            url: "http://127.0.0.1:9001".into(),
+            model: "m".into(),
+            role: Role::Llm,
+            block_size: 64,
+            capabilities: vec!["text".into()],
+            cost: 1.0,
+            capacity_blocks: 0,
+        };
+        let (same, changed) = pool.upsert(&config).expect("valid");
+        assert!(!changed);
+        assert_eq!(same.kv_id, 1);
+        config.url = "http://127.0.0.1:9100".into();
+        let (moved, changed) = pool.upsert(&config).expect("valid");
+        assert!(changed);
+        assert_eq!(moved.kv_id, 2, "ids are never reused");
+        assert_eq!(pool.workers().len(), 2);
+        assert!(pool.remove("w1").is_some());
+        assert!(pool.by_name("w1").is_none());
+        assert!(!moved.is_healthy());
     }
 
     #[test]
@@ -233,7 +339,7 @@ mod tests {
     #[test]
     fn in_flight_is_counted_until_dropped() {
         let pool = pool(1);
-        let guard = InFlight::new(pool.workers()[0].clone());
+        let guard = InFlight::new(pool.workers()[0].clone(), None);
         assert_eq!(pool.workers()[0].in_flight(), 1);
         drop(guard);
         assert_eq!(pool.workers()[0].in_flight(), 0);

@@ -1,12 +1,17 @@
-//! `kv-aware`: Dynamo's default cost, argmin with a pseudo-random tie-break.
+//! `kv-aware`: Dynamo's default cost with a load term, argmin with a pseudo-random tie-break.
 //!
-//! For each LLM worker `i` with block size `bs`:
-//! `prefill_blocks = max(0, (prefill_tokens[i] + prompt_tokens) / bs − overlap_device[i])` and
-//! `decode_blocks = active_blocks[i] + (prompt_blocks − overlap_device[i])`;
-//! `cost = prefill_blocks + decode_blocks`. The lowest cost wins. Ties are broken by a hash of
-//! the request id (policies have no random source, and this keeps equal-cost workers evenly
-//! used). With `temperature > 0` in the policy's config, the worker is instead drawn from a
-//! softmax over min-max-normalised costs, as Dynamo does.
+//! For each LLM worker `i` with block size `bs`, device overlap `d` and host overlap `h`:
+//! `prefill_blocks = max(0, (prefill_tokens[i] + prompt_tokens) / bs − d − 0.75·h)` (host
+//! blocks still need a copy back, so they earn less credit, as in Dynamo),
+//! `decode_blocks = active_blocks[i] + (prompt_blocks − d)`, and
+//! `cost = prefill_blocks + decode_blocks + active_request_weight · active_requests[i]`.
+//! The request term (default weight 1, config key `active_request_weight`) keeps a worker
+//! that holds a popular prefix from taking every request while the others idle: each request
+//! it already serves offsets one block of cache credit. A worker whose KV capacity the request
+//! would overflow is used only if every worker would overflow. The lowest cost wins. Ties are
+//! broken by a hash of the request id (policies have no random source, and this keeps
+//! equal-cost workers evenly used). With `temperature > 0` in the policy's config, the worker
+//! is instead drawn from a softmax over min-max-normalised costs, as Dynamo does.
 
 #![cfg_attr(not(test), no_std)]
 
@@ -19,15 +24,30 @@ use switchyard_policy_sdk::{Decision, PolicyError, RequestInfo, Router, WorkerTa
 /// The policy.
 pub struct KvAware;
 
-/// Cost of routing `req` to worker `i`.
-pub fn cost(req: &RequestInfo, workers: &WorkerTable, i: usize) -> f64 {
+/// Cache credit of a block held in host memory, relative to one on the device.
+const HOST_CREDIT: f64 = 0.75;
+
+/// Added to the cost of a worker the request would overflow.
+const OVERFLOW_PENALTY: f64 = 1e9;
+
+/// Cost of routing `req` to worker `i`, with `request_weight` per active request.
+pub fn cost(req: &RequestInfo, workers: &WorkerTable, i: usize, request_weight: f64) -> f64 {
     let block_size = f64::from(workers.block_size[i].max(1));
-    let overlap = f64::from(workers.overlap_device_blocks[i]);
-    let prefill =
-        ((f64::from(workers.prefill_tokens[i]) + f64::from(req.prompt_tokens)) / block_size - overlap).max(0.0);
-    let new_blocks = (f64::from(req.prompt_blocks) - overlap).max(0.0);
+    let device = f64::from(workers.overlap_device_blocks[i]);
+    let host = f64::from(workers.overlap_host_blocks[i]);
+    let prefill = ((f64::from(workers.prefill_tokens[i]) + f64::from(req.prompt_tokens)) / block_size
+        - device
+        - HOST_CREDIT * host)
+        .max(0.0);
+    let new_blocks = (f64::from(req.prompt_blocks) - device).max(0.0);
     let decode = f64::from(workers.active_blocks[i]) + new_blocks;
-    prefill + decode
+    let capacity = f64::from(workers.capacity_blocks[i]);
+    let overflow = if capacity > 0.0 && decode > capacity {
+        OVERFLOW_PENALTY
+    } else {
+        0.0
+    };
+    prefill + decode + request_weight * f64::from(workers.active_requests[i]) + overflow
 }
 
 /// A well-mixed 64-bit hash (splitmix64) for tie-breaks and sampling.
@@ -40,7 +60,11 @@ fn mix(mut x: u64) -> u64 {
 
 impl Router for KvAware {
     fn route(req: &RequestInfo, workers: &WorkerTable) -> Result<Decision, PolicyError> {
-        let costs: Vec<(usize, f64)> = workers.llm_indices().map(|i| (i, cost(req, workers, i))).collect();
+        let weight = config::get_f64("active_request_weight", 1.0);
+        let costs: Vec<(usize, f64)> = workers
+            .llm_indices()
+            .map(|i| (i, cost(req, workers, i, weight)))
+            .collect();
         if costs.is_empty() {
             return Err(PolicyError::new("no LLM worker in the table"));
         }
@@ -91,6 +115,30 @@ switchyard_policy_sdk::router!(KvAware);
 #[cfg(test)]
 mod tests {
     use super::*;
+    use switchyard_policy_sdk::testing;
+
+    #[test]
+    fn follows_the_cache_while_load_allows_and_spreads_when_busy() {
+        // 1024 tokens at block size 64 (testing::table's default): 16 blocks, 12 cached on 1.
+        let mut table = testing::table(3);
+        table.overlap_device_blocks = vec![0, 12, 0];
+        table.active_requests = vec![0, 5, 0];
+        let request = testing::request(1, 1024);
+        assert_eq!(KvAware::route(&request, &table).expect("a decision").worker, 1);
+        // Each active request offsets one block of credit: 30 in flight outweigh 12 cached blocks.
+        table.active_requests = vec![0, 30, 0];
+        assert_ne!(KvAware::route(&request, &table).expect("a decision").worker, 1);
+    }
+
+    #[test]
+    fn host_blocks_earn_partial_credit() {
+        let mut table = testing::table(2);
+        table.overlap_host_blocks = vec![0, 8];
+        let request = testing::request(1, 1024);
+        assert!(cost(&request, &table, 1, 1.0) < cost(&request, &table, 0, 1.0));
+        table.overlap_device_blocks = vec![8, 0];
+        assert!(cost(&request, &table, 0, 1.0) < cost(&request, &table, 1, 1.0));
+    }
 
     #[test]
     fn exp_is_accurate() {

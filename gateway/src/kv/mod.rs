@@ -1,0 +1,561 @@
+//! KV-aware routing state: the prefix index, the active-sequence tracker, and how prompts
+//! become block hashes.
+//!
+//! [`KvState`] is shared by every request and by the event applier ([`sync`]). Concurrency:
+//! the index sits behind one `parking_lot::RwLock`. Lookups take the read lock for one walk
+//! (microseconds, measured by the `kv_index` bench and the `switchyard_kv_lookup_seconds`
+//! histogram); the single applier task takes the write lock for a batch of at most
+//! [`sync::MAX_BATCH`] events, so a lookup waits at most one bounded batch and the applier at
+//! most the lookups in progress (the lock is fair: a waiting writer stops new readers). The
+//! active-sequence tracker is a separate mutex touched at route, first token and end.
+//!
+//! Events reach the applier from transports: the in-process bus of embedded mockers
+//! ([`bus`]), NATS for workers and replicas elsewhere ([`nats`]), and vLLM's ZMQ publisher
+//! ([`vllm`]).
+
+pub mod active;
+pub mod bus;
+pub mod index;
+pub mod nats;
+pub mod sync;
+pub mod vllm;
+
+use std::collections::HashMap;
+use std::sync::{Arc, OnceLock};
+use std::time::Instant;
+
+use parking_lot::{Mutex, RwLock};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use serde::{Deserialize, Serialize};
+use switchyard_workers::api::GenerateRequest;
+use switchyard_workers::blocks::block_hashes_for;
+use switchyard_workers::tokenize::{ChatTemplate, PromptEncoder, TokenizeError, Tokenizer};
+use tokio::sync::mpsc;
+
+use crate::config::{Config, ModelConfig};
+use crate::metrics::Labels;
+use crate::workers::Worker;
+
+pub use active::{ActiveSequences, Load};
+pub use index::{IndexSize, KvIndex, Overlap, WorkerId};
+
+/// How one model's prompts become block hashes.
+#[derive(Debug)]
+pub struct ModelKv {
+    /// Tokenizer and chat template.
+    pub encoder: PromptEncoder,
+    /// Tokens per block.
+    pub block_size: usize,
+    /// LoRA adapter salting the hashes.
+    pub lora: Option<String>,
+}
+
+/// A prompt, tokenized and hashed.
+#[derive(Debug, Clone)]
+pub struct PromptBlocks {
+    /// Prompt tokens.
+    pub tokens: usize,
+    /// Sequence hashes of its full blocks.
+    pub hashes: Vec<u64>,
+    /// The block size they were cut at.
+    pub block_size: usize,
+}
+
+/// An active-sequence update shared between gateway replicas.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ActiveUpdate {
+    /// The gateway that routed the request.
+    pub origin: u64,
+    /// Its request id there.
+    pub request: u64,
+    /// The worker's name.
+    pub worker: String,
+    /// What happened.
+    pub op: ActiveOp,
+}
+
+/// What happened to an active request.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum ActiveOp {
+    /// Routed, with its prompt's block hashes and the tokens it has to prefill.
+    Add {
+        /// Sequence hashes of its prompt blocks.
+        hashes: Vec<u64>,
+        /// Prompt tokens not cached on the worker.
+        prefill_tokens: u64,
+    },
+    /// Its first token came back.
+    PrefillDone,
+    /// It ended.
+    Free,
+}
+
+/// The KV metrics.
+#[derive(Debug, Clone)]
+pub struct KvMetrics {
+    /// Events applied, by worker.
+    pub events_applied: Family<Labels, Counter>,
+    /// Events not applied, by reason.
+    pub events_ignored: Family<Labels, Counter>,
+    /// Gaps in a worker's event ids.
+    pub gaps: Family<Labels, Counter>,
+    /// Resyncs by worker and outcome.
+    pub resyncs: Family<Labels, Counter>,
+    /// Stored blocks whose hashes do not chain, by worker.
+    pub hash_mismatches: Family<Labels, Counter>,
+    /// 1 for a worker whose block size differs from its model's.
+    pub block_size_mismatch: Family<Labels, Gauge>,
+    /// Registered workers dropped for missing heartbeats.
+    pub workers_expired: Counter,
+    /// Index nodes.
+    pub index_nodes: Gauge,
+    /// Index (worker, block) holdings.
+    pub index_blocks: Gauge,
+    /// Lookup latency.
+    pub lookup_seconds: Histogram,
+    /// Per request: the chosen worker's device overlap over the prompt's blocks.
+    pub overlap_ratio: Histogram,
+}
+
+impl KvMetrics {
+    fn new() -> KvMetrics {
+        KvMetrics {
+            events_applied: Family::default(),
+            events_ignored: Family::default(),
+            gaps: Family::default(),
+            resyncs: Family::default(),
+            hash_mismatches: Family::default(),
+            block_size_mismatch: Family::default(),
+            workers_expired: Counter::default(),
+            index_nodes: Gauge::default(),
+            index_blocks: Gauge::default(),
+            // 250 ns .. ~4 ms.
+            lookup_seconds: Histogram::new(exponential_buckets(250e-9, 2.0, 15)),
+            overlap_ratio: Histogram::new([0.0, 0.1, 0.25, 0.5, 0.75, 0.9, 1.0]),
+        }
+    }
+
+    /// Registers every family in `registry`.
+    pub fn register(&self, registry: &mut prometheus_client::registry::Registry) {
+        let r = registry;
+        r.register(
+            "kv_events_applied",
+            "KV events applied to the index, by worker",
+            self.events_applied.clone(),
+        );
+        r.register(
+            "kv_events_ignored",
+            "KV events not applied, by reason",
+            self.events_ignored.clone(),
+        );
+        r.register("kv_event_gaps", "Gaps in a worker's event ids", self.gaps.clone());
+        r.register(
+            "kv_resyncs",
+            "Index resyncs from a worker's dump, by worker and outcome",
+            self.resyncs.clone(),
+        );
+        r.register(
+            "kv_hash_mismatches",
+            "Stored blocks whose sequence hash does not chain from parent and tokens (the worker hashes differently)",
+            self.hash_mismatches.clone(),
+        );
+        r.register(
+            "kv_block_size_mismatch",
+            "1 when a worker's block size differs from its model's (its events are not indexed)",
+            self.block_size_mismatch.clone(),
+        );
+        r.register(
+            "kv_workers_expired",
+            "Registered workers dropped after missing heartbeats",
+            self.workers_expired.clone(),
+        );
+        r.register(
+            "kv_index_nodes",
+            "Distinct blocks in the KV index",
+            self.index_nodes.clone(),
+        );
+        r.register(
+            "kv_index_blocks",
+            "(worker, block) holdings in the KV index",
+            self.index_blocks.clone(),
+        );
+        r.register(
+            "kv_lookup_seconds",
+            "KV index lookup latency",
+            self.lookup_seconds.clone(),
+        );
+        r.register(
+            "kv_overlap_ratio",
+            "Per request: cached leading blocks on the chosen worker over the prompt's blocks",
+            self.overlap_ratio.clone(),
+        );
+    }
+}
+
+/// What `GET /admin/kv` answers.
+#[derive(Debug, Clone, Serialize)]
+pub struct KvSummary {
+    /// Index size.
+    pub index: IndexSize,
+    /// Estimated index heap in bytes.
+    pub index_heap_bytes: usize,
+    /// Active requests tracked (all gateways).
+    pub active_requests: usize,
+    /// Per worker.
+    pub workers: Vec<WorkerKvSummary>,
+}
+
+/// One worker in [`KvSummary`].
+#[derive(Debug, Clone, Serialize)]
+pub struct WorkerKvSummary {
+    /// Name.
+    pub name: String,
+    /// Index id.
+    pub kv_id: u32,
+    /// Model.
+    pub model: String,
+    /// In rotation.
+    pub healthy: bool,
+    /// Blocks it holds in the index.
+    pub cached_blocks: usize,
+    /// Its block size agrees with its model's.
+    pub block_size_ok: bool,
+    /// Its live load.
+    pub load: Load,
+}
+
+/// Shared KV routing state.
+#[derive(Debug)]
+pub struct KvState {
+    index: RwLock<KvIndex>,
+    active: Mutex<ActiveSequences>,
+    models: RwLock<HashMap<String, Arc<ModelKv>>>,
+    origin: u64,
+    replica_out: OnceLock<mpsc::UnboundedSender<ActiveUpdate>>,
+    inbound: OnceLock<mpsc::UnboundedSender<sync::Inbound>>,
+    /// The metrics.
+    pub metrics: KvMetrics,
+}
+
+/// Why the KV state could not be built.
+#[derive(Debug, thiserror::Error)]
+#[error("model `{model}`: {source}")]
+pub struct KvSetupError {
+    model: String,
+    source: TokenizeError,
+}
+
+impl KvState {
+    /// Builds the state for `config`: one entry per `[[models]]` table, and defaults for the
+    /// models of the configured workers (block size of the first worker of each).
+    ///
+    /// # Errors
+    ///
+    /// Returns [`KvSetupError`] if a model's tokenizer cannot be loaded.
+    pub fn new(config: &Config) -> Result<KvState, KvSetupError> {
+        let mut models = HashMap::new();
+        for model in &config.models {
+            models.insert(model.name.clone(), Arc::new(model_kv(model)?));
+        }
+        if let Some(embedded) = &config.embedded_mockers {
+            models
+                .entry(embedded.model.clone())
+                .or_insert_with(|| Arc::new(default_model(embedded.block_size)));
+        }
+        for worker in &config.workers {
+            models
+                .entry(worker.model.clone())
+                .or_insert_with(|| Arc::new(default_model(worker.block_size)));
+        }
+        let origin = origin_id();
+        Ok(KvState {
+            index: RwLock::new(KvIndex::new()),
+            active: Mutex::new(ActiveSequences::new(origin, std::time::Duration::from_secs(600))),
+            models: RwLock::new(models),
+            origin,
+            replica_out: OnceLock::new(),
+            inbound: OnceLock::new(),
+            metrics: KvMetrics::new(),
+        })
+    }
+
+    /// This gateway's id among replicas.
+    pub fn origin(&self) -> u64 {
+        self.origin
+    }
+
+    /// The settings of `model`; a model first seen from a registration takes that worker's
+    /// block size.
+    pub fn model(&self, model: &str, block_size: usize) -> Arc<ModelKv> {
+        if let Some(found) = self.models.read().get(model) {
+            return found.clone();
+        }
+        self.models
+            .write()
+            .entry(model.to_string())
+            .or_insert_with(|| Arc::new(default_model(block_size)))
+            .clone()
+    }
+
+    /// Whether `worker`'s block size agrees with its model's; a mismatch is logged and
+    /// exported (once per worker), and the worker's events must not be indexed.
+    pub fn check_block_size(&self, worker: &Worker) -> bool {
+        let model = self.model(&worker.model, worker.block_size);
+        let ok = model.block_size == worker.block_size;
+        let gauge = self
+            .metrics
+            .block_size_mismatch
+            .get_or_create(&vec![("worker", worker.name.clone())]);
+        if !ok && gauge.set(1) == 0 {
+            tracing::error!(
+                worker = %worker.name,
+                worker_block_size = worker.block_size,
+                model = %worker.model,
+                model_block_size = model.block_size,
+                "worker block size differs from its model's: its KV events are not indexed and it gets no cache affinity"
+            );
+        } else if ok {
+            gauge.set(0);
+        }
+        ok
+    }
+
+    /// Tokenizes and hashes a request's prompt for `model`.
+    ///
+    /// # Errors
+    ///
+    /// Returns [`TokenizeError`] if the model tokenizer fails.
+    pub fn prompt_blocks(
+        &self,
+        model: &str,
+        fallback_block_size: usize,
+        request: &GenerateRequest,
+    ) -> Result<PromptBlocks, TokenizeError> {
+        let settings = self.model(model, fallback_block_size);
+        let tokens = settings.encoder.prompt_tokens(request)?;
+        let block_size = settings.block_size.max(1);
+        let hashes = block_hashes_for(&tokens, block_size, settings.lora.as_deref())
+            .into_iter()
+            .map(|h| h.sequence)
+            .collect();
+        Ok(PromptBlocks {
+            tokens: tokens.len(),
+            hashes,
+            block_size,
+        })
+    }
+
+    /// The overlap of every worker with `hashes`, sorted by worker id.
+    pub fn lookup(&self, hashes: &[u64]) -> Vec<Overlap> {
+        let started = Instant::now();
+        let mut out = Vec::new();
+        self.index.read().overlaps(hashes, &mut out);
+        self.metrics.lookup_seconds.observe(started.elapsed().as_secs_f64());
+        out
+    }
+
+    /// The live load of each worker in `workers`.
+    pub fn loads(&self, workers: &[Arc<Worker>]) -> Vec<Load> {
+        let active = self.active.lock();
+        workers.iter().map(|w| active.load(w.kv_id)).collect()
+    }
+
+    /// Starts tracking request `request` on `worker`.
+    pub fn begin(
+        self: &Arc<KvState>,
+        request: u64,
+        worker: &Worker,
+        hashes: Vec<u64>,
+        prefill_tokens: u64,
+    ) -> ActiveGuard {
+        let key = (self.origin, request);
+        if let Some(out) = self.replica_out.get() {
+            let _ = out.send(ActiveUpdate {
+                origin: self.origin,
+                request,
+                worker: worker.name.clone(),
+                op: ActiveOp::Add {
+                    hashes: hashes.clone(),
+                    prefill_tokens,
+                },
+            });
+        }
+        self.active.lock().add(key, worker.kv_id, hashes, prefill_tokens);
+        ActiveGuard {
+            state: self.clone(),
+            request,
+            worker: worker.name.clone(),
+            prefill_pending: true,
+        }
+    }
+
+    /// Applies another gateway's active-sequence update (`worker` resolved by the caller).
+    pub fn apply_remote_active(&self, update: &ActiveUpdate, worker: Option<WorkerId>) {
+        if update.origin == self.origin {
+            return;
+        }
+        let key = (update.origin, update.request);
+        let mut active = self.active.lock();
+        match (&update.op, worker) {
+            (ActiveOp::Add { hashes, prefill_tokens }, Some(worker)) => {
+                active.add(key, worker, hashes.clone(), *prefill_tokens)
+            }
+            (ActiveOp::PrefillDone, _) => active.prefill_done(key),
+            (ActiveOp::Free, _) => active.free(key),
+            (ActiveOp::Add { .. }, None) => {}
+        }
+    }
+
+    /// Sends this gateway's active-sequence updates to `out` (replica sync).
+    pub fn share_active(&self, out: mpsc::UnboundedSender<ActiveUpdate>) {
+        let _ = self.replica_out.set(out);
+    }
+
+    /// A worker stopped answering: its cached blocks leave the index until it is resynced.
+    pub fn worker_lost(&self, worker: &Worker) {
+        if let Some(inbound) = self.inbound.get() {
+            let _ = inbound.send(sync::Inbound::Lost(worker.name.clone()));
+        } else {
+            self.forget(worker.kv_id);
+        }
+    }
+
+    /// Drops everything known about a worker.
+    pub fn forget(&self, worker: WorkerId) {
+        self.index.write().remove_worker(worker);
+        self.active.lock().remove_worker(worker);
+        self.refresh_size();
+    }
+
+    /// The write side of the index, for the applier.
+    pub(crate) fn index_mut(&self) -> parking_lot::RwLockWriteGuard<'_, KvIndex> {
+        self.index.write()
+    }
+
+    pub(crate) fn set_inbound(&self, inbound: mpsc::UnboundedSender<sync::Inbound>) {
+        let _ = self.inbound.set(inbound);
+    }
+
+    /// Updates the index size gauges.
+    pub fn refresh_size(&self) {
+        let size = self.index.read().size();
+        self.metrics.index_nodes.set(size.nodes as i64);
+        self.metrics.index_blocks.set(size.blocks as i64);
+    }
+
+    /// A summary for `GET /admin/kv`.
+    pub fn summary(&self, workers: &[Arc<Worker>]) -> KvSummary {
+        let index = self.index.read();
+        let active = self.active.lock();
+        KvSummary {
+            index: index.size(),
+            index_heap_bytes: index.heap_bytes(),
+            active_requests: active.requests(),
+            workers: workers
+                .iter()
+                .map(|w| WorkerKvSummary {
+                    name: w.name.clone(),
+                    kv_id: w.kv_id,
+                    model: w.model.clone(),
+                    healthy: w.is_healthy(),
+                    cached_blocks: index.worker_blocks(w.kv_id),
+                    block_size_ok: self
+                        .models
+                        .read()
+                        .get(&w.model)
+                        .is_none_or(|m| m.block_size == w.block_size),
+                    load: active.load(w.kv_id),
+                })
+                .collect(),
+        }
+    }
+}
+
+/// Tracks one routed request until dropped.
+#[derive(Debug)]
+pub struct ActiveGuard {
+    state: Arc<KvState>,
+    request: u64,
+    worker: String,
+    prefill_pending: bool,
+}
+
+impl ActiveGuard {
+    /// The first token came back.
+    pub fn first_token(&mut self) {
+        if !std::mem::take(&mut self.prefill_pending) {
+            return;
+        }
+        self.state.active.lock().prefill_done((self.state.origin, self.request));
+        self.share(ActiveOp::PrefillDone);
+    }
+
+    fn share(&self, op: ActiveOp) {
+        if let Some(out) = self.state.replica_out.get() {
+            let _ = out.send(ActiveUpdate {
+                origin: self.state.origin,
+                request: self.request,
+                worker: self.worker.clone(),
+                op,
+            });
+        }
+    }
+}
+
+impl Drop for ActiveGuard {
+    fn drop(&mut self) {
+        self.state.active.lock().free((self.state.origin, self.request));
+        self.share(ActiveOp::Free);
+    }
+}
+
+fn default_model(block_size: usize) -> ModelKv {
+    ModelKv {
+        encoder: PromptEncoder::default(),
+        block_size: block_size.max(1),
+        lora: None,
+    }
+}
+
+fn model_kv(model: &ModelConfig) -> Result<ModelKv, KvSetupError> {
+    let tokenizer = match &model.tokenizer {
+        Some(path) => Tokenizer::from_file(path).map_err(|source| KvSetupError {
+            model: model.name.clone(),
+            source,
+        })?,
+        None => Tokenizer::Bytes,
+    };
+    let template = model
+        .chat_template
+        .as_ref()
+        .map_or_else(ChatTemplate::default, |t| ChatTemplate {
+            message: t.message.clone(),
+            generation_prompt: t.generation_prompt.clone(),
+        });
+    Ok(ModelKv {
+        encoder: PromptEncoder { tokenizer, template },
+        block_size: model.block_size,
+        lora: model.lora.clone(),
+    })
+}
+
+/// A random id for this gateway among replicas (distinct per state, even in one process).
+fn origin_id() -> u64 {
+    static COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    let count = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    xxhash_rust::xxh3::xxh3_64(
+        &[
+            nanos.to_le_bytes(),
+            u64::from(std::process::id()).to_le_bytes(),
+            count.to_le_bytes(),
+        ]
+        .concat(),
+    )
+}
