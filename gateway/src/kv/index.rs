@@ -9,9 +9,11 @@
 //! still matching; a worker's device overlap is the run of leading blocks it holds on device,
 //! its host overlap the run that continues from there on host (or device).
 //!
-//! Memory is bounded by what workers hold: a node is freed when its last holder leaves, and
-//! each worker's own block set (needed to drop a worker at once) is freed with it. The keys
-//! are already uniform 64-bit hashes, so the maps use them as their own hash.
+//! Memory is bounded by what workers hold: a node is freed when its last holder leaves. Each
+//! holding is stored once, in its node (most nodes have one holder, kept inline); dropping a
+//! whole worker (it left, or sent `cleared`) is rare, so it scans the nodes instead of keeping
+//! a second per-worker copy of every holding. The keys are already uniform 64-bit hashes, so
+//! the map uses them as their own hash.
 
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
@@ -86,19 +88,12 @@ fn holder(worker: WorkerId, tier: StorageTier) -> u32 {
     (worker << 1) | u32::from(tier == StorageTier::Host)
 }
 
-fn tier_bit(tier: StorageTier) -> u8 {
-    match tier {
-        StorageTier::Device => 1,
-        StorageTier::Host => 2,
-    }
-}
-
 /// The index. Not synchronised: see `crate::kv` for how it is shared.
 #[derive(Debug, Default)]
 pub struct KvIndex {
     nodes: HashKeyed<Node>,
-    /// Per worker: its blocks, as a tier bitmask (1 device, 2 host).
-    workers: HashMap<WorkerId, HashKeyed<u8>>,
+    /// Per worker: how many holdings it has.
+    workers: HashMap<WorkerId, usize>,
     holdings: usize,
 }
 
@@ -150,62 +145,51 @@ impl KvIndex {
     }
 
     fn insert(&mut self, worker: WorkerId, tier: StorageTier, hash: u64) {
-        let mask = self.workers.entry(worker).or_default().entry(hash).or_insert(0);
-        if *mask & tier_bit(tier) != 0 {
-            return;
-        }
-        *mask |= tier_bit(tier);
         let holders = &mut self.nodes.entry(hash).or_default().holders;
         let entry = holder(worker, tier);
         if let Err(position) = holders.binary_search(&entry) {
             holders.insert(position, entry);
+            *self.workers.entry(worker).or_default() += 1;
+            self.holdings += 1;
         }
-        self.holdings += 1;
     }
 
     fn remove(&mut self, worker: WorkerId, tier: StorageTier, hash: u64) {
-        let Some(blocks) = self.workers.get_mut(&worker) else {
+        let Some(node) = self.nodes.get_mut(&hash) else {
             return;
         };
-        let Some(mask) = blocks.get_mut(&hash) else {
+        let Ok(position) = node.holders.binary_search(&holder(worker, tier)) else {
             return;
         };
-        if *mask & tier_bit(tier) == 0 {
-            return;
+        node.holders.remove(position);
+        if node.holders.is_empty() {
+            self.nodes.remove(&hash);
         }
-        *mask &= !tier_bit(tier);
-        if *mask == 0 {
-            blocks.remove(&hash);
-            if blocks.is_empty() {
+        self.holdings -= 1;
+        if let Some(count) = self.workers.get_mut(&worker) {
+            *count -= 1;
+            if *count == 0 {
                 self.workers.remove(&worker);
             }
         }
-        self.unlink(worker, tier, hash);
     }
 
-    fn unlink(&mut self, worker: WorkerId, tier: StorageTier, hash: u64) {
-        if let Some(node) = self.nodes.get_mut(&hash) {
-            if let Ok(position) = node.holders.binary_search(&holder(worker, tier)) {
-                node.holders.remove(position);
-                self.holdings -= 1;
-            }
-            if node.holders.is_empty() {
-                self.nodes.remove(&hash);
-            }
-        }
-    }
-
-    /// Drops every block `worker` holds.
+    /// Drops every block `worker` holds (a scan of the nodes: workers leave rarely).
     pub fn remove_worker(&mut self, worker: WorkerId) {
-        let Some(blocks) = self.workers.remove(&worker) else {
+        let Some(count) = self.workers.remove(&worker) else {
             return;
         };
-        for (hash, mask) in blocks {
-            for tier in [StorageTier::Device, StorageTier::Host] {
-                if mask & tier_bit(tier) != 0 {
-                    self.unlink(worker, tier, hash);
-                }
-            }
+        self.nodes.retain(|_, node| {
+            node.holders.retain(|entry| *entry >> 1 != worker);
+            !node.holders.is_empty()
+        });
+        self.holdings -= count;
+        if self.nodes.is_empty() {
+            // An emptied index gives its table back.
+            self.nodes = HashKeyed::default();
+        }
+        if self.workers.is_empty() {
+            self.workers = HashMap::new();
         }
     }
 
@@ -289,23 +273,23 @@ impl KvIndex {
         }
     }
 
-    /// Blocks `worker` holds (device and host counted once each).
+    /// Holdings of `worker` (a block on both tiers counts twice).
     pub fn worker_blocks(&self, worker: WorkerId) -> usize {
-        self.workers.get(&worker).map_or(0, |blocks| blocks.len())
+        self.workers.get(&worker).copied().unwrap_or(0)
     }
 
     /// An estimate of the heap the index occupies, from its maps' capacities.
     pub fn heap_bytes(&self) -> usize {
-        let node = std::mem::size_of::<(u64, Node)>() + 1;
-        let block = std::mem::size_of::<(u64, u8)>() + 1;
-        self.nodes.capacity() * node
+        let slot = std::mem::size_of::<(u64, Node)>() + 1;
+        let worker = std::mem::size_of::<(WorkerId, usize)>() + 1;
+        self.nodes.capacity() * slot
             + self
                 .nodes
                 .values()
                 .filter(|n| n.holders.spilled())
                 .map(|n| n.holders.capacity() * 4)
                 .sum::<usize>()
-            + self.workers.values().map(|b| b.capacity() * block).sum::<usize>()
+            + self.workers.capacity() * worker
     }
 }
 
