@@ -97,7 +97,7 @@ fn live() -> usize {
 /// Blocks each simulated worker caches (512 tokens each: 262,144 tokens per worker).
 const CAPACITY: usize = 512;
 /// Events per write-lock hold in the concurrency section (as `kv::sync::MAX_BATCH`).
-const BATCH: usize = 256;
+const BATCH: usize = switchyard::kv::sync::MAX_BATCH;
 /// Offset added to every hash id but 0 on each replay (the trace's ids are below 182,790).
 const REPLAY_ID_STRIDE: u64 = 1 << 32;
 
@@ -671,7 +671,7 @@ fn concurrent_ours(requests: &Requests, stream: &Stream) -> Concurrent {
 
 /// Dynamo's production shape: `ThreadPoolIndexer<ConcurrentRadixTreeCompressed>` with one
 /// applier thread fed by a channel; lookups run inline on the reader thread. The writer thread
-/// enqueues each batch of 256 events and waits for the applier (`flush_and_wait`) before
+/// enqueues each batch of `BATCH` events and waits for the applier (`flush_and_wait`) before
 /// publishing progress, so the reader is gated exactly as for ours.
 fn concurrent_dynamo(requests: &Requests, stream: &Stream) -> Concurrent {
     let (events, lookups) = split(stream);

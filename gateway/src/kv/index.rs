@@ -88,10 +88,48 @@ fn holder(worker: WorkerId, tier: StorageTier) -> u32 {
     (worker << 1) | u32::from(tier == StorageTier::Host)
 }
 
+/// The node table, split in [`SHARDS`] tables by bits of the hash that the tables themselves
+/// do not use, so that growing one (a rehash, under the index's write lock) moves 1/64 of the
+/// nodes: a lookup never waits behind a whole-index rehash.
+#[derive(Debug)]
+struct Shards {
+    shards: Vec<HashKeyed<Node>>,
+}
+
+/// Number of node tables.
+const SHARDS: usize = 64;
+
+impl Default for Shards {
+    fn default() -> Shards {
+        Shards {
+            shards: (0..SHARDS).map(|_| HashKeyed::default()).collect(),
+        }
+    }
+}
+
+impl Shards {
+    /// Bits 32..38: hash tables index buckets by the low bits and tag them by the top 7.
+    fn index(hash: u64) -> usize {
+        ((hash >> 32) as usize) & (SHARDS - 1)
+    }
+
+    fn get(&self, hash: u64) -> Option<&Node> {
+        self.shards[Shards::index(hash)].get(&hash)
+    }
+
+    fn shard_mut(&mut self, hash: u64) -> &mut HashKeyed<Node> {
+        &mut self.shards[Shards::index(hash)]
+    }
+
+    fn len(&self) -> usize {
+        self.shards.iter().map(HashMap::len).sum()
+    }
+}
+
 /// The index. Not synchronised: see `crate::kv` for how it is shared.
 #[derive(Debug, Default)]
 pub struct KvIndex {
-    nodes: HashKeyed<Node>,
+    nodes: Shards,
     /// Per worker: how many holdings it has.
     workers: HashMap<WorkerId, usize>,
     holdings: usize,
@@ -145,7 +183,7 @@ impl KvIndex {
     }
 
     fn insert(&mut self, worker: WorkerId, tier: StorageTier, hash: u64) {
-        let holders = &mut self.nodes.entry(hash).or_default().holders;
+        let holders = &mut self.nodes.shard_mut(hash).entry(hash).or_default().holders;
         let entry = holder(worker, tier);
         if let Err(position) = holders.binary_search(&entry) {
             holders.insert(position, entry);
@@ -155,7 +193,8 @@ impl KvIndex {
     }
 
     fn remove(&mut self, worker: WorkerId, tier: StorageTier, hash: u64) {
-        let Some(node) = self.nodes.get_mut(&hash) else {
+        let shard = self.nodes.shard_mut(hash);
+        let Some(node) = shard.get_mut(&hash) else {
             return;
         };
         let Ok(position) = node.holders.binary_search(&holder(worker, tier)) else {
@@ -163,7 +202,7 @@ impl KvIndex {
         };
         node.holders.remove(position);
         if node.holders.is_empty() {
-            self.nodes.remove(&hash);
+            shard.remove(&hash);
         }
         self.holdings -= 1;
         if let Some(count) = self.workers.get_mut(&worker) {
@@ -179,14 +218,16 @@ impl KvIndex {
         let Some(count) = self.workers.remove(&worker) else {
             return;
         };
-        self.nodes.retain(|_, node| {
-            node.holders.retain(|entry| *entry >> 1 != worker);
-            !node.holders.is_empty()
-        });
+        for shard in &mut self.nodes.shards {
+            shard.retain(|_, node| {
+                node.holders.retain(|entry| *entry >> 1 != worker);
+                !node.holders.is_empty()
+            });
+        }
         self.holdings -= count;
-        if self.nodes.is_empty() {
-            // An emptied index gives its table back.
-            self.nodes = HashKeyed::default();
+        if self.nodes.len() == 0 {
+            // An emptied index gives its tables back.
+            self.nodes = Shards::default();
         }
         if self.workers.is_empty() {
             self.workers = HashMap::new();
@@ -200,7 +241,7 @@ impl KvIndex {
         let Some((&first, rest)) = sequence_hashes.split_first() else {
             return;
         };
-        let Some(root) = self.nodes.get(&first) else {
+        let Some(root) = self.nodes.get(first) else {
             return;
         };
         // `on_device[i]`: worker `out[i]` still extends its device run.
@@ -223,7 +264,7 @@ impl KvIndex {
         let mut alive: Vec<usize> = (0..out.len()).collect();
         let mut next: Vec<usize> = Vec::with_capacity(alive.len());
         for hash in rest {
-            let Some(node) = self.nodes.get(hash) else {
+            let Some(node) = self.nodes.get(*hash) else {
                 break;
             };
             next.clear();
@@ -282,10 +323,12 @@ impl KvIndex {
     pub fn heap_bytes(&self) -> usize {
         let slot = std::mem::size_of::<(u64, Node)>() + 1;
         let worker = std::mem::size_of::<(WorkerId, usize)>() + 1;
-        self.nodes.capacity() * slot
+        self.nodes.shards.iter().map(|s| s.capacity() * slot).sum::<usize>()
             + self
                 .nodes
-                .values()
+                .shards
+                .iter()
+                .flat_map(|s| s.values())
                 .filter(|n| n.holders.spilled())
                 .map(|n| n.holders.capacity() * 4)
                 .sum::<usize>()

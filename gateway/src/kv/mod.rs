@@ -7,7 +7,9 @@
 //! histogram); the single applier task takes the write lock for a batch of at most
 //! [`sync::MAX_BATCH`] events, so a lookup waits at most one bounded batch and the applier at
 //! most the lookups in progress (the lock is fair: a waiting writer stops new readers). The
-//! active-sequence tracker is a separate mutex touched at route, first token and end.
+//! node table is split in 64 tables so that a rehash, the one long operation under the write
+//! lock, moves 1/64 of the index. The active-sequence tracker is a separate mutex touched at
+//! route, first token and end.
 //!
 //! Events reach the applier from transports: the in-process bus of embedded mockers
 //! ([`bus`]), NATS for workers and replicas elsewhere ([`nats`]), and vLLM's ZMQ publisher
