@@ -461,6 +461,15 @@ impl Reply {
         events
     }
 
+    /// The worker that served the request (`x-switchyard-worker`), or "" if none is named.
+    pub fn worker(&self) -> String {
+        self.headers
+            .get("x-switchyard-worker")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+            .to_string()
+    }
+
     /// Milliseconds from sending to the first body frame.
     pub fn first_byte_ms(&self) -> Option<f64> {
         self.frames

@@ -3,16 +3,7 @@
 
 use std::time::Duration;
 
-use switchyard_e2e::{Client, Gateway, Mockers, Reply, chat_body, eventually};
-
-fn worker_of(reply: &Reply) -> String {
-    reply
-        .headers
-        .get("x-switchyard-worker")
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or_default()
-        .to_string()
-}
+use switchyard_e2e::{Client, Gateway, Mockers, chat_body, eventually};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_worker_fails_its_streams_cleanly_and_returns_after_restart() -> anyhow::Result<()> {
@@ -49,7 +40,7 @@ async fn a_killed_worker_fails_its_streams_cleanly_and_returns_after_restart() -
         assert_eq!(reply.status, 200, "streams had started before the kill");
         let events = reply.events();
         let last = events.last().map(|(_, d)| d.clone()).unwrap_or_default();
-        match worker_of(&reply).as_str() {
+        match reply.worker().as_str() {
             "doomed" => {
                 let error: serde_json::Value = serde_json::from_str(&last)?;
                 assert_eq!(
@@ -77,7 +68,7 @@ async fn a_killed_worker_fails_its_streams_cleanly_and_returns_after_restart() -
             .post_json("/v1/chat/completions", &chat_body("mock", "after", 2, false))
             .await?;
         assert_eq!(reply.status, 200, "{}", String::from_utf8_lossy(&reply.body()));
-        assert_eq!(worker_of(&reply), "survivor");
+        assert_eq!(reply.worker(), "survivor");
     }
 
     // Restart on the same port: the health checker brings it back into rotation.
@@ -105,7 +96,7 @@ async fn a_killed_worker_fails_its_streams_cleanly_and_returns_after_restart() -
             .post_json("/v1/chat/completions", &chat_body("mock", "again", 2, false))
             .await?;
         assert_eq!(reply.status, 200);
-        if worker_of(&reply) == "doomed" {
+        if reply.worker() == "doomed" {
             served_by_doomed += 1;
         }
     }
@@ -131,7 +122,7 @@ async fn a_worker_that_cannot_be_reached_is_retried_elsewhere() -> anyhow::Resul
             .post_json("/v1/chat/completions", &chat_body("mock", "retry me", 3, stream))
             .await?;
         assert_eq!(reply.status, 200, "{}", String::from_utf8_lossy(&reply.body()));
-        assert_eq!(worker_of(&reply), "live");
+        assert_eq!(reply.worker(), "live");
     }
     let metrics = String::from_utf8(client.send("GET", "/metrics", "").await?.body())?;
     assert!(

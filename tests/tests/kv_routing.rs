@@ -4,18 +4,9 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use switchyard_e2e::{Admin, Client, Gateway, Mockers, NatsServer, Reply, eventually, metric_sum};
+use switchyard_e2e::{Admin, Client, Gateway, Mockers, NatsServer, eventually, metric_sum};
 
 const TOKEN: &str = "kv-routing-admin-token";
-
-fn worker_of(reply: &Reply) -> String {
-    reply
-        .headers
-        .get("x-switchyard-worker")
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or_default()
-        .to_string()
-}
 
 /// A system prompt of about `chars` bytes (the fallback tokenizer: one token per byte).
 fn system_prompt(seed: &str, chars: usize) -> String {
@@ -69,7 +60,7 @@ async fn a_repeated_system_prompt_goes_to_the_worker_that_cached_it() -> anyhow:
         .post_json("/v1/chat/completions", &chat(&system, "question 0", 4, false))
         .await?;
     assert_eq!(first.status, 200, "{}", String::from_utf8_lossy(&first.body()));
-    let home = worker_of(&first);
+    let home = first.worker();
     // 3000+ prompt bytes at 64 tokens per block: the index learns ~47 blocks on `home`.
     assert!(
         eventually(Duration::from_secs(10), || async {
@@ -88,7 +79,7 @@ async fn a_repeated_system_prompt_goes_to_the_worker_that_cached_it() -> anyhow:
             )
             .await?;
         assert_eq!(reply.status, 200);
-        *placed.entry(worker_of(&reply)).or_default() += 1;
+        *placed.entry(reply.worker()).or_default() += 1;
     }
     // Without overlap every worker costs the same and the tie-break spreads requests at
     // random: 12 in a row on one worker of four would be chance (1 in 4^12).
@@ -137,7 +128,7 @@ async fn a_shared_prefix_under_load_spreads_over_every_worker() -> anyhow::Resul
     for request in burst {
         let reply = request.await??;
         assert_eq!(reply.status, 200);
-        *placed.entry(worker_of(&reply)).or_default() += 1;
+        *placed.entry(reply.worker()).or_default() += 1;
     }
     assert_eq!(
         placed.len(),
@@ -238,7 +229,7 @@ async fn a_killed_worker_holding_the_prefix_is_never_chosen_again() -> anyhow::R
         .post_json("/v1/chat/completions", &chat(&system, "first", 2, false))
         .await?;
     assert_eq!(first.status, 200);
-    let home = worker_of(&first);
+    let home = first.worker();
     assert!(
         eventually(Duration::from_secs(10), || async {
             kv_summary(&admin).await.is_ok_and(|s| cached_blocks(&s, &home) >= 25)
@@ -256,7 +247,7 @@ async fn a_killed_worker_holding_the_prefix_is_never_chosen_again() -> anyhow::R
             .post_json("/v1/chat/completions", &chat(&system, &format!("after {i}"), 2, false))
             .await?;
         assert_eq!(reply.status, 200, "{}", String::from_utf8_lossy(&reply.body()));
-        assert_eq!(worker_of(&reply), survivor, "the dead worker was chosen for its cache");
+        assert_eq!(reply.worker(), survivor, "the dead worker was chosen for its cache");
     }
     assert!(
         eventually(Duration::from_secs(5), || async {

@@ -155,11 +155,7 @@ async fn vllm_kv_events_drive_kv_aware_routing() -> anyhow::Result<()> {
         });
         let reply = client.post_json("/v1/chat/completions", &body).await?;
         assert_eq!(reply.status, 200);
-        assert_eq!(
-            reply.headers.get("x-switchyard-worker").and_then(|v| v.to_str().ok()),
-            Some("vllm-a"),
-            "the worker whose vLLM cache holds the prompt"
-        );
+        assert_eq!(reply.worker(), "vllm-a", "the worker whose vLLM cache holds the prompt");
     }
 
     publish(&mut publisher, 2, batch(vec![removed(&theirs[blocks - 2..])])).await?;

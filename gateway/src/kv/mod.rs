@@ -293,13 +293,18 @@ impl KvState {
     /// The settings of `model`; a model first seen from a registration takes that worker's
     /// block size.
     pub fn model(&self, model: &str, block_size: usize) -> Arc<ModelKv> {
+        self.model_or(model, || block_size)
+    }
+
+    /// [`KvState::model`], asking for the block size only for a model not seen yet.
+    fn model_or(&self, model: &str, block_size: impl FnOnce() -> usize) -> Arc<ModelKv> {
         if let Some(found) = self.models.read().get(model) {
             return found.clone();
         }
         self.models
             .write()
             .entry(model.to_string())
-            .or_insert_with(|| Arc::new(default_model(block_size)))
+            .or_insert_with(|| Arc::new(default_model(block_size())))
             .clone()
     }
 
@@ -326,7 +331,8 @@ impl KvState {
         ok
     }
 
-    /// Tokenizes and hashes a request's prompt for `model`.
+    /// Tokenizes and hashes a request's prompt for `model`; `fallback_block_size` is asked
+    /// only for a model with no settings yet.
     ///
     /// # Errors
     ///
@@ -334,10 +340,10 @@ impl KvState {
     pub fn prompt_blocks(
         &self,
         model: &str,
-        fallback_block_size: usize,
+        fallback_block_size: impl FnOnce() -> usize,
         request: &GenerateRequest,
     ) -> Result<PromptBlocks, TokenizeError> {
-        let settings = self.model(model, fallback_block_size);
+        let settings = self.model_or(model, fallback_block_size);
         let tokens = settings.encoder.prompt_tokens(request)?;
         let block_size = settings.block_size.max(1);
         let hashes = block_hashes_for(&tokens, block_size, settings.lora.as_deref())

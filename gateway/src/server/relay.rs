@@ -59,7 +59,7 @@ pub(crate) async fn generate(
         .with_param(Some("model".into())));
     }
     let stream = parsed.is_stream();
-    let fallback_block_size = state.pool.candidates(model, &[]).first().map_or(64, |w| w.block_size);
+    let fallback_block_size = || state.pool.candidates(model, &[]).first().map_or(64, |w| w.block_size);
     let prompt = state
         .kv
         .prompt_blocks(model, fallback_block_size, &parsed)

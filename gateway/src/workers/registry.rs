@@ -269,19 +269,21 @@ impl WorkerPool {
 mod tests {
     use super::*;
 
+    fn config(i: usize) -> WorkerConfig {
+        WorkerConfig {
+            name: Some(format!("w{i}")),
+            url: format!("http://127.0.0.1:{}", 9000 + i),
+            model: "m".into(),
+            role: Role::Llm,
+            block_size: 64,
+            capabilities: vec!["text".into()],
+            cost: 1.0,
+            capacity_blocks: 0,
+        }
+    }
+
     fn pool(n: usize) -> WorkerPool {
-        let configs: Vec<WorkerConfig> = (0..n)
-            .map(|i| WorkerConfig {
-                name: Some(format!("w{i}")),
-                url: format!("http://127.0.0.1:{}", 9000 + i),
-                model: "m".into(),
-                role: Role::Llm,
-                block_size: 64,
-                capabilities: vec!["text".into()],
-                cost: 1.0,
-                capacity_blocks: 0,
-            })
-            .collect();
+        let configs: Vec<WorkerConfig> = (0..n).map(config).collect();
         WorkerPool::new(&configs, Arc::new(Metrics::new())).expect("valid urls")
     }
 
@@ -299,16 +301,7 @@ mod tests {
     #[test]
     fn registration_adds_replaces_and_removes() {
         let pool = pool(2);
-        let mut config = WorkerConfig {
-            name: Some("w1".into()),
-            url: "http://127.0.0.1:9001".into(),
-            model: "m".into(),
-            role: Role::Llm,
-            block_size: 64,
-            capabilities: vec!["text".into()],
-            cost: 1.0,
-            capacity_blocks: 0,
-        };
+        let mut config = config(1);
         let (same, changed) = pool.upsert(&config).expect("valid");
         assert!(!changed);
         assert_eq!(same.kv_id, 1);
