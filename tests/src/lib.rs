@@ -8,6 +8,8 @@
 
 #![deny(missing_docs, missing_debug_implementations)]
 
+pub mod bench;
+
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
