@@ -240,6 +240,8 @@ pub struct TestCa {
     pub dir: tempfile::TempDir,
     /// The CA certificate (DER), for clients to trust.
     pub ca_der: CertificateDer<'static>,
+    /// The CA certificate (PEM file), for clients that read one.
+    pub ca_path: PathBuf,
     /// The server certificate chain (PEM file).
     pub cert_path: PathBuf,
     /// The server key (PEM file).
@@ -269,8 +271,11 @@ impl TestCa {
         let key_path = dir.path().join("server.key");
         std::fs::write(&cert_path, server_cert.pem())?;
         std::fs::write(&key_path, server_key.serialize_pem())?;
+        let ca_path = dir.path().join("ca.pem");
+        std::fs::write(&ca_path, ca_cert.pem())?;
         Ok(TestCa {
             ca_der: ca_cert.der().clone(),
+            ca_path,
             dir,
             cert_path,
             key_path,
@@ -484,6 +489,7 @@ impl Reply {
 #[derive(Clone)]
 pub struct Client {
     connector: Option<TlsConnector>,
+    server_name: ServerName<'static>,
     addr: SocketAddr,
 }
 
@@ -531,15 +537,30 @@ impl Client {
             Alpn::H2 => b"h2".to_vec(),
             Alpn::Http1 => b"http/1.1".to_vec(),
         }];
-        Ok(Client {
-            connector: Some(TlsConnector::from(Arc::new(config))),
+        Ok(Client::with_tls_config(addr, localhost(), Arc::new(config)))
+    }
+
+    /// A TLS client of `addr` using `config` (trust, ALPN, versions) and checking the
+    /// certificate against `server_name`.
+    pub fn with_tls_config(
+        addr: SocketAddr,
+        server_name: ServerName<'static>,
+        config: Arc<rustls::ClientConfig>,
+    ) -> Client {
+        Client {
+            connector: Some(TlsConnector::from(config)),
+            server_name,
             addr,
-        })
+        }
     }
 
     /// A plain-HTTP/1.1 client of `addr`.
     pub fn plain(addr: SocketAddr) -> Client {
-        Client { connector: None, addr }
+        Client {
+            connector: None,
+            server_name: localhost(),
+            addr,
+        }
     }
 
     /// Opens a TLS session (no HTTP yet), e.g. to send raw bytes.
@@ -550,7 +571,7 @@ impl Client {
     pub async fn raw_tls(&self) -> anyhow::Result<TlsStream<TcpStream>> {
         let connector = self.connector.clone().context("not a TLS client")?;
         let tcp = TcpStream::connect(self.addr).await?;
-        Ok(connector.connect(ServerName::try_from("localhost")?, tcp).await?)
+        Ok(connector.connect(self.server_name.clone(), tcp).await?)
     }
 
     /// Opens a connection and returns it with the negotiated protocol.
@@ -566,7 +587,7 @@ impl Client {
             tokio::spawn(connection);
             return Ok(Connection::Http1(sender));
         };
-        let tls = connector.connect(ServerName::try_from("localhost")?, tcp).await?;
+        let tls = connector.connect(self.server_name.clone(), tcp).await?;
         let h2 = tls.get_ref().1.alpn_protocol() == Some(b"h2");
         if h2 {
             let (sender, connection) =
@@ -699,6 +720,15 @@ impl Connection {
             head_at,
         })
     }
+}
+
+/// The name test certificates are issued for.
+fn localhost() -> ServerName<'static> {
+    ServerName::DnsName(
+        rustls::pki_types::DnsName::try_from("localhost")
+            .expect("`localhost` is a valid DNS name")
+            .to_owned(),
+    )
 }
 
 /// A chat request body for `model` with `max_tokens`.

@@ -1,33 +1,17 @@
-//! `switchyard-bench`: benchmark programs that print figures measured side by side in one run.
-//!
-//! `overhead` starts one mocker and two gateways in front of it (TLS and plain HTTP), then
-//! measures time to first byte of streamed completions at several concurrency levels directly
-//! against the mocker and through each gateway, and closed-loop requests per second of tiny
-//! non-streamed completions. Figures are printed as a table with ratios to the direct path.
-//! Build the binaries first: `cargo build --release --workspace --bins`.
+//! `overhead`: one mocker and two gateways in front of it (TLS and plain HTTP); time to first
+//! byte of streamed completions at several concurrency levels directly against the mocker and
+//! through each gateway, and closed-loop requests per second of tiny non-streamed completions,
+//! printed as a table with ratios to the direct path.
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use clap::{Parser, Subcommand};
 use switchyard_e2e::{Alpn, Client, Gateway, Mockers, TestCa, chat_body};
 
-#[derive(Debug, Parser)]
-#[command(name = "switchyard-bench", version, about = "Switchyard benchmark programs")]
-struct Args {
-    #[command(subcommand)]
-    command: Command,
-}
-
-#[derive(Debug, Subcommand)]
-enum Command {
-    /// Gateway overhead: TTFB through the gateway vs directly to the same mocker, and req/s.
-    Overhead(OverheadArgs),
-}
-
+/// Flags of `overhead`.
 #[derive(Debug, clap::Args)]
-struct OverheadArgs {
+pub struct OverheadArgs {
     /// Concurrent streams to measure at (comma-separated).
     #[arg(long, value_delimiter = ',', default_value = "1,64,512")]
     concurrency: Vec<usize>,
@@ -82,16 +66,8 @@ impl Setup {
     }
 }
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
-    let args = Args::parse();
-    let _ = rlimit::increase_nofile_limit(u64::MAX);
-    match args.command {
-        Command::Overhead(args) => overhead(args).await,
-    }
-}
-
-async fn overhead(args: OverheadArgs) -> anyhow::Result<()> {
+/// Runs the overhead benchmark.
+pub async fn overhead(args: OverheadArgs) -> anyhow::Result<()> {
     let max_concurrency = args
         .concurrency
         .iter()

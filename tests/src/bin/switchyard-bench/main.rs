@@ -1,0 +1,324 @@
+//! `switchyard-bench`: benchmark programs that print figures measured side by side in one run.
+//!
+//! - `overhead`: the gateway's added latency and throughput against a mocker reached directly.
+//! - `replay`: replays a Mooncake-format trace against a running gateway, open loop, and writes
+//!   one JSON line per request plus a summary table.
+//! - `synth`: derives a new trace from a trace's prefix tree and distributions, with knobs.
+//! - `compare`: starts a gateway with mockers per policy, replays a trace under each, and
+//!   writes a Markdown report with plots.
+//!
+//! Build the binaries first: `cargo build --release --workspace --bins`.
+
+mod overhead;
+mod target;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand};
+use switchyard_e2e::bench::compare::{self, CompareConfig, MockerSettings, PolicySpec};
+use switchyard_e2e::bench::replay::{self, ReplayOptions, Summary};
+use switchyard_e2e::bench::stats;
+use switchyard_e2e::bench::synth::{SynthConfig, Synthesizer};
+use switchyard_e2e::bench::trace::{self, TraceRequest};
+
+#[derive(Debug, Parser)]
+#[command(name = "switchyard-bench", version, about = "Switchyard benchmark programs")]
+struct Args {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Gateway overhead: TTFB through the gateway vs directly to the same mocker, and req/s.
+    Overhead(overhead::OverheadArgs),
+    /// Replay a trace against a running gateway: per-request JSON lines and a summary table.
+    Replay(ReplayArgs),
+    /// Learn a trace's prefix tree and distributions, and write a new trace sampled from them.
+    Synth(SynthArgs),
+    /// Replay a trace once per policy on fresh gateways and mockers; write a Markdown report
+    /// with tables and plots.
+    Compare(CompareArgs),
+}
+
+/// Which part of a trace to replay, and how fast.
+#[derive(Debug, Clone, clap::Args)]
+struct TraceArgs {
+    /// Mooncake-format trace: JSON lines of `timestamp` (ms), `input_length`, `output_length`,
+    /// `hash_ids`.
+    trace: PathBuf,
+    /// Prompt tokens each hash id stands for (512 in Mooncake's traces). With the gateway's
+    /// byte-level fallback tokenizer one token is one byte of prompt text.
+    #[arg(long, default_value_t = 512)]
+    block_tokens: usize,
+    /// Skip the requests that arrive before this many milliseconds into the trace.
+    #[arg(long, default_value_t = 0)]
+    start_ms: u64,
+    /// Replay only the requests arriving within this many milliseconds after --start-ms.
+    #[arg(long)]
+    duration_ms: Option<u64>,
+    /// Replay at most this many requests.
+    #[arg(long)]
+    max_requests: Option<usize>,
+    /// Arrival speed-up: 4 sends the trace's requests four times as fast (open loop: a slow
+    /// server never delays an arrival).
+    #[arg(long, default_value_t = 1.0)]
+    speedup: f64,
+}
+
+impl TraceArgs {
+    fn load(&self) -> anyhow::Result<Vec<TraceRequest>> {
+        anyhow::ensure!(self.block_tokens > 0, "--block-tokens must be at least 1");
+        anyhow::ensure!(
+            self.speedup.is_finite() && self.speedup > 0.0,
+            "--speedup must be a positive number"
+        );
+        let all = trace::read_trace(&self.trace)?;
+        let kept = trace::window(&all, self.start_ms, self.duration_ms, self.max_requests);
+        anyhow::ensure!(
+            !kept.is_empty(),
+            "no request of {} falls in the chosen window",
+            self.trace.display()
+        );
+        Ok(kept)
+    }
+}
+
+#[derive(Debug, clap::Args)]
+struct ReplayArgs {
+    #[command(flatten)]
+    trace: TraceArgs,
+    /// The gateway: `https://HOST:PORT` (TLS) or `http://HOST:PORT`.
+    #[arg(long, default_value = "https://127.0.0.1:8443")]
+    url: String,
+    /// PEM file of the CA (or self-signed certificate) to trust for the gateway's certificate.
+    #[arg(long)]
+    ca_cert: Option<PathBuf>,
+    /// Accept any server certificate (still encrypted): for a dev gateway's generated one.
+    #[arg(long)]
+    insecure: bool,
+    /// Model named in the requests.
+    #[arg(long, default_value = "mock")]
+    model: String,
+    /// Write one JSON line per request here.
+    #[arg(long, default_value = "replay.jsonl")]
+    output: PathBuf,
+    /// Also write the summary as JSON here.
+    #[arg(long)]
+    summary_json: Option<PathBuf>,
+    /// A request unanswered after this many seconds is recorded as failed.
+    #[arg(long, default_value_t = 600)]
+    timeout_s: u64,
+    /// Do not draw the progress bar.
+    #[arg(long)]
+    no_progress: bool,
+}
+
+#[derive(Debug, clap::Args)]
+struct SynthArgs {
+    /// The source trace (Mooncake format).
+    trace: PathBuf,
+    /// Write the synthesized trace here.
+    #[arg(long, short)]
+    output: PathBuf,
+    /// Prompt tokens each hash id stands for.
+    #[arg(long, default_value_t = 512)]
+    block_tokens: usize,
+    /// Requests to generate (default: as many as the source).
+    #[arg(long)]
+    num_requests: Option<usize>,
+    /// Scales the length of shared prefixes.
+    #[arg(long, default_value_t = 1.0)]
+    prefix_len_multiplier: f64,
+    /// Makes N independent copies of the prefix tree (N times fewer shared hits).
+    #[arg(long, default_value_t = 1)]
+    prefix_root_multiplier: usize,
+    /// Scales the unique (non-shared) part of prompts.
+    #[arg(long, default_value_t = 1.0)]
+    prompt_len_multiplier: f64,
+    /// Scales output lengths.
+    #[arg(long, default_value_t = 1.0)]
+    osl_multiplier: f64,
+    /// Divides inter-arrival times (2 = twice the request rate).
+    #[arg(long, default_value_t = 1.0)]
+    speedup_ratio: f64,
+    /// Random seed; the same seed gives the same trace.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+}
+
+#[derive(Debug, clap::Args)]
+struct CompareArgs {
+    #[command(flatten)]
+    trace: TraceArgs,
+    /// LLM workers (embedded mockers) behind the gateway.
+    #[arg(long, default_value_t = 8)]
+    workers: usize,
+    /// Router policies to compare, comma-separated: built-in names or paths to `.wasm` files.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "round-robin,least-load,kv-aware,predicted-ttft"
+    )]
+    policies: Vec<String>,
+    /// Folder for report.md, plots, per-request records and metrics.
+    #[arg(long, default_value = "bench-report")]
+    out: PathBuf,
+    /// Model name of the mockers and the requests.
+    #[arg(long, default_value = "mock")]
+    model: String,
+    /// Mocker time runs this many times faster than the perf model. Load relative to capacity
+    /// is set by --speedup / --mocker-speedup.
+    #[arg(long, default_value_t = 1.0)]
+    mocker_speedup: f64,
+    /// Tokens per KV block in the mockers (and the gateway's block hashes).
+    #[arg(long, default_value_t = 64)]
+    block_size: usize,
+    /// KV blocks per mocker.
+    #[arg(long, default_value_t = 16_384)]
+    num_gpu_blocks: usize,
+    /// Token budget of one mocker step.
+    #[arg(long, default_value_t = 8_192)]
+    max_num_batched_tokens: usize,
+    /// Most sequences running at once per mocker.
+    #[arg(long, default_value_t = 256)]
+    max_num_seqs: usize,
+    /// A request unanswered after this many seconds is recorded as failed.
+    #[arg(long, default_value_t = 900)]
+    timeout_s: u64,
+    /// Do not draw progress bars.
+    #[arg(long)]
+    no_progress: bool,
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    let _ = rlimit::increase_nofile_limit(u64::MAX);
+    match args.command {
+        Command::Overhead(args) => overhead::overhead(args).await,
+        Command::Replay(args) => replay_command(args).await,
+        Command::Synth(args) => synth_command(&args),
+        Command::Compare(args) => compare_command(args).await,
+    }
+}
+
+async fn replay_command(args: ReplayArgs) -> anyhow::Result<()> {
+    let requests = args.trace.load()?;
+    let client = target::client(&args.url, args.ca_cert.as_deref(), args.insecure).await?;
+    let options = ReplayOptions {
+        model: args.model.clone(),
+        block_tokens: args.trace.block_tokens,
+        speedup: args.trace.speedup,
+        request_timeout: Duration::from_secs(args.timeout_s),
+        progress: !args.no_progress,
+    };
+    eprintln!(
+        "replaying {} requests of {} against {} at {}× speed",
+        requests.len(),
+        args.trace.trace.display(),
+        args.url,
+        args.trace.speedup
+    );
+    let run = replay::replay(&client, &requests, &options).await?;
+    replay::write_records(&args.output, &run.records)?;
+    let summary = Summary::of(&run);
+    if let Some(path) = &args.summary_json {
+        std::fs::write(path, serde_json::to_vec_pretty(&summary)?)?;
+    }
+    println!("# switchyard-bench replay");
+    println!();
+    println!(
+        "trace {} ({} requests from {} ms, {}× speed, {} tokens per hash id) against {}",
+        args.trace.trace.display(),
+        requests.len(),
+        args.trace.start_ms,
+        args.trace.speedup,
+        args.trace.block_tokens,
+        args.url
+    );
+    println!();
+    print!("{}", summary.to_markdown());
+    println!();
+    println!("per-request records: {}", args.output.display());
+    anyhow::ensure!(
+        summary.succeeded > 0,
+        "no request was answered: {}",
+        summary.errors.join("; ")
+    );
+    Ok(())
+}
+
+fn synth_command(args: &SynthArgs) -> anyhow::Result<()> {
+    let source = trace::read_trace(&args.trace)?;
+    let synthesizer = Synthesizer::learn(&source, args.block_tokens)?;
+    let config = SynthConfig {
+        prefix_len_multiplier: args.prefix_len_multiplier,
+        prefix_root_multiplier: args.prefix_root_multiplier,
+        prompt_len_multiplier: args.prompt_len_multiplier,
+        osl_multiplier: args.osl_multiplier,
+        speedup_ratio: args.speedup_ratio,
+        num_requests: args.num_requests,
+        seed: args.seed,
+        block_tokens: args.block_tokens,
+    };
+    let synthesized = synthesizer.generate(&config)?;
+    trace::write_trace(&args.output, &synthesized)?;
+    println!("# switchyard-bench synth\n");
+    println!(
+        "source: {}; synthesized: {}\n",
+        args.trace.display(),
+        args.output.display()
+    );
+    let source_stats = stats::trace_stats(&source, args.block_tokens);
+    let synthesized_stats = stats::trace_stats(&synthesized, args.block_tokens);
+    print!(
+        "{}",
+        stats::markdown_table(&[("source", &source_stats), ("synthesized", &synthesized_stats)])
+    );
+    Ok(())
+}
+
+async fn compare_command(args: CompareArgs) -> anyhow::Result<()> {
+    let requests = args.trace.load()?;
+    let window = match (args.trace.duration_ms, args.trace.max_requests) {
+        (None, None) if args.trace.start_ms == 0 => String::new(),
+        _ => format!(
+            ", from {} s{}{}",
+            args.trace.start_ms / 1000,
+            args.trace
+                .duration_ms
+                .map_or(String::new(), |d| format!(" for {} s", d / 1000)),
+            args.trace
+                .max_requests
+                .map_or(String::new(), |n| format!(", first {n} requests"))
+        ),
+    };
+    let config = CompareConfig {
+        trace_label: format!("{}{window}", args.trace.trace.display()),
+        requests,
+        workers: args.workers,
+        policies: args.policies.iter().map(|p| PolicySpec::parse(p)).collect(),
+        replay: ReplayOptions {
+            model: args.model.clone(),
+            block_tokens: args.trace.block_tokens,
+            speedup: args.trace.speedup,
+            request_timeout: Duration::from_secs(args.timeout_s),
+            progress: !args.no_progress,
+        },
+        mocker: MockerSettings {
+            speedup: args.mocker_speedup,
+            block_size: args.block_size,
+            num_gpu_blocks: args.num_gpu_blocks,
+            max_num_batched_tokens: args.max_num_batched_tokens,
+            max_num_seqs: args.max_num_seqs,
+        },
+        out_dir: args.out.clone(),
+        command: std::env::args().collect::<Vec<_>>().join(" "),
+    };
+    let runs = compare::compare(&config).await?;
+    print!("{}", compare::render_report(&config, &runs));
+    println!("report: {}", args.out.join("report.md").display());
+    Ok(())
+}
