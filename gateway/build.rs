@@ -7,7 +7,14 @@ mod build_guests;
 
 use std::path::PathBuf;
 
-const BUILT_INS: [&str; 5] = ["round_robin", "least_load", "kv_aware", "fcfs", "token_budget"];
+const BUILT_INS: [&str; 6] = [
+    "round_robin",
+    "least_load",
+    "kv_aware",
+    "predicted_ttft",
+    "fcfs",
+    "token_budget",
+];
 
 fn main() {
     let root = build_guests::repository_root();
@@ -21,6 +28,7 @@ fn main() {
         "round-robin",
         "least-load",
         "kv-aware",
+        "predicted-ttft",
         "fcfs",
         "token-budget",
         "template",

@@ -36,7 +36,7 @@ pub enum PolicyError {
     #[error("policy answered nonsense: {0}")]
     InvalidAnswer(String),
     /// The named built-in policy does not exist.
-    #[error("no built-in policy named `{0}`; built-ins: round-robin, least-load, kv-aware")]
+    #[error("no built-in policy named `{0}`; built-ins: round-robin, least-load, kv-aware, predicted-ttft")]
     UnknownBuiltIn(String),
 }
 
@@ -69,6 +69,7 @@ pub fn built_in_router(name: &str) -> Result<&'static [u8], PolicyError> {
         "round-robin" => Ok(include_bytes!(concat!(env!("OUT_DIR"), "/round_robin.wasm"))),
         "least-load" => Ok(include_bytes!(concat!(env!("OUT_DIR"), "/least_load.wasm"))),
         "kv-aware" => Ok(include_bytes!(concat!(env!("OUT_DIR"), "/kv_aware.wasm"))),
+        "predicted-ttft" => Ok(include_bytes!(concat!(env!("OUT_DIR"), "/predicted_ttft.wasm"))),
         other => Err(PolicyError::UnknownBuiltIn(other.to_string())),
     }
 }

@@ -91,6 +91,48 @@ fn kv_aware_reads_its_config_through_the_host() {
 }
 
 #[test]
+fn predicted_ttft_weighs_queues_and_decoders_through_the_host() {
+    let runtime = runtime();
+    let mut instance = load(&runtime, "predicted-ttft").instantiate().expect("instance");
+    let mut table = table::synthetic(3);
+    table.overlap_device_blocks = vec![0, 12, 0];
+    table.active_blocks = vec![0; 3];
+    table.prefill_tokens = vec![0; 3];
+    table.active_requests = vec![0; 3];
+    // 1024 prompt tokens: idle, worker 1 prefills 256 of them and the others all 1024.
+    let request = table::synthetic_request();
+    assert_eq!(
+        instance.route(&request, &table).expect("answer"),
+        1,
+        "the cached prefix"
+    );
+    // 16384 queued tokens make worker 1 wait two full steps (~340 ms) against one ~32 ms step.
+    table.prefill_tokens = vec![0, 16_384, 0];
+    let pick = instance.route(&request, &table).expect("answer");
+    assert!(pick == 0 || pick == 2, "away from the queue: {pick}");
+
+    // 200 decoders on worker 0 against a 16384-token queue on worker 1: one mixed step wins,
+    // unless the delay the prefill inflicts on the decoders is weighed in (config key).
+    let mut table = table::synthetic(2);
+    table.overlap_device_blocks = vec![0; 2];
+    table.active_requests = vec![200, 4];
+    table.active_blocks = vec![4000, 64];
+    table.prefill_tokens = vec![0, 16_384];
+    assert_eq!(instance.route(&request, &table).expect("answer"), 0);
+    let mut config = toml::Table::new();
+    config.insert("interference_weight".into(), toml::Value::Float(0.1));
+    let weighed = runtime
+        .load_router(
+            "predicted-ttft",
+            built_in_router("predicted-ttft").expect("built in"),
+            config,
+        )
+        .expect("loads");
+    let mut weighed = weighed.instantiate().expect("instance");
+    assert_eq!(weighed.route(&request, &table).expect("answer"), 1);
+}
+
+#[test]
 fn compiled_code_is_cached_by_sha256() {
     let dir = tempfile::tempdir().expect("temp dir");
     let runtime = Arc::new(

@@ -1,0 +1,459 @@
+//! `predicted-ttft`: the worker with the lowest predicted cost in milliseconds, from the same
+//! performance model the engines follow.
+//!
+//! Why: `kv-aware` counts blocks. A block of queued prefill and a block held by a decoding
+//! sequence cost it the same, so it cannot tell a worker with a long prefill queue (every new
+//! request waits for all of it) from one with many cheap decoders (a new request shares the next
+//! step with them). This policy instead predicts the time to first token in milliseconds with
+//! the step-time model the workers themselves are timed by (Dynamo's fitted polynomials, see
+//! `gpu-workers/src/mocker/perf.rs`) and a vLLM-like scheduler: each step has a budget of
+//! `step_tokens` tokens, decoding sequences take one token of it each, prefill fills the rest.
+//!
+//! For each LLM worker `i` with block size `bs`, device overlap `d`, host overlap `h`, queued
+//! prefill `Q = prefill_tokens[i]` and `D = active_requests[i]` (taken as decoders; the few of
+//! them still in prefill are already in `Q`, so this slightly overstates the decode load):
+//!
+//! - `prefill_ms(T) = prefill_a·T² + prefill_b·T + prefill_c`, and
+//!   `decode_ms(u) = max(1, decode_a·u² + decode_b·u + decode_c)` with `u` clamped to `[0, 1]`.
+//! - New tokens `n = max(0, prompt_tokens − bs·(d + host_credit·h))` (host blocks still need a
+//!   copy back, so they earn less credit, as in Dynamo and `kv-aware`).
+//! - Prefill tokens per step `P = max(B − D, B/8)` with `B = step_tokens`; the floor keeps a
+//!   worker with more decoders than budget from dividing by ~0.
+//! - `TTFT = max(1, (Q + n)/P) · prefill_ms(min(Q + n, P) + D)`: the engine serves prefill FIFO,
+//!   so the request waits for the whole queue and then its own tokens, in steps of `P` prefill
+//!   tokens plus the `D` decode tokens riding along. Work that fits one step costs exactly that
+//!   one (small) step; a long queue costs full steps and grows linearly, not quadratically, in
+//!   `Q` (continuous: the last partial step is charged pro rata).
+//! - `new_blocks = max(0, prompt_blocks − d)`, KV usage
+//!   `u = (active_blocks[i] + new_blocks) / capacity` (capacity `default_capacity_blocks` when
+//!   the table reports 0 = unknown), and the request's own decode estimate is
+//!   `max_tokens · decode_ms(u)`: a fuller cache makes every decode step slower.
+//! - Interference, the delay this request's prefill inflicts on the worker's decoders: each
+//!   step that carries its `n` tokens is a prefill step instead of a decode step for all `D` of
+//!   them, so `interference = D · s · max(0, prefill_ms(min(n, P) + D) − decode_ms(u))` with
+//!   `s = max(1, n/P)` steps when `n > 0`, else 0. It is in milliseconds summed over the
+//!   decoders; `interference_weight` converts it into this request's milliseconds.
+//! - The cost: `TTFT + decode_weight · max_tokens · decode_ms(u) + interference_weight ·
+//!   interference`.
+//!
+//! A worker whose KV capacity the request would overflow (`active_blocks + new_blocks >
+//! capacity`, when capacity > 0) is used only if every worker would overflow. The lowest cost
+//! wins; costs equal within 1e-9 (relative) are broken by a hash of the request id, as in
+//! `kv-aware` (policies have no random source, and this keeps equal workers evenly used). The
+//! next two workers in the same order are the decision's fallbacks.
+//!
+//! Every coefficient is a config key, read once per call; the defaults are the mocker's own
+//! constants: `prefill_a` 4.209989e-7, `prefill_b` 1.518344e-2, `prefill_c` 16.50142, `decode_a`
+//! −25.74, `decode_b` 54.01, `decode_c` 5.74, `step_tokens` 8192, `host_credit` 0.75,
+//! `decode_weight` 0.05, `interference_weight` 0, `default_capacity_blocks` 16384.
+
+#![cfg_attr(not(test), no_std)]
+
+extern crate alloc;
+
+use alloc::vec::Vec;
+
+use switchyard_policy_sdk::{Decision, PolicyError, RequestInfo, Router, WorkerTable, config};
+
+/// The policy.
+pub struct PredictedTtft;
+
+/// How many next-best workers the decision names as fallbacks.
+const FALLBACKS: usize = 2;
+
+/// Costs within this fraction of the lowest one count as equal (float noise, not preference).
+const TIE_TOLERANCE: f64 = 1e-9;
+
+/// The performance model and the weights of the cost, from the policy's config.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Model {
+    /// Quadratic, linear and constant coefficients of `prefill_ms(T)`.
+    pub prefill: [f64; 3],
+    /// Quadratic, linear and constant coefficients of `decode_ms(u)`.
+    pub decode: [f64; 3],
+    /// Token budget of one engine step (at least 1).
+    pub step_tokens: f64,
+    /// Cache credit of a host-memory block relative to a device block.
+    pub host_credit: f64,
+    /// Weight of the request's own decode time, `max_tokens · decode_ms(u)`.
+    pub decode_weight: f64,
+    /// Weight of the delay the request's prefill inflicts on the worker's decoders.
+    pub interference_weight: f64,
+    /// KV capacity assumed for a worker that reports 0 (unknown).
+    pub default_capacity_blocks: f64,
+}
+
+impl Default for Model {
+    /// The mocker's constants (`gpu-workers/src/mocker/perf.rs`) and the default weights.
+    fn default() -> Model {
+        Model {
+            prefill: [4.209989e-7, 1.518344e-2, 16.50142],
+            decode: [-25.74, 54.01, 5.74],
+            step_tokens: 8192.0,
+            host_credit: 0.75,
+            decode_weight: 0.05,
+            interference_weight: 0.0,
+            default_capacity_blocks: 16_384.0,
+        }
+    }
+}
+
+/// What the model predicts for one worker.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Prediction {
+    /// Predicted time to first token, in milliseconds.
+    pub ttft_ms: f64,
+    /// Predicted duration of one decode step at the KV usage after admitting the request.
+    pub decode_step_ms: f64,
+    /// Delay the request's prefill inflicts, in milliseconds summed over the decoders.
+    pub interference_ms: f64,
+    /// The cost to minimise (never NaN; +∞ where the inputs make no sense).
+    pub cost: f64,
+    /// Whether the request would overflow the worker's KV capacity.
+    pub overflows: bool,
+}
+
+/// Element `i` of a table column, or 0 when the column is short (the host builds equal-length
+/// columns, but a short one must not trap the policy).
+fn at(column: &[u32], i: usize) -> f64 {
+    column.get(i).copied().map(f64::from).unwrap_or(0.0)
+}
+
+impl Model {
+    /// The model with every coefficient read from the policy's config, defaulting to
+    /// [`Model::default`].
+    pub fn from_config() -> Model {
+        let defaults = Model::default();
+        let get = |key: &str, default: f64| config::get_f64(key, default);
+        Model {
+            prefill: [
+                get("prefill_a", defaults.prefill[0]),
+                get("prefill_b", defaults.prefill[1]),
+                get("prefill_c", defaults.prefill[2]),
+            ],
+            decode: [
+                get("decode_a", defaults.decode[0]),
+                get("decode_b", defaults.decode[1]),
+                get("decode_c", defaults.decode[2]),
+            ],
+            // A budget below one token would make every queue infinite; NaN also becomes 1.
+            step_tokens: get("step_tokens", defaults.step_tokens).max(1.0),
+            host_credit: get("host_credit", defaults.host_credit),
+            decode_weight: get("decode_weight", defaults.decode_weight),
+            interference_weight: get("interference_weight", defaults.interference_weight),
+            default_capacity_blocks: get("default_capacity_blocks", defaults.default_capacity_blocks),
+        }
+    }
+
+    /// Milliseconds of one step that computes `tokens` tokens (prefill plus riding decodes).
+    pub fn prefill_ms(&self, tokens: f64) -> f64 {
+        let [a, b, c] = self.prefill;
+        (a * tokens + b) * tokens + c
+    }
+
+    /// Milliseconds of one decode-only step at KV usage `usage` (clamped to `[0, 1]`), never
+    /// below 1 ms, as the mocker times it.
+    pub fn decode_ms(&self, usage: f64) -> f64 {
+        let [a, b, c] = self.decode;
+        let u = usage.clamp(0.0, 1.0);
+        ((a * u + b) * u + c).max(1.0)
+    }
+
+    /// The prediction for routing `req` to worker `i`.
+    pub fn predict(&self, req: &RequestInfo, workers: &WorkerTable, i: usize) -> Prediction {
+        let block_size = at(&workers.block_size, i).max(1.0);
+        let device = at(&workers.overlap_device_blocks, i);
+        let host = at(&workers.overlap_host_blocks, i);
+        let queued = at(&workers.prefill_tokens, i);
+        let decoders = at(&workers.active_requests, i);
+
+        let new_tokens = (f64::from(req.prompt_tokens) - block_size * (device + self.host_credit * host)).max(0.0);
+        let per_step = (self.step_tokens - decoders).max(self.step_tokens / 8.0);
+        let work = queued + new_tokens;
+        let ttft_ms = (work / per_step).max(1.0) * self.prefill_ms(work.min(per_step) + decoders);
+
+        let new_blocks = (f64::from(req.prompt_blocks) - device).max(0.0);
+        let blocks = at(&workers.active_blocks, i) + new_blocks;
+        let reported = at(&workers.capacity_blocks, i);
+        let capacity = if reported > 0.0 {
+            reported
+        } else {
+            self.default_capacity_blocks
+        };
+        let decode_step_ms = self.decode_ms(blocks / capacity);
+
+        let own_steps = if new_tokens > 0.0 {
+            (new_tokens / per_step).max(1.0)
+        } else {
+            0.0
+        };
+        let interference_ms =
+            decoders * own_steps * (self.prefill_ms(new_tokens.min(per_step) + decoders) - decode_step_ms).max(0.0);
+
+        let cost = ttft_ms
+            + self.decode_weight * f64::from(req.max_tokens) * decode_step_ms
+            + self.interference_weight * interference_ms;
+        Prediction {
+            ttft_ms,
+            decode_step_ms,
+            interference_ms,
+            // A NaN (from a NaN coefficient in the config) would make the order meaningless.
+            cost: if cost.is_nan() { f64::INFINITY } else { cost },
+            overflows: reported > 0.0 && blocks > reported,
+        }
+    }
+}
+
+/// A well-mixed 64-bit hash (splitmix64) for tie-breaks, as in `kv-aware`.
+fn mix(mut x: u64) -> u64 {
+    x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    x ^ (x >> 31)
+}
+
+impl Router for PredictedTtft {
+    fn route(req: &RequestInfo, workers: &WorkerTable) -> Result<Decision, PolicyError> {
+        let model = Model::from_config();
+        let mut ranked: Vec<(bool, f64, usize)> = workers
+            .llm_indices()
+            .map(|i| {
+                let prediction = model.predict(req, workers, i);
+                (prediction.overflows, prediction.cost, i)
+            })
+            .collect();
+        // Workers that fit first (`false` < `true`), then by cost, then by index so that the
+        // order of tied workers, and hence the hash's pick among them, is stable.
+        ranked.sort_unstable_by(|a, b| a.0.cmp(&b.0).then(a.1.total_cmp(&b.1)).then(a.2.cmp(&b.2)));
+        let Some(&(best_overflows, min, _)) = ranked.first() else {
+            return Err(PolicyError::new("no LLM worker in the table"));
+        };
+        let limit = min + TIE_TOLERANCE * min.abs();
+        let tied = ranked
+            .iter()
+            .take_while(|(overflows, cost, _)| *overflows == best_overflows && *cost <= limit)
+            .count()
+            .max(1);
+        let draw = (mix(req.request_id) >> 11) as f64 / (1u64 << 53) as f64;
+        let pick = ((draw * tied as f64) as usize).min(tied - 1);
+        let mut decision = Decision::to(ranked[pick].2);
+        decision.fallbacks = ranked
+            .iter()
+            .enumerate()
+            .filter(|(rank, _)| *rank != pick)
+            .take(FALLBACKS)
+            .map(|(_, (_, _, index))| *index as u32)
+            .collect();
+        Ok(decision)
+    }
+}
+
+switchyard_policy_sdk::router!(PredictedTtft);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use switchyard_policy_sdk::testing;
+
+    /// `prefill_ms` with the mocker's constants, for hand computations.
+    fn prefill(t: f64) -> f64 {
+        4.209989e-7 * t * t + 1.518344e-2 * t + 16.50142
+    }
+
+    fn close(actual: f64, expected: f64) -> bool {
+        (actual - expected).abs() <= 1e-9 * expected.abs().max(1.0)
+    }
+
+    #[test]
+    fn idle_workers_send_the_request_to_the_cached_prefix() {
+        // 1024 tokens at block size 64: 16 blocks, 12 cached on worker 1, so it prefills 256.
+        let mut table = testing::table(3);
+        table.overlap_device_blocks = vec![0, 12, 0];
+        let request = testing::request(1, 1024);
+        let decision = PredictedTtft::route(&request, &table).expect("a decision");
+        assert_eq!(decision.worker, 1);
+        assert_eq!(decision.fallbacks.len(), 2);
+        assert!(!decision.fallbacks.contains(&1));
+        let model = Model::default();
+        // On an idle worker the work fits one step: TTFT is one step of exactly that work.
+        assert!(close(model.predict(&request, &table, 1).ttft_ms, prefill(256.0)));
+        assert!(close(model.predict(&request, &table, 0).ttft_ms, prefill(1024.0)));
+        // A fully cached prompt still costs one (nearly empty) step, not zero.
+        table.overlap_device_blocks = vec![0, 16, 0];
+        assert!(close(model.predict(&request, &table, 1).ttft_ms, prefill(0.0)));
+    }
+
+    #[test]
+    fn a_long_prefill_queue_outweighs_the_cache() {
+        // Worker 1 caches 12 of 16 blocks (n = 256) but has Q queued tokens; worker 0 is idle
+        // with nothing cached (n = 1024). Both have no decoders and no active blocks.
+        // cost_0 = prefill(1024) + 0.05·128·decode(16/16384) = 32.4907 + 6.4·5.79272 = 69.5641.
+        // cost_1 = prefill(Q + 256) + 6.4·decode(4/16384) = prefill(Q + 256) + 36.8204 while
+        // Q + 256 ≤ 8192 (one step). Equal when prefill(W) = 32.7437, i.e.
+        // 4.209989e-7·W² + 1.518344e-2·W − 16.2423 = 0 → W ≈ 1039.8, so Q* ≈ 784 tokens.
+        let mut table = testing::table(2);
+        table.overlap_device_blocks = vec![0, 12];
+        let request = testing::request(7, 1024);
+        table.prefill_tokens = vec![0, 700];
+        assert_eq!(PredictedTtft::route(&request, &table).expect("a decision").worker, 1);
+        table.prefill_tokens = vec![0, 870];
+        assert_eq!(PredictedTtft::route(&request, &table).expect("a decision").worker, 0);
+        let model = Model::default();
+        let idle = model.predict(&request, &table, 0).cost;
+        assert!(close(idle, 69.564_117_298_074_22), "{idle}");
+        table.prefill_tokens = vec![0, 783];
+        assert!(model.predict(&request, &table, 1).cost < idle);
+        table.prefill_tokens = vec![0, 785];
+        assert!(model.predict(&request, &table, 1).cost > idle);
+    }
+
+    #[test]
+    fn many_decoders_cost_less_than_a_long_prefill_queue() {
+        // Worker 0: 200 decoders holding 4000 blocks, nothing queued. Worker 1: 16384 queued
+        // prefill tokens of 4 requests holding 64 blocks. kv-aware calls worker 1 cheaper (its
+        // 272 prefill + 80 decode blocks + 4 requests against 4016 + 16 + 200), but the engine
+        // serves worker 0's request in one mixed step while worker 1's waits for two full ones.
+        let mut table = testing::table(2);
+        table.active_requests = vec![200, 4];
+        table.active_blocks = vec![4000, 64];
+        table.prefill_tokens = vec![0, 16_384];
+        let request = testing::request(3, 1024);
+        let model = Model::default();
+        let decoders = model.predict(&request, &table, 0);
+        let queue = model.predict(&request, &table, 1);
+        // Worker 0: P = 8192 − 200 = 7992 ≥ 1024, one step of 1024 + 200 tokens.
+        assert!(close(decoders.ttft_ms, prefill(1224.0)));
+        // Worker 1: P = 8188, (16384 + 1024)/8188 = 2.126 steps of 8188 + 4 tokens.
+        assert!(close(queue.ttft_ms, 17_408.0 / 8188.0 * prefill(8192.0)));
+        assert!(decoders.ttft_ms < queue.ttft_ms);
+        // The fuller cache makes worker 0's decode steps slower (u = 4016/16384 ≈ 0.245).
+        assert!(decoders.decode_step_ms > queue.decode_step_ms);
+        assert!(decoders.cost < queue.cost, "{decoders:?} {queue:?}");
+        assert_eq!(PredictedTtft::route(&request, &table).expect("a decision").worker, 0);
+        // A queue grows linearly: twice (and four times) the work is ~twice the steps.
+        table.prefill_tokens = vec![0, 2 * 81_880 - 1024];
+        let long = model.predict(&request, &table, 1).ttft_ms;
+        table.prefill_tokens = vec![0, 4 * 81_880 - 1024];
+        assert!(close(model.predict(&request, &table, 1).ttft_ms, 2.0 * long));
+    }
+
+    #[test]
+    fn overflow_is_avoided_unless_every_worker_overflows() {
+        // Worker 0 caches 4 blocks but would need 12 new blocks on top of 95 of 100.
+        let mut table = testing::table(2);
+        table.overlap_device_blocks = vec![4, 0];
+        table.active_blocks = vec![95, 0];
+        table.capacity_blocks = vec![100, 16_384];
+        table.prefill_tokens = vec![0, 20_000];
+        let request = testing::request(5, 1024);
+        let model = Model::default();
+        assert!(model.predict(&request, &table, 0).overflows);
+        assert!(model.predict(&request, &table, 0).cost < model.predict(&request, &table, 1).cost);
+        let decision = PredictedTtft::route(&request, &table).expect("a decision");
+        assert_eq!(decision.worker, 1);
+        assert_eq!(decision.fallbacks, vec![0], "the overflowing worker comes last");
+        // When both overflow the cheaper one is used anyway.
+        table.capacity_blocks = vec![100, 10];
+        assert_eq!(PredictedTtft::route(&request, &table).expect("a decision").worker, 0);
+        // Unknown capacity (0) never counts as overflowing.
+        table.capacity_blocks = vec![0, 0];
+        assert!(!model.predict(&request, &table, 0).overflows);
+    }
+
+    #[test]
+    fn ties_are_broken_by_the_request_id() {
+        let table = testing::table(4);
+        let mut picks = std::collections::HashSet::new();
+        for id in 0..64 {
+            let request = testing::request(id, 1024);
+            let first = PredictedTtft::route(&request, &table).expect("a decision");
+            let again = PredictedTtft::route(&request, &table).expect("a decision");
+            assert_eq!((again.worker, &again.fallbacks), (first.worker, &first.fallbacks));
+            picks.insert(first.worker);
+        }
+        assert_eq!(picks.len(), 4, "equal workers are all used: {picks:?}");
+    }
+
+    #[test]
+    fn non_llm_workers_are_skipped_and_none_is_an_error() {
+        let mut table = testing::table(3);
+        table.roles = vec![1, 0, 2];
+        let request = testing::request(9, 512);
+        let decision = PredictedTtft::route(&request, &table).expect("a decision");
+        assert_eq!(decision.worker, 1);
+        assert!(decision.fallbacks.is_empty());
+        table.roles = vec![1, 1, 2];
+        assert!(PredictedTtft::route(&request, &table).is_err());
+    }
+
+    #[test]
+    fn config_keys_override_the_defaults() {
+        // Worker 0 holds 12 host blocks, worker 1 holds 10 device blocks. At the default host
+        // credit 0.75 worker 0 is credited 9 blocks (n = 448) against worker 1's 10 (n = 384).
+        let mut table = testing::table(2);
+        table.overlap_host_blocks = vec![12, 0];
+        table.overlap_device_blocks = vec![0, 10];
+        let request = testing::request(11, 1024);
+        assert_eq!(PredictedTtft::route(&request, &table).expect("a decision").worker, 1);
+        testing::set_config("host_credit", "1.0");
+        assert_eq!(PredictedTtft::route(&request, &table).expect("a decision").worker, 0);
+
+        // The decoders-versus-queue table: with interference counted, worker 0's 200 decoders
+        // each lose ~18 ms to this prefill (3657 ms in all), and the queue wins.
+        let mut table = testing::table(2);
+        table.active_requests = vec![200, 4];
+        table.active_blocks = vec![4000, 64];
+        table.prefill_tokens = vec![0, 16_384];
+        let request = testing::request(3, 1024);
+        assert_eq!(PredictedTtft::route(&request, &table).expect("a decision").worker, 0);
+        testing::set_config("interference_weight", "0.1");
+        assert_eq!(PredictedTtft::route(&request, &table).expect("a decision").worker, 1);
+
+        // Every coefficient: prefill_ms(T) = T, decode_ms = 2, 1000-token steps.
+        for (key, value) in [
+            ("prefill_a", "0"),
+            ("prefill_b", "1"),
+            ("prefill_c", "0"),
+            ("decode_a", "0"),
+            ("decode_b", "0"),
+            ("decode_c", "2"),
+            ("step_tokens", "1000"),
+            ("host_credit", "0.5"),
+            ("decode_weight", "1"),
+            ("interference_weight", "1"),
+            ("default_capacity_blocks", "100"),
+        ] {
+            testing::set_config(key, value);
+        }
+        let model = Model::from_config();
+        let mut table = testing::table(1);
+        table.overlap_device_blocks = vec![2];
+        table.overlap_host_blocks = vec![4];
+        table.prefill_tokens = vec![1200];
+        table.active_requests = vec![10];
+        table.active_blocks = vec![90];
+        table.capacity_blocks = vec![0];
+        let request = testing::request(1, 1024);
+        let prediction = model.predict(&request, &table, 0);
+        // n = 1024 − 64·(2 + 0.5·4) = 768, P = 990, TTFT = (1968/990)·(990 + 10).
+        assert!(close(prediction.ttft_ms, 1968.0 / 990.0 * 1000.0), "{prediction:?}");
+        assert!(close(prediction.decode_step_ms, 2.0));
+        // One own step of 768 + 10 tokens instead of a 2 ms decode step, for 10 decoders.
+        assert!(close(prediction.interference_ms, 10.0 * 776.0));
+        assert!(close(prediction.cost, prediction.ttft_ms + 128.0 * 2.0 + 7760.0));
+        // Capacity 0 → the default 100 for the usage (90 + 14 blocks, u clamped to 1), but an
+        // unknown capacity never counts as overflowing.
+        assert!(!prediction.overflows);
+    }
+
+    #[test]
+    fn nonsense_config_does_not_break_the_order() {
+        testing::set_config("prefill_a", "nan");
+        testing::set_config("step_tokens", "0");
+        let table = testing::table(3);
+        let request = testing::request(2, 1024);
+        let decision = PredictedTtft::route(&request, &table).expect("a decision");
+        assert!(decision.worker < 3);
+        assert_eq!(Model::from_config().step_tokens, 1.0);
+    }
+}
