@@ -87,7 +87,7 @@ pub struct Gateway {
     tls: Option<server::tls::Tls>,
     state: Arc<AppState>,
     tasks: Vec<JoinHandle<()>>,
-    _mockers: Vec<MockerServer>,
+    mockers: Vec<MockerServer>,
 }
 
 impl Gateway {
@@ -234,13 +234,23 @@ impl Gateway {
                 tasks.push(accept);
                 tasks
             },
-            _mockers: mockers,
+            mockers,
         })
     }
 
     /// The address the client listener is bound to.
     pub fn addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// The name and loopback address of each embedded mocker, in pool order (their own
+    /// `/metrics` show engine internals such as preemptions and KV usage).
+    pub fn embedded_mockers(&self) -> Vec<(String, SocketAddr)> {
+        self.mockers
+            .iter()
+            .enumerate()
+            .map(|(index, mocker)| (workers::embedded::name(index), mocker.addr()))
+            .collect()
     }
 
     /// The address of the admin listener, if the admin API is configured.

@@ -160,6 +160,9 @@ async fn run(config: Config) -> anyhow::Result<()> {
     if let Some(fingerprint) = gateway.fingerprint() {
         println!("certificate SHA-256: {fingerprint}");
     }
+    for (name, addr) in gateway.embedded_mockers() {
+        println!("embedded mocker {name} at http://{addr}");
+    }
     let insecure = if url.starts_with("https") { "-k " } else { "" };
     println!(
         "try: curl -N {insecure}{url}/v1/chat/completions -H 'content-type: application/json' -d '{{\"model\":\"{model}\",\"messages\":[{{\"role\":\"user\",\"content\":\"hi\"}}],\"stream\":true}}'"

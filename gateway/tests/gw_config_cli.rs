@@ -68,12 +68,19 @@ fn the_embedded_default_prints_a_ready_line_with_a_working_curl() {
     let stdout = child.stdout.take().expect("stdout");
     let mut lines = BufReader::new(stdout).lines();
     let ready = lines.next().and_then(Result::ok).unwrap_or_default();
-    let _fingerprint = lines.next();
-    let curl = lines.next().and_then(Result::ok).unwrap_or_default();
+    // Then the certificate's fingerprint and the embedded mockers' addresses, then the example.
+    let mut mockers = 0;
+    let curl = lines
+        .by_ref()
+        .map_while(Result::ok)
+        .inspect(|line| mockers += usize::from(line.starts_with("embedded mocker ")))
+        .find(|line| line.starts_with("try: "))
+        .unwrap_or_default();
     let _ = child.kill();
     let _ = child.wait();
     assert!(ready.contains("listening on https://127.0.0.1:"), "{ready}");
     assert!(ready.contains("4 workers"), "{ready}");
+    assert_eq!(mockers, 4, "one address line per embedded mocker");
     assert!(curl.starts_with("try: curl -N -k https://127.0.0.1:"), "{curl}");
     assert!(
         curl.contains("\"model\":\"mock\"") && curl.contains("\"stream\":true"),

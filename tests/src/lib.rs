@@ -299,6 +299,8 @@ pub struct Gateway {
     pub process: Process,
     /// The address it listens on.
     pub addr: SocketAddr,
+    /// Name and address of each embedded mocker, as the gateway printed them.
+    pub mockers: Vec<(String, SocketAddr)>,
     /// The folder holding its config file.
     pub dir: tempfile::TempDir,
 }
@@ -324,7 +326,8 @@ impl Gateway {
         let (process, lines) = Process::start(
             &binary("switchyard")?,
             &args,
-            |line| line.contains("listening on "),
+            // The example request is printed last, after the embedded mockers' addresses.
+            |line| line.starts_with("try: "),
             Duration::from_secs(30),
         )?;
         let addr = lines
@@ -339,7 +342,20 @@ impl Gateway {
             .context("no listening line")?
             .parse()
             .context("bad listening address")?;
-        Ok(Gateway { process, addr, dir })
+        let mockers = lines
+            .iter()
+            .filter_map(|line| line.strip_prefix("embedded mocker "))
+            .filter_map(|rest| {
+                let (name, url) = rest.split_once(" at http://")?;
+                Some((name.to_string(), url.trim().parse().ok()?))
+            })
+            .collect();
+        Ok(Gateway {
+            process,
+            addr,
+            mockers,
+            dir,
+        })
     }
 }
 

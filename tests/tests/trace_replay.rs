@@ -262,9 +262,26 @@ fn compare_writes_a_report_and_kv_aware_finds_more_cached_prefixes_than_round_ro
         "ttft_cdf.svg",
         "latency.svg",
         "load-kv-aware.svg",
+        "### What the engines counted",
     ] {
         assert!(report.contains(needle), "report.md lacks {needle}:\n{report}");
     }
+    // The engines' own counters came back from the mockers' /metrics: 30 requests of 40 to 200
+    // tokens each were admitted, so the row's steps are not 0.
+    let engines_row = report
+        .lines()
+        .skip_while(|line| !line.starts_with("### What the engines counted"))
+        .find(|line| line.starts_with("| kv-aware |"))
+        .unwrap_or_default();
+    let steps: u64 = engines_row
+        .trim_end_matches('|')
+        .rsplit('|')
+        .next()
+        .unwrap_or_default()
+        .trim()
+        .parse()
+        .unwrap_or(0);
+    assert!(steps > 0, "engine steps in `{engines_row}`:\n{report}");
     for file in [
         "ttft_cdf.svg",
         "latency.svg",
@@ -287,5 +304,59 @@ fn compare_writes_a_report_and_kv_aware_finds_more_cached_prefixes_than_round_ro
         "kv-aware hit {kv_aware:.3} vs round-robin {round_robin:.3}\n{}",
         String::from_utf8_lossy(&output.stdout)
     );
+    Ok(())
+}
+
+#[test]
+fn compare_repeats_rounds_and_passes_policy_settings() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let trace = conversation_trace(2, 3, 40, 4);
+    let trace_path = dir.path().join("trace.jsonl");
+    write_trace(&trace_path, &trace)?;
+    let out = dir.path().join("report");
+    bench(&[
+        "compare",
+        trace_path.to_str().unwrap_or_default(),
+        "--block-tokens",
+        "64",
+        "--workers",
+        "2",
+        "--policies",
+        "predicted-ttft:impact_weight=8:decode_weight=0",
+        "--repeat",
+        "2",
+        "--mocker-speedup",
+        "10",
+        "--out",
+        out.to_str().unwrap_or_default(),
+        "--no-progress",
+    ])?;
+    let report = std::fs::read_to_string(out.join("report.md"))?;
+    assert!(report.contains("### Round by round"), "{report}");
+    assert!(
+        report.contains("| predicted-ttft:impact_weight=8:decode_weight=0 |"),
+        "{report}"
+    );
+    let stem = "predicted-ttft_impact_weight_8_decode_weight_0";
+    for round in [1, 2] {
+        let records = std::fs::read_to_string(out.join(format!("records-{stem}-round{round}.jsonl")))?;
+        assert_eq!(records.lines().count(), 6, "round {round}");
+    }
+    let summary: serde_json::Value = serde_json::from_slice(&std::fs::read(out.join(format!("summary-{stem}.json")))?)?;
+    assert_eq!(summary["requests"], 12, "both rounds pooled: {summary}");
+    assert_eq!(summary["succeeded"], 12, "{summary}");
+    // A setting that is not KEY=VALUE is refused before anything starts.
+    let refused = bench(&[
+        "compare",
+        trace_path.to_str().unwrap_or_default(),
+        "--policies",
+        "kv-aware:weight",
+        "--out",
+        out.to_str().unwrap_or_default(),
+    ]);
+    let Err(err) = refused else {
+        anyhow::bail!("`kv-aware:weight` was accepted");
+    };
+    assert!(format!("{err:#}").contains("not KEY=VALUE"), "{err:#}");
     Ok(())
 }

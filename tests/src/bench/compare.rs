@@ -44,27 +44,55 @@ impl Default for MockerSettings {
     }
 }
 
-/// One policy to compare: a built-in name or a path to a `.wasm` component.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// One policy to compare: a built-in name or a path to a `.wasm` component, with optional
+/// settings for its `[policy.config]`.
+#[derive(Debug, Clone, PartialEq)]
 pub struct PolicySpec {
     /// The name in the report.
     pub name: String,
     /// What the gateway's `policy.router` is set to.
     pub router: String,
+    /// The policy's own settings (`[policy.config]`), empty for its defaults.
+    pub settings: toml::Table,
 }
 
 impl PolicySpec {
-    /// Parses `NAME` (a built-in) or a path ending in `.wasm` (named after its file stem).
-    pub fn parse(text: &str) -> PolicySpec {
-        let router = text.trim().to_string();
-        let name = if router.ends_with(".wasm") {
+    /// Parses `ROUTER[:KEY=VALUE]...`: a built-in name or a path ending in `.wasm` (named after
+    /// its file stem), then settings whose values are TOML values (`decode_weight=0.2`,
+    /// `mode="fast"`). A spec with settings is named by the whole text, so that variants of one
+    /// policy stay apart in the report.
+    ///
+    /// # Errors
+    ///
+    /// Fails on an empty router or a setting that is not `KEY=VALUE` with a TOML value.
+    pub fn parse(text: &str) -> anyhow::Result<PolicySpec> {
+        let text = text.trim();
+        let mut parts = text.split(':');
+        let router = parts.next().unwrap_or_default().trim().to_string();
+        anyhow::ensure!(
+            !router.is_empty(),
+            "policy `{text}`: no router named before the settings"
+        );
+        let mut settings = toml::Table::new();
+        for setting in parts {
+            let (key, value) = setting
+                .split_once('=')
+                .with_context(|| format!("policy `{text}`: setting `{setting}` is not KEY=VALUE"))?;
+            let parsed: toml::Table = toml::from_str(&format!("v = {value}"))
+                .with_context(|| format!("policy `{text}`: the value of `{key}` is not a TOML value"))?;
+            let value = parsed.get("v").cloned().context("a parsed `v = ...` holds v")?;
+            settings.insert(key.trim().to_string(), value);
+        }
+        let name = if !settings.is_empty() {
+            text.to_string()
+        } else if router.ends_with(".wasm") {
             Path::new(&router)
                 .file_stem()
                 .map_or(router.clone(), |stem| stem.to_string_lossy().into_owned())
         } else {
             router.clone()
         };
-        PolicySpec { name, router }
+        Ok(PolicySpec { name, router, settings })
     }
 }
 
@@ -87,17 +115,67 @@ pub struct CompareConfig {
     pub out_dir: PathBuf,
     /// The command line, quoted in the report so it can be rerun.
     pub command: String,
+    /// How many times every policy is replayed (rounds run the policies in turn, so slow drift
+    /// of the machine touches them all alike); figures pool the requests of every round.
+    pub repeats: usize,
 }
 
-/// The outcome of one policy's run.
+/// The outcome of one policy's runs.
 #[derive(Debug, Clone)]
 pub struct PolicyRun {
     /// The policy.
     pub policy: PolicySpec,
-    /// Its records.
-    pub run: ReplayRun,
-    /// Its figures.
+    /// Its records, one replay per round.
+    pub rounds: Vec<ReplayRun>,
+    /// Its figures over the requests of every round.
     pub summary: Summary,
+    /// Its figures round by round.
+    pub round_summaries: Vec<Summary>,
+    /// The engines' own counters at the end of the run, summed over the workers.
+    pub engines: EngineCounters,
+}
+
+/// Counters the mockers keep themselves (their `/metrics`), summed over the fleet.
+#[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize)]
+pub struct EngineCounters {
+    /// Sequences preempted for lack of KV blocks (their tokens are computed again).
+    pub preemptions: u64,
+    /// Engine steps run.
+    pub steps: u64,
+    /// Prompt tokens admitted.
+    pub prompt_tokens: u64,
+    /// Prompt tokens served from the prefix cache.
+    pub cached_prompt_tokens: u64,
+}
+
+impl EngineCounters {
+    /// Adds another fleet's counters to these.
+    pub fn add(&mut self, other: &EngineCounters) {
+        self.preemptions += other.preemptions;
+        self.steps += other.steps;
+        self.prompt_tokens += other.prompt_tokens;
+        self.cached_prompt_tokens += other.cached_prompt_tokens;
+    }
+
+    /// Adds the counters of one mocker's Prometheus text; unknown lines are ignored.
+    pub fn add_metrics_text(&mut self, text: &str) {
+        for line in text.lines().filter(|line| !line.starts_with('#')) {
+            let Some((name, value)) = line.split_once(' ') else {
+                continue;
+            };
+            let Ok(value) = value.trim().parse::<f64>() else {
+                continue;
+            };
+            let value = value as u64;
+            match name {
+                "switchyard_mocker_preemptions_total" => self.preemptions += value,
+                "switchyard_mocker_steps_total" => self.steps += value,
+                "switchyard_mocker_prompt_tokens_total" => self.prompt_tokens += value,
+                "switchyard_mocker_cached_prompt_tokens_total" => self.cached_prompt_tokens += value,
+                _ => {}
+            }
+        }
+    }
 }
 
 /// Runs every policy in turn and writes the report; returns the runs in policy order.
@@ -110,37 +188,71 @@ pub async fn compare(config: &CompareConfig) -> anyhow::Result<Vec<PolicyRun>> {
     anyhow::ensure!(config.workers > 0, "at least one worker is needed");
     anyhow::ensure!(!config.policies.is_empty(), "name at least one policy");
     std::fs::create_dir_all(&config.out_dir).with_context(|| format!("cannot create {}", config.out_dir.display()))?;
-    let mut runs = Vec::new();
-    for policy in &config.policies {
-        eprintln!(
-            "== {}: {} requests, {} workers",
-            policy.name,
-            config.requests.len(),
-            config.workers
-        );
-        let run = run_policy(config, policy).await?;
-        let summary = Summary::of(&run);
-        eprintln!(
-            "   TTFT avg {:.1} ms, p99 {:.1} ms; E2E avg {:.1} ms; {} of {} answered",
-            summary.ttft_ms.avg, summary.ttft_ms.p99, summary.e2e_ms.avg, summary.succeeded, summary.requests
-        );
-        anyhow::ensure!(
-            summary.succeeded > 0,
-            "no request was answered under `{}`: {}",
-            policy.name,
-            summary.errors.join("; ")
-        );
-        let stem = file_stem(&policy.name);
-        replay::write_records(&config.out_dir.join(format!("records-{stem}.jsonl")), &run.records)?;
-        std::fs::write(
-            config.out_dir.join(format!("summary-{stem}.json")),
-            serde_json::to_vec_pretty(&summary)?,
-        )?;
-        runs.push(PolicyRun {
+    anyhow::ensure!(config.repeats > 0, "at least one round is needed");
+    let mut runs: Vec<PolicyRun> = config
+        .policies
+        .iter()
+        .map(|policy| PolicyRun {
             policy: policy.clone(),
-            run,
-            summary,
-        });
+            rounds: Vec::new(),
+            summary: Summary::of(&ReplayRun::default()),
+            round_summaries: Vec::new(),
+            engines: EngineCounters::default(),
+        })
+        .collect();
+    for round in 1..=config.repeats {
+        for entry in &mut runs {
+            let policy = &entry.policy;
+            let of_rounds = if config.repeats > 1 {
+                format!(" (round {round} of {})", config.repeats)
+            } else {
+                String::new()
+            };
+            eprintln!(
+                "== {}{of_rounds}: {} requests, {} workers",
+                policy.name,
+                config.requests.len(),
+                config.workers
+            );
+            let (run, engines) = run_policy(config, policy).await?;
+            let summary = Summary::of(&run);
+            eprintln!(
+                "   TTFT avg {:.1} ms, p99 {:.1} ms; E2E avg {:.1} ms; {} of {} answered",
+                summary.ttft_ms.avg, summary.ttft_ms.p99, summary.e2e_ms.avg, summary.succeeded, summary.requests
+            );
+            anyhow::ensure!(
+                summary.succeeded > 0,
+                "no request was answered under `{}`: {}",
+                policy.name,
+                summary.errors.join("; ")
+            );
+            let stem = file_stem(&policy.name);
+            let suffix = if config.repeats > 1 {
+                format!("-round{round}")
+            } else {
+                String::new()
+            };
+            replay::write_records(
+                &config.out_dir.join(format!("records-{stem}{suffix}.jsonl")),
+                &run.records,
+            )?;
+            entry.engines.add(&engines);
+            entry.rounds.push(run);
+            entry.round_summaries.push(summary);
+        }
+    }
+    for entry in &mut runs {
+        let pooled = ReplayRun {
+            records: entry.rounds.iter().flat_map(|r| r.records.iter().cloned()).collect(),
+            wall_s: entry.rounds.iter().map(|r| r.wall_s).sum(),
+        };
+        entry.summary = Summary::of(&pooled);
+        std::fs::write(
+            config
+                .out_dir
+                .join(format!("summary-{}.json", file_stem(&entry.policy.name))),
+            serde_json::to_vec_pretty(&entry.summary)?,
+        )?;
     }
     write_report(config, &runs)?;
     Ok(runs)
@@ -165,7 +277,9 @@ pub fn gateway_config(config: &CompareConfig, policy: &PolicySpec, tls_toml: &st
          max_num_seqs = {seqs}\n\
          speedup = {speedup:?}\n\
          [policy]\n\
-         router = {router:?}\n",
+         router = {router:?}\n\
+         [policy.config]\n\
+         {settings}",
         timeout = config.replay.request_timeout.as_millis(),
         workers = config.workers,
         model = config.replay.model,
@@ -175,10 +289,11 @@ pub fn gateway_config(config: &CompareConfig, policy: &PolicySpec, tls_toml: &st
         seqs = m.max_num_seqs,
         speedup = m.speedup,
         router = policy.router,
+        settings = policy.settings,
     )
 }
 
-async fn run_policy(config: &CompareConfig, policy: &PolicySpec) -> anyhow::Result<ReplayRun> {
+async fn run_policy(config: &CompareConfig, policy: &PolicySpec) -> anyhow::Result<(ReplayRun, EngineCounters)> {
     let ca = TestCa::new()?;
     let gateway = Gateway::start(&gateway_config(config, policy, &ca.tls_toml()))
         .with_context(|| format!("starting the gateway for `{}`", policy.name))?;
@@ -189,8 +304,16 @@ async fn run_policy(config: &CompareConfig, policy: &PolicySpec) -> anyhow::Resu
         config.out_dir.join(format!("metrics-{}.txt", file_stem(&policy.name))),
         metrics.body(),
     )?;
+    let mut engines = EngineCounters::default();
+    for (name, addr) in &gateway.mockers {
+        let text = Client::plain(*addr)
+            .send("GET", "/metrics", Vec::new())
+            .await
+            .with_context(|| format!("reading the metrics of mocker {name}"))?;
+        engines.add_metrics_text(&String::from_utf8_lossy(&text.body()));
+    }
     drop(gateway);
-    Ok(run)
+    Ok((run, engines))
 }
 
 fn file_stem(name: &str) -> String {
@@ -225,9 +348,9 @@ fn write_report(config: &CompareConfig, runs: &[PolicyRun]) -> anyhow::Result<()
         .iter()
         .map(|r| {
             let samples = r
-                .run
-                .records
+                .rounds
                 .iter()
+                .flat_map(|round| &round.records)
                 .filter(|x| x.ok())
                 .filter_map(|x| x.ttft_ms)
                 .collect();
@@ -255,8 +378,10 @@ fn write_report(config: &CompareConfig, runs: &[PolicyRun]) -> anyhow::Result<()
         ],
     )?;
     for run in runs {
-        let intervals: Vec<(String, f64, f64)> = run
-            .run
+        let Some(first) = run.rounds.first() else {
+            continue;
+        };
+        let intervals: Vec<(String, f64, f64)> = first
             .records
             .iter()
             .filter_map(|r| Some((r.worker.clone()?, r.span_s()?.0, r.span_s()?.1)))
@@ -302,6 +427,13 @@ pub fn render_report(config: &CompareConfig, runs: &[PolicyRun]) -> String {
         out,
         "- client: open-loop streaming chat completions over TLS 1.3 (HTTP/1.1 keep-alive); latencies from each request's scheduled arrival"
     );
+    if config.repeats > 1 {
+        let _ = writeln!(
+            out,
+            "- rounds: {} (each policy replayed {} times on fresh workers, policies in turn); the tables pool every round's requests",
+            config.repeats, config.repeats
+        );
+    }
     let _ = writeln!(out, "- command: `{}`\n", config.command);
     let _ = writeln!(out, "## Results\n");
     let _ = writeln!(
@@ -350,15 +482,49 @@ pub fn render_report(config: &CompareConfig, runs: &[PolicyRun]) -> String {
             );
         }
     }
+    if config.repeats > 1 {
+        let _ = writeln!(out, "\n### Round by round (TTFT avg / p99, ms)\n");
+        let header: String = (1..=config.repeats).map(|k| format!(" round {k} |")).collect();
+        let rule: String = (1..=config.repeats).map(|_| "---:|").collect();
+        let _ = writeln!(out, "| policy |{header}");
+        let _ = writeln!(out, "|---|{rule}");
+        for r in runs {
+            let cells: String = r
+                .round_summaries
+                .iter()
+                .map(|s| format!(" {:.0} / {:.0} |", s.ttft_ms.avg, s.ttft_ms.p99))
+                .collect();
+            let _ = writeln!(out, "| {} |{cells}", r.policy.name);
+        }
+    }
+    let _ = writeln!(out, "\n### What the engines counted\n");
+    let _ = writeln!(
+        out,
+        "| policy | prefix-cache hit (engines) | preemptions | engine steps |"
+    );
+    let _ = writeln!(out, "|---|---:|---:|---:|");
+    for r in runs {
+        let e = &r.engines;
+        let hit = if e.prompt_tokens > 0 {
+            format!(
+                "{:.1} %",
+                e.cached_prompt_tokens as f64 * 100.0 / e.prompt_tokens as f64
+            )
+        } else {
+            "n/a".into()
+        };
+        let _ = writeln!(out, "| {} | {} | {} | {} |", r.policy.name, hit, e.preemptions, e.steps);
+    }
     let _ = writeln!(out, "\n## Plots\n");
     let _ = writeln!(out, "![TTFT CDF per policy](ttft_cdf.svg)\n");
     let _ = writeln!(out, "![Latency per policy](latency.svg)\n");
     for r in runs {
         let _ = writeln!(
             out,
-            "![Requests in flight per worker: {0}](load-{1}.svg)\n",
+            "![Requests in flight per worker: {0}{2}](load-{1}.svg)\n",
             r.policy.name,
-            file_stem(&r.policy.name)
+            file_stem(&r.policy.name),
+            if config.repeats > 1 { " (round 1)" } else { "" }
         );
     }
     let _ = writeln!(out, "## Per-policy details\n");
@@ -391,11 +557,61 @@ mod tests {
 
     #[test]
     fn policy_specs_name_built_ins_and_files() {
-        assert_eq!(PolicySpec::parse("kv-aware").name, "kv-aware");
-        let file = PolicySpec::parse("/tmp/my-router.wasm");
+        let built_in = PolicySpec::parse("kv-aware").expect("a spec");
+        assert_eq!(built_in.name, "kv-aware");
+        assert!(built_in.settings.is_empty());
+        let file = PolicySpec::parse("/tmp/my-router.wasm").expect("a spec");
         assert_eq!(file.name, "my-router");
         assert_eq!(file.router, "/tmp/my-router.wasm");
         assert_eq!(file_stem("a b/c"), "a_b_c");
+    }
+
+    #[test]
+    fn policy_specs_carry_settings_into_the_gateway_config() {
+        let spec = PolicySpec::parse("predicted-ttft:decode_weight=0.2:mode=\"x\"").expect("a spec");
+        assert_eq!(spec.router, "predicted-ttft");
+        assert_eq!(spec.name, "predicted-ttft:decode_weight=0.2:mode=\"x\"");
+        assert_eq!(spec.settings.get("decode_weight"), Some(&toml::Value::Float(0.2)));
+        assert_eq!(spec.settings.get("mode"), Some(&toml::Value::String("x".into())));
+        let config = CompareConfig {
+            trace_label: String::new(),
+            requests: Vec::new(),
+            workers: 2,
+            policies: vec![spec.clone()],
+            replay: ReplayOptions::default(),
+            mocker: MockerSettings::default(),
+            out_dir: PathBuf::new(),
+            command: String::new(),
+            repeats: 1,
+        };
+        let text = gateway_config(&config, &spec, "");
+        let parsed: toml::Table = toml::from_str(&text).expect("the gateway config is TOML");
+        assert_eq!(parsed["policy"]["config"]["decode_weight"].as_float(), Some(0.2));
+        assert!(PolicySpec::parse("kv-aware:weight").is_err());
+        assert!(PolicySpec::parse("kv-aware:weight=not toml").is_err());
+        assert!(PolicySpec::parse(":weight=1").is_err());
+    }
+
+    #[test]
+    fn engine_counters_sum_mocker_metrics() {
+        let mut counters = EngineCounters::default();
+        let text = "# HELP switchyard_mocker_preemptions Sequences preempted\n\
+                    switchyard_mocker_preemptions_total 3\n\
+                    switchyard_mocker_steps_total 100\n\
+                    switchyard_mocker_prompt_tokens_total 1000\n\
+                    switchyard_mocker_cached_prompt_tokens_total 250\n\
+                    switchyard_mocker_running_requests 4\n";
+        counters.add_metrics_text(text);
+        counters.add_metrics_text(text);
+        assert_eq!(
+            counters,
+            EngineCounters {
+                preemptions: 6,
+                steps: 200,
+                prompt_tokens: 2000,
+                cached_prompt_tokens: 500
+            }
+        );
     }
 
     #[test]

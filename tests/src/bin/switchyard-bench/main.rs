@@ -155,13 +155,19 @@ struct CompareArgs {
     /// LLM workers (embedded mockers) behind the gateway.
     #[arg(long, default_value_t = 8)]
     workers: usize,
-    /// Router policies to compare, comma-separated: built-in names or paths to `.wasm` files.
+    /// Router policies to compare, comma-separated: built-in names or paths to `.wasm` files,
+    /// each optionally with settings for its `[policy.config]`: `ROUTER:KEY=VALUE:KEY=VALUE`
+    /// (values in TOML, e.g. `predicted-ttft:decode_weight=0.2`).
     #[arg(
         long,
         value_delimiter = ',',
         default_value = "round-robin,least-load,kv-aware,predicted-ttft"
     )]
     policies: Vec<String>,
+    /// Replay every policy this many times (in rounds, policies in turn) and pool the requests
+    /// of all rounds in the figures; the report also lists each round's TTFT.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    repeat: u32,
     /// Folder for report.md, plots, per-request records and metrics.
     #[arg(long, default_value = "bench-report")]
     out: PathBuf,
@@ -299,7 +305,11 @@ async fn compare_command(args: CompareArgs) -> anyhow::Result<()> {
         trace_label: format!("{}{window}", args.trace.trace.display()),
         requests,
         workers: args.workers,
-        policies: args.policies.iter().map(|p| PolicySpec::parse(p)).collect(),
+        policies: args
+            .policies
+            .iter()
+            .map(|p| PolicySpec::parse(p))
+            .collect::<anyhow::Result<_>>()?,
         replay: ReplayOptions {
             model: args.model.clone(),
             block_tokens: args.trace.block_tokens,
@@ -316,6 +326,7 @@ async fn compare_command(args: CompareArgs) -> anyhow::Result<()> {
         },
         out_dir: args.out.clone(),
         command: std::env::args().collect::<Vec<_>>().join(" "),
+        repeats: args.repeat as usize,
     };
     let runs = compare::compare(&config).await?;
     print!("{}", compare::render_report(&config, &runs));
