@@ -131,7 +131,7 @@ pub struct PolicyRun {
     pub summary: Summary,
     /// Its figures round by round.
     pub round_summaries: Vec<Summary>,
-    /// The engines' own counters at the end of the run, summed over the workers.
+    /// The engines' own counters at the end of each round, summed over workers and rounds.
     pub engines: EngineCounters,
 }
 
