@@ -12,6 +12,7 @@ pub mod api;
 pub mod blocks;
 pub mod kv_events;
 pub mod kv_link;
+pub mod llm;
 pub mod mocker;
 pub mod respond;
 pub mod serve;

@@ -1,0 +1,57 @@
+//! The native LLM: a Llama/Qwen2-family decoder loaded from a Hugging Face directory.
+//!
+//! This module owns loading ([`config`]: `config.json`; [`weights`]: memory-mapped
+//! `*.safetensors`; `tokenizer.json` through [`crate::tokenize`]) and the CPU forward pass
+//! ([`model`]). What it does not have yet: the paged KV cache, prefix caching, continuous
+//! batching, the CUDA backend and the worker binary (the engine issue's later steps). Every
+//! load error names the file and, where there is one, the key or tensor.
+
+use std::path::PathBuf;
+
+pub mod config;
+pub mod model;
+pub mod weights;
+
+pub use config::{ModelConfig, RopeScaling};
+pub use model::{ForwardError, Model};
+
+/// Why a model directory could not be loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    /// A file the model needs is absent or unreadable.
+    #[error("{}: {reason}", path.display())]
+    Missing {
+        /// The file (or pattern) looked for.
+        path: PathBuf,
+        /// What went wrong.
+        reason: String,
+    },
+    /// `config.json` is malformed, incomplete, inconsistent or asks for something unsupported.
+    #[error("{}: `{key}`: {reason}", path.display())]
+    Config {
+        /// The config file.
+        path: PathBuf,
+        /// The key at fault (`(file)` when the file itself does not parse).
+        key: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// A weight file or tensor does not match the config.
+    #[error("{}: tensor `{tensor}`: {reason}", path.display())]
+    Weights {
+        /// The weight file (or the model directory for a missing tensor).
+        path: PathBuf,
+        /// The tensor at fault.
+        tensor: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// `tokenizer.json` does not load.
+    #[error("{}: {reason}", path.display())]
+    Tokenizer {
+        /// The tokenizer file.
+        path: PathBuf,
+        /// What went wrong.
+        reason: String,
+    },
+}

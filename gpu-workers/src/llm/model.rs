@@ -1,0 +1,432 @@
+//! The decoder's weights and its CPU forward pass over one sequence.
+//!
+//! Pre-norm decoder layers: RMSNorm → grouped-query self-attention with RoPE (rotate-half
+//! layout, as transformers' Llama and Qwen2) → residual → RMSNorm → SwiGLU MLP → residual; a
+//! final RMSNorm and the LM head (or the tied embedding). Every matrix product, the attention
+//! scores and the weighted sum of values included, goes through `matrixmultiply`'s sgemm with
+//! strides (no copies to transpose, no hand-written loops over the inner dimension). All
+//! arithmetic is f32; weights are widened to f32 at load.
+
+use std::path::Path;
+
+use super::LoadError;
+use super::config::ModelConfig;
+use super::weights::Weights;
+
+/// One decoder layer's weights, row-major `[out, in]` as stored by transformers.
+#[derive(Debug)]
+struct Layer {
+    input_norm: Vec<f32>,
+    q: Linear,
+    k: Linear,
+    v: Linear,
+    o: Linear,
+    post_attention_norm: Vec<f32>,
+    gate: Linear,
+    up: Linear,
+    down: Linear,
+}
+
+/// A linear map `y = x·Wᵀ + b` with `W` of shape `[out, in]`.
+#[derive(Debug)]
+struct Linear {
+    weight: Vec<f32>,
+    bias: Option<Vec<f32>>,
+    input: usize,
+    output: usize,
+}
+
+impl Linear {
+    fn load(weights: &Weights, prefix: &str, output: usize, input: usize, bias: bool) -> Result<Linear, LoadError> {
+        Ok(Linear {
+            weight: weights.f32(&format!("{prefix}.weight"), &[output, input])?,
+            bias: if bias {
+                Some(weights.f32(&format!("{prefix}.bias"), &[output])?)
+            } else {
+                None
+            },
+            input,
+            output,
+        })
+    }
+
+    /// `x` is `[rows, input]`; returns `[rows, output]`.
+    fn forward(&self, x: &[f32], rows: usize) -> Vec<f32> {
+        let mut y = vec![0.0; rows * self.output];
+        gemm(
+            rows,
+            self.input,
+            self.output,
+            Strided::new(x, self.input as isize, 1),
+            // Wᵀ: element (k, n) of the [input, output] view is W[n][k].
+            Strided::new(&self.weight, 1, self.input as isize),
+            &mut y,
+            self.output,
+        );
+        if let Some(bias) = &self.bias {
+            for row in y.chunks_exact_mut(self.output) {
+                for (value, b) in row.iter_mut().zip(bias) {
+                    *value += b;
+                }
+            }
+        }
+        y
+    }
+}
+
+/// A read-only matrix view: `data[row * row_stride + col * col_stride]`.
+#[derive(Clone, Copy)]
+struct Strided<'a> {
+    data: &'a [f32],
+    row_stride: isize,
+    col_stride: isize,
+}
+
+impl<'a> Strided<'a> {
+    fn new(data: &'a [f32], row_stride: isize, col_stride: isize) -> Strided<'a> {
+        Strided {
+            data,
+            row_stride,
+            col_stride,
+        }
+    }
+
+    /// Whether every element of an `rows × cols` view lies inside `data`.
+    fn fits(&self, rows: usize, cols: usize) -> bool {
+        if rows == 0 || cols == 0 {
+            return true;
+        }
+        let last = (rows as isize - 1) * self.row_stride + (cols as isize - 1) * self.col_stride;
+        self.row_stride >= 0 && self.col_stride >= 0 && (last as usize) < self.data.len()
+    }
+}
+
+/// `c[m, n] = a[m, k] · b[k, n]` with `c` row-major of row stride `c_row_stride`.
+fn gemm(m: usize, k: usize, n: usize, a: Strided<'_>, b: Strided<'_>, c: &mut [f32], c_row_stride: usize) {
+    assert!(a.fits(m, k) && b.fits(k, n), "gemm operand out of bounds");
+    assert!(
+        m == 0 || n == 0 || (m - 1) * c_row_stride + n <= c.len(),
+        "gemm output out of bounds"
+    );
+    // SAFETY: the asserts above keep every element sgemm touches inside the three slices, and
+    // `c` is borrowed mutably, so it does not alias `a` or `b`.
+    unsafe {
+        matrixmultiply::sgemm(
+            m,
+            k,
+            n,
+            1.0,
+            a.data.as_ptr(),
+            a.row_stride,
+            a.col_stride,
+            b.data.as_ptr(),
+            b.row_stride,
+            b.col_stride,
+            0.0,
+            c.as_mut_ptr(),
+            c_row_stride as isize,
+            1,
+        );
+    }
+}
+
+/// Why a forward pass was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ForwardError {
+    /// No tokens.
+    #[error("the prompt is empty")]
+    Empty,
+    /// A token id outside the vocabulary.
+    #[error("token id {id} at position {position} is outside the vocabulary of {vocab}")]
+    TokenOutOfRange {
+        /// The id.
+        id: u32,
+        /// Where it is in the prompt.
+        position: usize,
+        /// The vocabulary size.
+        vocab: usize,
+    },
+    /// More tokens than the model's context.
+    #[error("{tokens} tokens exceed the model's context of {max}")]
+    TooLong {
+        /// Tokens given.
+        tokens: usize,
+        /// The model's `max_position_embeddings`.
+        max: usize,
+    },
+}
+
+/// A loaded model.
+#[derive(Debug)]
+pub struct Model {
+    config: ModelConfig,
+    embed: Vec<f32>,
+    layers: Vec<Layer>,
+    norm: Vec<f32>,
+    /// `None` when the LM head is the embedding (tied).
+    lm_head: Option<Vec<f32>>,
+    inv_freq: Vec<f32>,
+}
+
+impl Model {
+    /// Loads `config.json`, `tokenizer.json` (checked to load) and the weights from `dir`.
+    ///
+    /// # Errors
+    ///
+    /// A [`LoadError`] naming the missing or inconsistent file, key or tensor.
+    pub fn load(dir: &Path) -> Result<Model, LoadError> {
+        let config = ModelConfig::from_file(&dir.join("config.json"))?;
+        let tokenizer = dir.join("tokenizer.json");
+        if !tokenizer.is_file() {
+            return Err(LoadError::Missing {
+                path: tokenizer,
+                reason: "no tokenizer.json in the model directory".into(),
+            });
+        }
+        crate::tokenize::Tokenizer::from_file(&tokenizer).map_err(|err| LoadError::Tokenizer {
+            path: tokenizer.clone(),
+            reason: err.to_string(),
+        })?;
+        let weights = Weights::open(dir)?;
+        Model::from_weights(config, &weights)
+    }
+
+    /// Builds the model from a config and its mapped weights.
+    ///
+    /// # Errors
+    ///
+    /// [`LoadError::Weights`] for a missing or misshapen tensor.
+    pub fn from_weights(config: ModelConfig, weights: &Weights) -> Result<Model, LoadError> {
+        let c = &config;
+        let (h, q_dim, kv_dim) = (c.hidden_size, c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim);
+        let embed = weights.f32("model.embed_tokens.weight", &[c.vocab_size, h])?;
+        let layers = (0..c.num_layers)
+            .map(|i| {
+                let p = format!("model.layers.{i}");
+                Ok(Layer {
+                    input_norm: weights.f32(&format!("{p}.input_layernorm.weight"), &[h])?,
+                    q: Linear::load(weights, &format!("{p}.self_attn.q_proj"), q_dim, h, c.attention_bias)?,
+                    k: Linear::load(weights, &format!("{p}.self_attn.k_proj"), kv_dim, h, c.attention_bias)?,
+                    v: Linear::load(weights, &format!("{p}.self_attn.v_proj"), kv_dim, h, c.attention_bias)?,
+                    o: Linear::load(weights, &format!("{p}.self_attn.o_proj"), h, q_dim, false)?,
+                    post_attention_norm: weights.f32(&format!("{p}.post_attention_layernorm.weight"), &[h])?,
+                    gate: Linear::load(weights, &format!("{p}.mlp.gate_proj"), c.intermediate_size, h, false)?,
+                    up: Linear::load(weights, &format!("{p}.mlp.up_proj"), c.intermediate_size, h, false)?,
+                    down: Linear::load(weights, &format!("{p}.mlp.down_proj"), h, c.intermediate_size, false)?,
+                })
+            })
+            .collect::<Result<Vec<_>, LoadError>>()?;
+        let norm = weights.f32("model.norm.weight", &[h])?;
+        // Some tied checkpoints still carry lm_head.weight; use it if present, as transformers
+        // does after tying (they are equal).
+        let lm_head = if c.tie_word_embeddings && !weights.contains("lm_head.weight") {
+            None
+        } else {
+            Some(weights.f32("lm_head.weight", &[c.vocab_size, h])?)
+        };
+        // transformers computes the frequencies in f32; so do we, from the f64 formula.
+        let inv_freq = config.inv_freq().into_iter().map(|f| f as f32).collect();
+        Ok(Model {
+            config,
+            embed,
+            layers,
+            norm,
+            lm_head,
+            inv_freq,
+        })
+    }
+
+    /// The model's hyper-parameters.
+    pub fn config(&self) -> &ModelConfig {
+        &self.config
+    }
+
+    /// Runs the whole prompt through the model (positions 0..n, causal attention) and returns
+    /// the logits of every position, `[tokens.len(), vocab_size]` row-major.
+    ///
+    /// # Errors
+    ///
+    /// [`ForwardError`] for an empty prompt, an id outside the vocabulary, or a prompt longer
+    /// than the model's context.
+    pub fn forward(&self, tokens: &[u32]) -> Result<Vec<f32>, ForwardError> {
+        let c = &self.config;
+        let t = tokens.len();
+        if t == 0 {
+            return Err(ForwardError::Empty);
+        }
+        if t > c.max_position_embeddings {
+            return Err(ForwardError::TooLong {
+                tokens: t,
+                max: c.max_position_embeddings,
+            });
+        }
+        let h = c.hidden_size;
+        let mut x = Vec::with_capacity(t * h);
+        for (position, &id) in tokens.iter().enumerate() {
+            let row = id as usize;
+            if row >= c.vocab_size {
+                return Err(ForwardError::TokenOutOfRange {
+                    id,
+                    position,
+                    vocab: c.vocab_size,
+                });
+            }
+            x.extend_from_slice(&self.embed[row * h..(row + 1) * h]);
+        }
+        for layer in &self.layers {
+            let normed = rms_norm(&x, &layer.input_norm, c.rms_norm_eps);
+            let attention = self.attention(layer, &normed, t);
+            add_in_place(&mut x, &layer.o.forward(&attention, t));
+            let normed = rms_norm(&x, &layer.post_attention_norm, c.rms_norm_eps);
+            let mut gate = layer.gate.forward(&normed, t);
+            let up = layer.up.forward(&normed, t);
+            for (g, u) in gate.iter_mut().zip(&up) {
+                *g = silu(*g) * u;
+            }
+            add_in_place(&mut x, &layer.down.forward(&gate, t));
+        }
+        let normed = rms_norm(&x, &self.norm, c.rms_norm_eps);
+        let head = self.lm_head.as_deref().unwrap_or(&self.embed);
+        let mut logits = vec![0.0; t * c.vocab_size];
+        gemm(
+            t,
+            h,
+            c.vocab_size,
+            Strided::new(&normed, h as isize, 1),
+            Strided::new(head, 1, h as isize),
+            &mut logits,
+            c.vocab_size,
+        );
+        Ok(logits)
+    }
+
+    /// Causal grouped-query attention of `t` positions; returns `[t, num_heads · head_dim]`.
+    fn attention(&self, layer: &Layer, normed: &[f32], t: usize) -> Vec<f32> {
+        let c = &self.config;
+        let d = c.head_dim;
+        let (q_width, kv_width) = (c.num_heads * d, c.num_kv_heads * d);
+        let mut q = layer.q.forward(normed, t);
+        let mut k = layer.k.forward(normed, t);
+        let v = layer.v.forward(normed, t);
+        for position in 0..t {
+            rope(
+                &mut q[position * q_width..(position + 1) * q_width],
+                position,
+                &self.inv_freq,
+            );
+            rope(
+                &mut k[position * kv_width..(position + 1) * kv_width],
+                position,
+                &self.inv_freq,
+            );
+        }
+        let scale = 1.0 / (d as f32).sqrt();
+        let group = c.num_heads / c.num_kv_heads;
+        let mut out = vec![0.0; t * q_width];
+        let mut scores = vec![0.0; t * t];
+        for head in 0..c.num_heads {
+            let kv_head = head / group;
+            // scores[i, j] = q_i · k_j over this head's slice.
+            gemm(
+                t,
+                d,
+                t,
+                Strided::new(&q[head * d..], q_width as isize, 1),
+                Strided::new(&k[kv_head * d..], 1, kv_width as isize),
+                &mut scores,
+                t,
+            );
+            for (i, row) in scores.chunks_exact_mut(t).enumerate() {
+                let visible = &mut row[..=i];
+                let max = visible.iter().fold(f32::NEG_INFINITY, |m, s| m.max(*s * scale));
+                let mut sum = 0.0;
+                for s in visible.iter_mut() {
+                    *s = (*s * scale - max).exp();
+                    sum += *s;
+                }
+                for s in visible.iter_mut() {
+                    *s /= sum;
+                }
+                row[i + 1..].fill(0.0);
+            }
+            // out_head[i] = Σ_j p[i, j] · v_j, written into this head's columns of `out`.
+            gemm(
+                t,
+                t,
+                d,
+                Strided::new(&scores, t as isize, 1),
+                Strided::new(&v[kv_head * d..], kv_width as isize, 1),
+                &mut out[head * d..],
+                q_width,
+            );
+        }
+        out
+    }
+}
+
+/// Rotates every head in `row` (heads of `2 · inv_freq.len()` values) by `position`, in
+/// transformers' rotate-half layout: pairs are `(x[i], x[i + d/2])`.
+fn rope(row: &mut [f32], position: usize, inv_freq: &[f32]) {
+    let half = inv_freq.len();
+    for head in row.chunks_exact_mut(2 * half) {
+        for (i, freq) in inv_freq.iter().enumerate() {
+            let angle = position as f32 * freq;
+            let (sin, cos) = angle.sin_cos();
+            let (a, b) = (head[i], head[i + half]);
+            head[i] = a * cos - b * sin;
+            head[i + half] = b * cos + a * sin;
+        }
+    }
+}
+
+/// `x / sqrt(mean(x²) + eps) · weight`, row by row.
+fn rms_norm(x: &[f32], weight: &[f32], eps: f32) -> Vec<f32> {
+    let width = weight.len();
+    let mut out = Vec::with_capacity(x.len());
+    for row in x.chunks_exact(width) {
+        let mean_square = row.iter().map(|v| v * v).sum::<f32>() / width as f32;
+        let inverse = 1.0 / (mean_square + eps).sqrt();
+        out.extend(row.iter().zip(weight).map(|(v, w)| v * inverse * w));
+    }
+    out
+}
+
+fn silu(x: f32) -> f32 {
+    x / (1.0 + (-x).exp())
+}
+
+fn add_in_place(x: &mut [f32], y: &[f32]) {
+    for (a, b) in x.iter_mut().zip(y) {
+        *a += b;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn strided_gemm_matches_a_direct_product() {
+        // a = [[1, 2, 3], [4, 5, 6]], w = [[1, 0, 1], [0, 1, 0]] ([out=2, in=3]); y = a·wᵀ.
+        let linear = Linear {
+            weight: vec![1.0, 0.0, 1.0, 0.0, 1.0, 0.0],
+            bias: Some(vec![0.5, -0.5]),
+            input: 3,
+            output: 2,
+        };
+        let y = linear.forward(&[1.0, 2.0, 3.0, 4.0, 5.0, 6.0], 2);
+        assert_eq!(y, vec![4.5, 1.5, 10.5, 4.5]);
+    }
+
+    #[test]
+    fn rope_at_position_zero_is_the_identity_and_preserves_norms() {
+        let inv_freq = [1.0, 0.1];
+        let mut row = [1.0, 2.0, 3.0, 4.0];
+        rope(&mut row, 0, &inv_freq);
+        assert_eq!(row, [1.0, 2.0, 3.0, 4.0]);
+        rope(&mut row, 7, &inv_freq);
+        let norm = |a: f32, b: f32| (a * a + b * b).sqrt();
+        assert!((norm(row[0], row[2]) - norm(1.0, 3.0)).abs() < 1e-5);
+        assert!((norm(row[1], row[3]) - norm(2.0, 4.0)).abs() < 1e-5);
+    }
+}

@@ -1,0 +1,155 @@
+//! The model's `*.safetensors` files, memory-mapped, read tensor by tensor as f32.
+//!
+//! Every `.safetensors` file in the model directory is mapped (one file or a sharded set); a
+//! tensor is found by name in whichever file holds it and widened to f32 from f32, f16 or bf16.
+//! Missing tensors, wrong shapes and other dtypes are errors that name the tensor and the file.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use safetensors::{Dtype, SafeTensors};
+
+use super::LoadError;
+
+/// The mapped weight files of one model.
+pub struct Weights {
+    files: Vec<(PathBuf, memmap2::Mmap)>,
+    /// Tensor name → index into `files`.
+    index: HashMap<String, usize>,
+}
+
+impl std::fmt::Debug for Weights {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Weights")
+            .field("files", &self.files.iter().map(|(path, _)| path).collect::<Vec<_>>())
+            .field("tensors", &self.index.len())
+            .finish()
+    }
+}
+
+impl Weights {
+    /// Maps every `*.safetensors` file in `dir`.
+    ///
+    /// # Errors
+    ///
+    /// [`LoadError::Missing`] when there is none or one cannot be opened, [`LoadError::Weights`]
+    /// when one is not a valid safetensors file or two hold the same tensor.
+    pub fn open(dir: &Path) -> Result<Weights, LoadError> {
+        let entries = std::fs::read_dir(dir).map_err(|err| LoadError::Missing {
+            path: dir.to_path_buf(),
+            reason: err.to_string(),
+        })?;
+        let mut paths: Vec<PathBuf> = entries
+            .filter_map(Result::ok)
+            .map(|entry| entry.path())
+            .filter(|path| path.extension().is_some_and(|ext| ext == "safetensors"))
+            .collect();
+        paths.sort();
+        if paths.is_empty() {
+            return Err(LoadError::Missing {
+                path: dir.join("*.safetensors"),
+                reason: "no weight file in the model directory".into(),
+            });
+        }
+        let mut files = Vec::new();
+        let mut index = HashMap::new();
+        for path in paths {
+            let file = std::fs::File::open(&path).map_err(|err| LoadError::Missing {
+                path: path.clone(),
+                reason: err.to_string(),
+            })?;
+            // SAFETY: the map is read-only and private to this process; a model file that is
+            // truncated under a running engine is outside what it can defend against (as for
+            // every mmap-based loader).
+            let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|err| LoadError::Missing {
+                path: path.clone(),
+                reason: err.to_string(),
+            })?;
+            let names = SafeTensors::deserialize(&map)
+                .map_err(|err| weights_error(&path, "(header)", err.to_string()))?
+                .names()
+                .into_iter()
+                .map(String::from)
+                .collect::<Vec<_>>();
+            for name in names {
+                if let Some(previous) = index.insert(name.clone(), files.len()) {
+                    let (other, _): &(PathBuf, memmap2::Mmap) = &files[previous];
+                    return Err(weights_error(&path, &name, format!("also in {}", other.display())));
+                }
+            }
+            files.push((path, map));
+        }
+        Ok(Weights { files, index })
+    }
+
+    /// Whether a tensor of that name exists.
+    pub fn contains(&self, name: &str) -> bool {
+        self.index.contains_key(name)
+    }
+
+    /// The tensor `name` widened to f32, checked to have `shape`.
+    ///
+    /// # Errors
+    ///
+    /// [`LoadError::Weights`] naming the tensor when it is absent, has another shape, or a
+    /// dtype other than f32, f16 and bf16.
+    pub fn f32(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>, LoadError> {
+        let Some(&file) = self.index.get(name) else {
+            let dir = self
+                .files
+                .first()
+                .and_then(|(p, _)| p.parent())
+                .unwrap_or(Path::new("."));
+            return Err(weights_error(dir, name, "missing".into()));
+        };
+        let (path, map) = &self.files[file];
+        let tensors = SafeTensors::deserialize(map).map_err(|err| weights_error(path, name, err.to_string()))?;
+        let view = tensors
+            .tensor(name)
+            .map_err(|err| weights_error(path, name, err.to_string()))?;
+        if view.shape() != shape {
+            return Err(weights_error(
+                path,
+                name,
+                format!("shape {:?}, the config implies {shape:?}", view.shape()),
+            ));
+        }
+        let bytes = view.data();
+        let values = match view.dtype() {
+            Dtype::F32 => bytes
+                .as_chunks::<4>()
+                .0
+                .iter()
+                .map(|b| f32::from_le_bytes(*b))
+                .collect(),
+            Dtype::F16 => bytes
+                .as_chunks::<2>()
+                .0
+                .iter()
+                .map(|b| half::f16::from_le_bytes(*b).to_f32())
+                .collect(),
+            Dtype::BF16 => bytes
+                .as_chunks::<2>()
+                .0
+                .iter()
+                .map(|b| half::bf16::from_le_bytes(*b).to_f32())
+                .collect(),
+            other => {
+                return Err(weights_error(
+                    path,
+                    name,
+                    format!("dtype {other:?} is not supported (f32, f16, bf16 are)"),
+                ));
+            }
+        };
+        Ok(values)
+    }
+}
+
+fn weights_error(path: &Path, tensor: &str, reason: String) -> LoadError {
+    LoadError::Weights {
+        path: path.to_path_buf(),
+        tensor: tensor.to_string(),
+        reason,
+    }
+}
