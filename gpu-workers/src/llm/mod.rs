@@ -2,9 +2,12 @@
 //!
 //! This module owns loading ([`config`]: `config.json`; [`weights`]: memory-mapped
 //! `*.safetensors`; `tokenizer.json` through [`crate::tokenize`]) and the CPU forward pass
-//! ([`model`]). What it does not have yet: the paged KV cache, prefix caching, continuous
-//! batching, the CUDA backend and the worker binary (the engine issue's later steps). Every
-//! load error names the file and, where there is one, the key or tensor.
+//! ([`model`]): a batched step over chunks of several sequences whose keys and values live in a
+//! paged cache ([`PagedKv`], block tables in [`SequenceKv`]), so chunked prefill, decoding and
+//! shared (cached) prefix blocks all take the same path. What it does not have yet: the
+//! scheduler (continuous batching, prefix-cache bookkeeping with LRU eviction, preemption),
+//! sampling beyond what tests do, the CUDA backend and the worker binary. Every load error
+//! names the file and, where there is one, the key or tensor.
 
 use std::path::PathBuf;
 
@@ -13,7 +16,7 @@ pub mod model;
 pub mod weights;
 
 pub use config::{ModelConfig, RopeScaling};
-pub use model::{ForwardError, Model};
+pub use model::{Chunk, ForwardError, Logits, Model, PagedKv, SequenceKv};
 
 /// Why a model directory could not be loaded.
 #[derive(Debug, thiserror::Error)]

@@ -146,6 +146,22 @@ pub enum ForwardError {
         /// The vocabulary size.
         vocab: usize,
     },
+    /// The block table does not cover the chunk's positions.
+    #[error("the block table covers {covered} positions, the chunk needs {positions}")]
+    BlocksMissing {
+        /// Positions the chunk reaches.
+        positions: usize,
+        /// Positions the table covers.
+        covered: usize,
+    },
+    /// The block table names a block the cache does not have.
+    #[error("block {block} is outside the cache's {num_blocks} blocks")]
+    BlockOutOfRange {
+        /// The block id.
+        block: u32,
+        /// Blocks in the cache.
+        num_blocks: usize,
+    },
     /// More tokens than the model's context.
     #[error("{tokens} tokens exceed the model's context of {max}")]
     TooLong {
@@ -242,54 +258,125 @@ impl Model {
     }
 
     /// Runs the whole prompt through the model (positions 0..n, causal attention) and returns
-    /// the logits of every position, `[tokens.len(), vocab_size]` row-major.
+    /// the logits of every position, `[tokens.len(), vocab_size]` row-major. A convenience over
+    /// [`Model::forward_batch`] with a throwaway cache of one block.
     ///
     /// # Errors
     ///
     /// [`ForwardError`] for an empty prompt, an id outside the vocabulary, or a prompt longer
     /// than the model's context.
     pub fn forward(&self, tokens: &[u32]) -> Result<Vec<f32>, ForwardError> {
-        let c = &self.config;
-        let t = tokens.len();
-        if t == 0 {
+        if tokens.is_empty() {
             return Err(ForwardError::Empty);
         }
-        if t > c.max_position_embeddings {
-            return Err(ForwardError::TooLong {
-                tokens: t,
-                max: c.max_position_embeddings,
-            });
-        }
+        let mut kv = PagedKv::new(&self.config, tokens.len(), 1);
+        let mut sequence = SequenceKv {
+            blocks: vec![0],
+            computed: 0,
+        };
+        let mut logits = self.forward_batch(
+            &mut kv,
+            &mut [Chunk {
+                sequence: &mut sequence,
+                tokens,
+            }],
+            Logits::All,
+        )?;
+        Ok(logits.pop().unwrap_or_default())
+    }
+
+    /// Computes one engine step: for each chunk, its tokens at positions
+    /// `sequence.computed..` of its sequence, attending to everything the sequence has in the
+    /// cache before them. Projections and the MLP run once over the rows of every chunk
+    /// together (the batch); attention runs per sequence over its paged keys and values. The
+    /// chunks' keys and values are written into their sequences' blocks and `computed` advances.
+    /// Returns, per chunk, the logits of its last position (`[vocab]`) or of every position
+    /// (`[tokens, vocab]`).
+    ///
+    /// # Errors
+    ///
+    /// [`ForwardError`] for an empty chunk, an id outside the vocabulary, a position past the
+    /// model's context, or a block table that does not cover the chunk; nothing is written then.
+    pub fn forward_batch(
+        &self,
+        kv: &mut PagedKv,
+        chunks: &mut [Chunk<'_>],
+        wanted: Logits,
+    ) -> Result<Vec<Vec<f32>>, ForwardError> {
+        let c = &self.config;
         let h = c.hidden_size;
-        let mut x = Vec::with_capacity(t * h);
-        for (position, &id) in tokens.iter().enumerate() {
-            let row = id as usize;
-            if row >= c.vocab_size {
-                return Err(ForwardError::TokenOutOfRange {
-                    id,
-                    position,
-                    vocab: c.vocab_size,
+        let rows: usize = chunks.iter().map(|chunk| chunk.tokens.len()).sum();
+        let mut x = Vec::with_capacity(rows * h);
+        let mut positions = Vec::with_capacity(rows);
+        for chunk in chunks.iter() {
+            if chunk.tokens.is_empty() {
+                return Err(ForwardError::Empty);
+            }
+            let end = chunk.sequence.computed + chunk.tokens.len();
+            if end > c.max_position_embeddings {
+                return Err(ForwardError::TooLong {
+                    tokens: end,
+                    max: c.max_position_embeddings,
                 });
             }
-            x.extend_from_slice(&self.embed[row * h..(row + 1) * h]);
+            if end > chunk.sequence.blocks.len() * kv.block_size {
+                return Err(ForwardError::BlocksMissing {
+                    positions: end,
+                    covered: chunk.sequence.blocks.len() * kv.block_size,
+                });
+            }
+            if let Some(&block) = chunk.sequence.blocks.iter().find(|&&b| b as usize >= kv.num_blocks) {
+                return Err(ForwardError::BlockOutOfRange {
+                    block,
+                    num_blocks: kv.num_blocks,
+                });
+            }
+            for (offset, &id) in chunk.tokens.iter().enumerate() {
+                let row = id as usize;
+                if row >= c.vocab_size {
+                    return Err(ForwardError::TokenOutOfRange {
+                        id,
+                        position: chunk.sequence.computed + offset,
+                        vocab: c.vocab_size,
+                    });
+                }
+                x.extend_from_slice(&self.embed[row * h..(row + 1) * h]);
+                positions.push(chunk.sequence.computed + offset);
+            }
         }
-        for layer in &self.layers {
+        for (index, layer) in self.layers.iter().enumerate() {
             let normed = rms_norm(&x, &layer.input_norm, c.rms_norm_eps);
-            let attention = self.attention(layer, &normed, t);
-            add_in_place(&mut x, &layer.o.forward(&attention, t));
+            let attention = self.attention(index, layer, &normed, &positions, kv, chunks);
+            add_in_place(&mut x, &layer.o.forward(&attention, rows));
             let normed = rms_norm(&x, &layer.post_attention_norm, c.rms_norm_eps);
-            let mut gate = layer.gate.forward(&normed, t);
-            let up = layer.up.forward(&normed, t);
+            let mut gate = layer.gate.forward(&normed, rows);
+            let up = layer.up.forward(&normed, rows);
             for (g, u) in gate.iter_mut().zip(&up) {
                 *g = silu(*g) * u;
             }
-            add_in_place(&mut x, &layer.down.forward(&gate, t));
+            add_in_place(&mut x, &layer.down.forward(&gate, rows));
         }
-        let normed = rms_norm(&x, &self.norm, c.rms_norm_eps);
+        // Only the rows whose logits are wanted go through the final norm and the LM head.
+        let mut kept = Vec::new();
+        let mut counts = Vec::with_capacity(chunks.len());
+        let mut first = 0;
+        for chunk in chunks.iter_mut() {
+            let n = chunk.tokens.len();
+            let rows = match wanted {
+                Logits::All => first..first + n,
+                Logits::Last => first + n - 1..first + n,
+            };
+            counts.push(rows.len());
+            kept.extend_from_slice(&x[rows.start * h..rows.end * h]);
+            first += n;
+            chunk.sequence.computed += n;
+        }
+        let normed = rms_norm(&kept, &self.norm, c.rms_norm_eps);
+        let total: usize = counts.iter().sum();
         let head = self.lm_head.as_deref().unwrap_or(&self.embed);
-        let mut logits = vec![0.0; t * c.vocab_size];
+        let mut logits = vec![0.0; total * c.vocab_size];
         gemm(
-            t,
+            total,
             h,
             c.vocab_size,
             Strided::new(&normed, h as isize, 1),
@@ -297,70 +384,192 @@ impl Model {
             &mut logits,
             c.vocab_size,
         );
-        Ok(logits)
+        let mut out = Vec::with_capacity(counts.len());
+        let mut rest = logits.as_slice();
+        for count in counts {
+            let (mine, tail) = rest.split_at(count * c.vocab_size);
+            out.push(mine.to_vec());
+            rest = tail;
+        }
+        Ok(out)
     }
 
-    /// Causal grouped-query attention of `t` positions; returns `[t, num_heads · head_dim]`.
-    fn attention(&self, layer: &Layer, normed: &[f32], t: usize) -> Vec<f32> {
+    /// Grouped-query attention of every chunk's rows (`normed`, `[rows, hidden]`, at absolute
+    /// `positions`) in layer `index`; writes the rows' keys and values into the cache first, so
+    /// each row attends to its sequence's cached positions and to the chunk's earlier rows.
+    /// Returns `[rows, num_heads · head_dim]`.
+    fn attention(
+        &self,
+        index: usize,
+        layer: &Layer,
+        normed: &[f32],
+        positions: &[usize],
+        kv: &mut PagedKv,
+        chunks: &[Chunk<'_>],
+    ) -> Vec<f32> {
         let c = &self.config;
         let d = c.head_dim;
+        let rows = positions.len();
         let (q_width, kv_width) = (c.num_heads * d, c.num_kv_heads * d);
-        let mut q = layer.q.forward(normed, t);
-        let mut k = layer.k.forward(normed, t);
-        let v = layer.v.forward(normed, t);
-        for position in 0..t {
-            rope(
-                &mut q[position * q_width..(position + 1) * q_width],
-                position,
-                &self.inv_freq,
-            );
-            rope(
-                &mut k[position * kv_width..(position + 1) * kv_width],
-                position,
-                &self.inv_freq,
-            );
+        let mut q = layer.q.forward(normed, rows);
+        let mut k = layer.k.forward(normed, rows);
+        let v = layer.v.forward(normed, rows);
+        for (row, &position) in positions.iter().enumerate() {
+            rope(&mut q[row * q_width..(row + 1) * q_width], position, &self.inv_freq);
+            rope(&mut k[row * kv_width..(row + 1) * kv_width], position, &self.inv_freq);
         }
+        let mut first = 0;
+        for chunk in chunks {
+            for offset in 0..chunk.tokens.len() {
+                let slot = kv.slot(&chunk.sequence.blocks, chunk.sequence.computed + offset);
+                let row = first + offset;
+                kv.keys[index][slot..slot + kv_width].copy_from_slice(&k[row * kv_width..(row + 1) * kv_width]);
+                kv.values[index][slot..slot + kv_width].copy_from_slice(&v[row * kv_width..(row + 1) * kv_width]);
+            }
+            first += chunk.tokens.len();
+        }
+
         let scale = 1.0 / (d as f32).sqrt();
         let group = c.num_heads / c.num_kv_heads;
-        let mut out = vec![0.0; t * q_width];
-        let mut scores = vec![0.0; t * t];
-        for head in 0..c.num_heads {
-            let kv_head = head / group;
-            // scores[i, j] = q_i · k_j over this head's slice.
-            gemm(
-                t,
-                d,
-                t,
-                Strided::new(&q[head * d..], q_width as isize, 1),
-                Strided::new(&k[kv_head * d..], 1, kv_width as isize),
-                &mut scores,
-                t,
-            );
-            for (i, row) in scores.chunks_exact_mut(t).enumerate() {
-                let visible = &mut row[..=i];
-                let max = visible.iter().fold(f32::NEG_INFINITY, |m, s| m.max(*s * scale));
-                let mut sum = 0.0;
-                for s in visible.iter_mut() {
-                    *s = (*s * scale - max).exp();
-                    sum += *s;
+        let mut out = vec![0.0; rows * q_width];
+        let mut first = 0;
+        for chunk in chunks {
+            let n = chunk.tokens.len();
+            let start = chunk.sequence.computed;
+            let context = start + n;
+            // The sequence's keys and values, gathered from its blocks into [context, kv_width].
+            let (keys, values) = kv.gather(index, &chunk.sequence.blocks, context);
+            let mut scores = vec![0.0; n * context];
+            let q_rows = &q[first * q_width..(first + n) * q_width];
+            let out_rows = &mut out[first * q_width..(first + n) * q_width];
+            for head in 0..c.num_heads {
+                let kv_head = head / group;
+                gemm(
+                    n,
+                    d,
+                    context,
+                    Strided::new(&q_rows[head * d..], q_width as isize, 1),
+                    Strided::new(&keys[kv_head * d..], 1, kv_width as isize),
+                    &mut scores,
+                    context,
+                );
+                for (i, row) in scores.chunks_exact_mut(context).enumerate() {
+                    // Row i is position start + i: it sees keys 0..=start + i.
+                    let (visible, hidden) = row.split_at_mut(start + i + 1);
+                    let max = visible.iter().fold(f32::NEG_INFINITY, |m, s| m.max(*s * scale));
+                    let mut sum = 0.0;
+                    for s in visible.iter_mut() {
+                        *s = (*s * scale - max).exp();
+                        sum += *s;
+                    }
+                    for s in visible.iter_mut() {
+                        *s /= sum;
+                    }
+                    hidden.fill(0.0);
                 }
-                for s in visible.iter_mut() {
-                    *s /= sum;
-                }
-                row[i + 1..].fill(0.0);
+                gemm(
+                    n,
+                    context,
+                    d,
+                    Strided::new(&scores, context as isize, 1),
+                    Strided::new(&values[kv_head * d..], kv_width as isize, 1),
+                    &mut out_rows[head * d..],
+                    q_width,
+                );
             }
-            // out_head[i] = Σ_j p[i, j] · v_j, written into this head's columns of `out`.
-            gemm(
-                t,
-                t,
-                d,
-                Strided::new(&scores, t as isize, 1),
-                Strided::new(&v[kv_head * d..], kv_width as isize, 1),
-                &mut out[head * d..],
-                q_width,
-            );
+            first += n;
         }
         out
+    }
+}
+
+/// Which logits a step returns for each chunk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Logits {
+    /// Only the last position's (what sampling needs).
+    Last,
+    /// Every position's (for scoring and tests).
+    All,
+}
+
+/// One sequence's share of a step: the tokens to compute next.
+#[derive(Debug)]
+pub struct Chunk<'a> {
+    /// The sequence they extend.
+    pub sequence: &'a mut SequenceKv,
+    /// Its next tokens (a prefill chunk, or one token when decoding).
+    pub tokens: &'a [u32],
+}
+
+/// A sequence's place in the paged cache.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SequenceKv {
+    /// Physical block of each run of `block_size` positions, in order. Blocks shared with other
+    /// sequences (a cached prefix) are simply listed by several tables.
+    pub blocks: Vec<u32>,
+    /// Positions whose keys and values are in the cache.
+    pub computed: usize,
+}
+
+/// Keys and values of every layer, in fixed-size blocks of positions.
+#[derive(Debug)]
+pub struct PagedKv {
+    block_size: usize,
+    num_blocks: usize,
+    kv_width: usize,
+    /// Per layer, `[num_blocks · block_size, kv_width]`.
+    keys: Vec<Vec<f32>>,
+    values: Vec<Vec<f32>>,
+}
+
+impl PagedKv {
+    /// `num_blocks` blocks of `block_size` positions for every layer of `config`'s model.
+    pub fn new(config: &ModelConfig, block_size: usize, num_blocks: usize) -> PagedKv {
+        let block_size = block_size.max(1);
+        let kv_width = config.num_kv_heads * config.head_dim;
+        let per_layer = num_blocks * block_size * kv_width;
+        PagedKv {
+            block_size,
+            num_blocks,
+            kv_width,
+            keys: (0..config.num_layers).map(|_| vec![0.0; per_layer]).collect(),
+            values: (0..config.num_layers).map(|_| vec![0.0; per_layer]).collect(),
+        }
+    }
+
+    /// Positions per block.
+    pub fn block_size(&self) -> usize {
+        self.block_size
+    }
+
+    /// Blocks per layer.
+    pub fn num_blocks(&self) -> usize {
+        self.num_blocks
+    }
+
+    /// Index of position `position`'s row in a layer's buffer, through the block table.
+    fn slot(&self, blocks: &[u32], position: usize) -> usize {
+        let block = blocks[position / self.block_size] as usize;
+        (block * self.block_size + position % self.block_size) * self.kv_width
+    }
+
+    /// Layer `layer`'s keys and values of positions `0..context`, contiguous.
+    fn gather(&self, layer: usize, blocks: &[u32], context: usize) -> (Vec<f32>, Vec<f32>) {
+        let mut keys = Vec::with_capacity(context * self.kv_width);
+        let mut values = Vec::with_capacity(context * self.kv_width);
+        let mut position = 0;
+        for &block in blocks {
+            if position >= context {
+                break;
+            }
+            let take = self.block_size.min(context - position);
+            let start = block as usize * self.block_size * self.kv_width;
+            let end = start + take * self.kv_width;
+            keys.extend_from_slice(&self.keys[layer][start..end]);
+            values.extend_from_slice(&self.values[layer][start..end]);
+            position += take;
+        }
+        (keys, values)
     }
 }
 
