@@ -1,0 +1,245 @@
+//! CPU throughput of the native LLM's forward pass against the memory-bandwidth roofline.
+//!
+//! `cargo bench -p switchyard-workers --bench llm_cpu` prints, for the tiny fixture model and
+//! a larger random-weight Llama written to a temporary directory as real safetensors:
+//! prefill tokens/s (one sequence, one chunk) and decode tokens/s at batch 1, 8 and 32 (each
+//! sequence with a 128-token context). The anchor is a STREAM-like copy in the same run: a decode
+//! step must read every weight once (the embedding table only one row per token), so
+//! `bandwidth / bytes read` steps per second is the memory roofline, and batch B can at best
+//! make B tokens per such step. Figures are printed, never asserted.
+
+use std::hint::black_box;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use switchyard_workers::llm::{Chunk, Logits, Model, PagedKv, SequenceKv};
+
+/// Bytes per second of a plain copy of a buffer much larger than the caches (read + write).
+fn copy_bandwidth() -> f64 {
+    let words = 64 << 20; // 256 MiB of f32 each way
+    let source: Vec<f32> = (0..words).map(|i| i as f32).collect();
+    let mut target = vec![0.0f32; words];
+    let mut best = f64::INFINITY;
+    for _ in 0..5 {
+        let start = Instant::now();
+        target.copy_from_slice(black_box(&source));
+        best = best.min(start.elapsed().as_secs_f64());
+        black_box(&mut target);
+    }
+    (2 * words * 4) as f64 / best
+}
+
+/// A seeded xorshift stream for random weights (bench data, not a statistics source).
+struct Noise(u64);
+
+impl Noise {
+    fn next(&mut self) -> f32 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        ((self.0 >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 0.1
+    }
+}
+
+/// Writes a random-weight Llama (f32 safetensors, config.json, tokenizer.json) to `dir`.
+fn write_random_llama(
+    dir: &Path,
+    hidden: usize,
+    layers: usize,
+    heads: usize,
+    kv_heads: usize,
+    intermediate: usize,
+    vocab: usize,
+) {
+    let head_dim = hidden / heads;
+    let mut shapes: Vec<(String, Vec<usize>)> = vec![
+        ("model.embed_tokens.weight".into(), vec![vocab, hidden]),
+        ("model.norm.weight".into(), vec![hidden]),
+        ("lm_head.weight".into(), vec![vocab, hidden]),
+    ];
+    for i in 0..layers {
+        let p = format!("model.layers.{i}");
+        shapes.extend([
+            (format!("{p}.input_layernorm.weight"), vec![hidden]),
+            (format!("{p}.post_attention_layernorm.weight"), vec![hidden]),
+            (format!("{p}.self_attn.q_proj.weight"), vec![heads * head_dim, hidden]),
+            (
+                format!("{p}.self_attn.k_proj.weight"),
+                vec![kv_heads * head_dim, hidden],
+            ),
+            (
+                format!("{p}.self_attn.v_proj.weight"),
+                vec![kv_heads * head_dim, hidden],
+            ),
+            (format!("{p}.self_attn.o_proj.weight"), vec![hidden, heads * head_dim]),
+            (format!("{p}.mlp.gate_proj.weight"), vec![intermediate, hidden]),
+            (format!("{p}.mlp.up_proj.weight"), vec![intermediate, hidden]),
+            (format!("{p}.mlp.down_proj.weight"), vec![hidden, intermediate]),
+        ]);
+    }
+    let mut noise = Noise(0x9E37_79B9_7F4A_7C15);
+    let data: Vec<(String, Vec<usize>, Vec<u8>)> = shapes
+        .into_iter()
+        .map(|(name, shape)| {
+            let count: usize = shape.iter().product();
+            let is_norm = name.ends_with("norm.weight");
+            let bytes = (0..count)
+                .flat_map(|_| (if is_norm { 1.0 } else { noise.next() }).to_le_bytes())
+                .collect();
+            (name, shape, bytes)
+        })
+        .collect();
+    let views: Vec<(String, safetensors::tensor::TensorView<'_>)> = data
+        .iter()
+        .map(|(name, shape, bytes)| {
+            let view =
+                safetensors::tensor::TensorView::new(safetensors::Dtype::F32, shape.clone(), bytes).expect("view");
+            (name.clone(), view)
+        })
+        .collect();
+    safetensors::serialize_to_file(views, None, &dir.join("model.safetensors")).expect("write weights");
+    let config = format!(
+        r#"{{"model_type": "llama", "hidden_size": {hidden}, "intermediate_size": {intermediate},
+            "num_hidden_layers": {layers}, "num_attention_heads": {heads}, "num_key_value_heads": {kv_heads},
+            "vocab_size": {vocab}, "max_position_embeddings": 4096, "rms_norm_eps": 1e-5, "rope_theta": 10000.0}}"#
+    );
+    std::fs::write(dir.join("config.json"), config).expect("write config");
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tiny-llama/tokenizer.json");
+    std::fs::copy(fixture, dir.join("tokenizer.json")).expect("copy tokenizer");
+}
+
+fn weight_bytes(dir: &Path) -> u64 {
+    std::fs::metadata(dir.join("model.safetensors")).map_or(0, |m| m.len())
+}
+
+/// Runs `f` until `budget` has passed (at least once); returns runs per second.
+fn rate(budget: Duration, mut f: impl FnMut()) -> f64 {
+    let start = Instant::now();
+    let mut runs = 0u32;
+    while runs == 0 || start.elapsed() < budget {
+        f();
+        runs += 1;
+    }
+    f64::from(runs) / start.elapsed().as_secs_f64()
+}
+
+fn measure(label: &str, dir: &Path, prefill_tokens: usize, bandwidth: f64) {
+    let model = Model::load(dir).expect("model loads");
+    let config = model.config();
+    // A decode step reads every weight except the embedding table, of which it reads one row
+    // per token (unless the table doubles as the LM head). These models are f32.
+    let embedding = if config.tie_word_embeddings {
+        0.0
+    } else {
+        (config.vocab_size * config.hidden_size * 4) as f64
+    };
+    let bytes = weight_bytes(dir) as f64 - embedding;
+    let vocab = model.config().vocab_size as u32;
+    let tokens: Vec<u32> = (0..prefill_tokens as u32).map(|i| (i * 7 + 3) % vocab).collect();
+    let block = 16;
+    let prefill_per_s = rate(Duration::from_secs(3), || {
+        let mut kv = PagedKv::new(model.config(), block, prefill_tokens.div_ceil(block));
+        let mut sequence = SequenceKv {
+            blocks: (0..prefill_tokens.div_ceil(block) as u32).collect(),
+            computed: 0,
+        };
+        black_box(
+            model
+                .forward_batch(
+                    &mut kv,
+                    &mut [Chunk {
+                        sequence: &mut sequence,
+                        tokens: &tokens,
+                    }],
+                    Logits::Last,
+                )
+                .expect("prefill"),
+        );
+    }) * prefill_tokens as f64;
+    let roofline_steps = bandwidth / bytes;
+    println!("| {label} | prefill ({prefill_tokens} tokens) | {prefill_per_s:.0} tok/s | | |");
+    let context: usize = 128;
+    for batch in [1usize, 8, 32] {
+        let blocks_each = (context + 64).div_ceil(block);
+        let mut kv = PagedKv::new(model.config(), block, batch * blocks_each);
+        let mut sequences: Vec<SequenceKv> = (0..batch)
+            .map(|b| SequenceKv {
+                blocks: (b * blocks_each..(b + 1) * blocks_each).map(|x| x as u32).collect(),
+                computed: 0,
+            })
+            .collect();
+        {
+            let mut chunks: Vec<Chunk<'_>> = sequences
+                .iter_mut()
+                .map(|sequence| Chunk {
+                    sequence,
+                    tokens: &tokens[..context],
+                })
+                .collect();
+            model
+                .forward_batch(&mut kv, &mut chunks, Logits::Last)
+                .expect("prefill contexts");
+        }
+        let next = vec![5u32; batch];
+        let mut steps = 0;
+        let steps_per_s = rate(Duration::from_secs(3), || {
+            if steps >= 60 {
+                // Stay inside the blocks: rewind and decode the same positions again.
+                for sequence in &mut sequences {
+                    sequence.computed = context;
+                }
+                steps = 0;
+            }
+            let mut chunks: Vec<Chunk<'_>> = sequences
+                .iter_mut()
+                .zip(&next)
+                .map(|(sequence, token)| Chunk {
+                    sequence,
+                    tokens: std::slice::from_ref(token),
+                })
+                .collect();
+            black_box(model.forward_batch(&mut kv, &mut chunks, Logits::Last).expect("decode"));
+            steps += 1;
+        });
+        let tokens_per_s = steps_per_s * batch as f64;
+        let roofline = roofline_steps * batch as f64;
+        println!(
+            "| {label} | decode, batch {batch} | {tokens_per_s:.0} tok/s | {roofline:.0} tok/s | {:.1} % |",
+            100.0 * tokens_per_s / roofline
+        );
+    }
+}
+
+fn main() {
+    let bandwidth = copy_bandwidth();
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    println!("# Native LLM forward pass on the CPU");
+    println!(
+        "{threads} hardware threads; copy bandwidth {:.1} GB/s (read + write, 256 MiB buffers, best of 5)\n",
+        bandwidth / 1e9
+    );
+    println!(
+        "Roofline: a decode step reads every weight once (the untied embedding table one row per token), so at most bandwidth / bytes read steps per second; batch B makes B tokens per step.\n"
+    );
+    println!("| model | phase | measured | memory roofline | of roofline |");
+    println!("|---|---|---:|---:|---:|");
+    let tiny = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tiny-llama");
+    measure(
+        &format!("tiny-llama ({:.2} MB f32)", weight_bytes(&tiny) as f64 / 1e6),
+        &tiny,
+        192,
+        bandwidth,
+    );
+    let dir = tempfile::tempdir().expect("tempdir");
+    // ~110 M parameters: 8 layers, hidden 768, GQA 12/4 heads, MLP 2048, vocab 32000.
+    write_random_llama(dir.path(), 768, 8, 12, 4, 2048, 32_000);
+    measure(
+        &format!(
+            "random Llama 8×768 ({:.0} MB f32)",
+            weight_bytes(dir.path()) as f64 / 1e6
+        ),
+        dir.path(),
+        512,
+        bandwidth,
+    );
+}
