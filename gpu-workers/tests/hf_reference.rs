@@ -87,6 +87,14 @@ fn broken_copy(name: &str, change: impl FnOnce(&Path)) -> (tempfile::TempDir, Re
     (dir, result)
 }
 
+/// Replaces `from` by `to` in the `config.json` in `dir` (which must contain it).
+fn edit_config(dir: &Path, from: &str, to: &str) {
+    let path = dir.join("config.json");
+    let text = std::fs::read_to_string(&path).expect("read");
+    assert!(text.contains(from), "config.json lacks {from}");
+    std::fs::write(&path, text.replace(from, to)).expect("write");
+}
+
 #[test]
 fn missing_and_inconsistent_files_are_named() {
     let (_dir, result) = broken_copy("tiny-llama", |dir| {
@@ -103,13 +111,7 @@ fn missing_and_inconsistent_files_are_named() {
 
     // A config that promises a wider MLP than the weights hold.
     let (_dir, result) = broken_copy("tiny-llama", |dir| {
-        let path = dir.join("config.json");
-        let text = std::fs::read_to_string(&path).expect("read");
-        std::fs::write(
-            &path,
-            text.replace("\"intermediate_size\": 160", "\"intermediate_size\": 161"),
-        )
-        .expect("write");
+        edit_config(dir, "\"intermediate_size\": 160", "\"intermediate_size\": 161");
     });
     let err = result.expect_err("shape mismatch");
     let message = err.to_string();
@@ -120,13 +122,7 @@ fn missing_and_inconsistent_files_are_named() {
     );
 
     let (_dir, result) = broken_copy("tiny-llama", |dir| {
-        let path = dir.join("config.json");
-        let text = std::fs::read_to_string(&path).expect("read");
-        std::fs::write(
-            &path,
-            text.replace("\"num_key_value_heads\": 2", "\"num_key_value_heads\": 3"),
-        )
-        .expect("write");
+        edit_config(dir, "\"num_key_value_heads\": 2", "\"num_key_value_heads\": 3");
     });
     let err = result.expect_err("bad heads");
     assert!(
