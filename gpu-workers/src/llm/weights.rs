@@ -3,25 +3,36 @@
 //! Every `.safetensors` file in the model directory is mapped (one file or a sharded set); a
 //! tensor is found by name in whichever file holds it and widened to f32 from f32, f16 or bf16.
 //! Missing tensors, wrong shapes and other dtypes are errors that name the tensor and the file.
+//! Each file's header is parsed and validated once, at open; reading a tensor is a lookup and a
+//! slice of the map.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
+use safetensors::tensor::TensorInfo;
 use safetensors::{Dtype, SafeTensors};
 
 use super::LoadError;
 
+/// One mapped weight file.
+struct WeightFile {
+    path: PathBuf,
+    map: memmap2::Mmap,
+    /// Offset of the data section (after the 8-byte length and the JSON header).
+    data_start: usize,
+}
+
 /// The mapped weight files of one model.
 pub struct Weights {
-    files: Vec<(PathBuf, memmap2::Mmap)>,
-    /// Tensor name → index into `files`.
-    index: HashMap<String, usize>,
+    files: Vec<WeightFile>,
+    /// Tensor name → the file holding it (index into `files`) and where it lies there.
+    index: HashMap<String, (usize, TensorInfo)>,
 }
 
 impl std::fmt::Debug for Weights {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Weights")
-            .field("files", &self.files.iter().map(|(path, _)| path).collect::<Vec<_>>())
+            .field("files", &self.files.iter().map(|file| &file.path).collect::<Vec<_>>())
             .field("tensors", &self.index.len())
             .finish()
     }
@@ -65,19 +76,21 @@ impl Weights {
                 path: path.clone(),
                 reason: err.to_string(),
             })?;
-            let names = SafeTensors::deserialize(&map)
-                .map_err(|err| weights_error(&path, "(header)", err.to_string()))?
-                .names()
-                .into_iter()
-                .map(String::from)
-                .collect::<Vec<_>>();
-            for name in names {
-                if let Some(previous) = index.insert(name.clone(), files.len()) {
-                    let (other, _): &(PathBuf, memmap2::Mmap) = &files[previous];
-                    return Err(weights_error(&path, &name, format!("also in {}", other.display())));
+            // Validates the header against the file: every tensor's byte range lies in the data
+            // section and matches its shape and dtype.
+            let (header_len, metadata) =
+                SafeTensors::read_metadata(&map).map_err(|err| weights_error(&path, "(header)", err.to_string()))?;
+            for (name, info) in metadata.tensors() {
+                if let Some((previous, _)) = index.insert(name.clone(), (files.len(), info.clone())) {
+                    let other: &WeightFile = &files[previous];
+                    return Err(weights_error(&path, &name, format!("also in {}", other.path.display())));
                 }
             }
-            files.push((path, map));
+            files.push(WeightFile {
+                path,
+                map,
+                data_start: 8 + header_len,
+            });
         }
         Ok(Weights { files, index })
     }
@@ -94,28 +107,25 @@ impl Weights {
     /// [`LoadError::Weights`] naming the tensor when it is absent, has another shape, or a
     /// dtype other than f32, f16 and bf16.
     pub fn f32(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>, LoadError> {
-        let Some(&file) = self.index.get(name) else {
+        let Some((file, info)) = self.index.get(name) else {
             let dir = self
                 .files
                 .first()
-                .and_then(|(p, _)| p.parent())
+                .and_then(|file| file.path.parent())
                 .unwrap_or(Path::new("."));
             return Err(weights_error(dir, name, "missing".into()));
         };
-        let (path, map) = &self.files[file];
-        let tensors = SafeTensors::deserialize(map).map_err(|err| weights_error(path, name, err.to_string()))?;
-        let view = tensors
-            .tensor(name)
-            .map_err(|err| weights_error(path, name, err.to_string()))?;
-        if view.shape() != shape {
+        let WeightFile { path, map, data_start } = &self.files[*file];
+        if info.shape != shape {
             return Err(weights_error(
                 path,
                 name,
-                format!("shape {:?}, the config implies {shape:?}", view.shape()),
+                format!("shape {:?}, the config implies {shape:?}", info.shape),
             ));
         }
-        let bytes = view.data();
-        let values = match view.dtype() {
+        let (start, end) = info.data_offsets;
+        let bytes = &map[data_start + start..data_start + end];
+        let values = match info.dtype {
             Dtype::F32 => bytes
                 .as_chunks::<4>()
                 .0
