@@ -136,7 +136,7 @@ pub struct PolicyRun {
 }
 
 /// Counters the mockers keep themselves (their `/metrics`), summed over the fleet.
-#[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct EngineCounters {
     /// Sequences preempted for lack of KV blocks (their tokens are computed again).
     pub preemptions: u64,
@@ -189,20 +189,11 @@ pub async fn compare(config: &CompareConfig) -> anyhow::Result<Vec<PolicyRun>> {
     anyhow::ensure!(!config.policies.is_empty(), "name at least one policy");
     std::fs::create_dir_all(&config.out_dir).with_context(|| format!("cannot create {}", config.out_dir.display()))?;
     anyhow::ensure!(config.repeats > 0, "at least one round is needed");
-    let mut runs: Vec<PolicyRun> = config
-        .policies
-        .iter()
-        .map(|policy| PolicyRun {
-            policy: policy.clone(),
-            rounds: Vec::new(),
-            summary: Summary::of(&ReplayRun::default()),
-            round_summaries: Vec::new(),
-            engines: EngineCounters::default(),
-        })
-        .collect();
+    // Per policy: each round's replay, its figures, and the engines' counters summed.
+    let mut rounds: Vec<(Vec<ReplayRun>, Vec<Summary>, EngineCounters)> =
+        vec![Default::default(); config.policies.len()];
     for round in 1..=config.repeats {
-        for entry in &mut runs {
-            let policy = &entry.policy;
+        for (policy, (runs, summaries, engines_total)) in config.policies.iter().zip(&mut rounds) {
             let of_rounds = if config.repeats > 1 {
                 format!(" (round {round} of {})", config.repeats)
             } else {
@@ -236,23 +227,29 @@ pub async fn compare(config: &CompareConfig) -> anyhow::Result<Vec<PolicyRun>> {
                 &config.out_dir.join(format!("records-{stem}{suffix}.jsonl")),
                 &run.records,
             )?;
-            entry.engines.add(&engines);
-            entry.rounds.push(run);
-            entry.round_summaries.push(summary);
+            engines_total.add(&engines);
+            runs.push(run);
+            summaries.push(summary);
         }
     }
-    for entry in &mut runs {
+    let mut runs = Vec::with_capacity(rounds.len());
+    for (policy, (replays, round_summaries, engines)) in config.policies.iter().zip(rounds) {
         let pooled = ReplayRun {
-            records: entry.rounds.iter().flat_map(|r| r.records.iter().cloned()).collect(),
-            wall_s: entry.rounds.iter().map(|r| r.wall_s).sum(),
+            records: replays.iter().flat_map(|r| r.records.iter().cloned()).collect(),
+            wall_s: replays.iter().map(|r| r.wall_s).sum(),
         };
-        entry.summary = Summary::of(&pooled);
+        let summary = Summary::of(&pooled);
         std::fs::write(
-            config
-                .out_dir
-                .join(format!("summary-{}.json", file_stem(&entry.policy.name))),
-            serde_json::to_vec_pretty(&entry.summary)?,
+            config.out_dir.join(format!("summary-{}.json", file_stem(&policy.name))),
+            serde_json::to_vec_pretty(&summary)?,
         )?;
+        runs.push(PolicyRun {
+            policy: policy.clone(),
+            rounds: replays,
+            summary,
+            round_summaries,
+            engines,
+        });
     }
     write_report(config, &runs)?;
     Ok(runs)

@@ -94,7 +94,7 @@ impl RequestRecord {
 }
 
 /// The outcome of a replay.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct ReplayRun {
     /// One record per request, in trace order.
     pub records: Vec<RequestRecord>,
