@@ -21,7 +21,7 @@ pub mod workers;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use switchyard_workers::mocker::MockerServer;
+use switchyard_workers::mocker::WorkerServer;
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 
@@ -87,7 +87,7 @@ pub struct Gateway {
     tls: Option<server::tls::Tls>,
     state: Arc<AppState>,
     tasks: Vec<JoinHandle<()>>,
-    mockers: Vec<MockerServer>,
+    mockers: Vec<WorkerServer>,
 }
 
 impl Gateway {

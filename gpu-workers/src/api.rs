@@ -36,6 +36,57 @@ pub struct ChatCompletionRequest {
     /// Number of choices; only 1 is supported.
     #[serde(default)]
     pub n: Option<u32>,
+    /// How tokens are chosen and when generation stops.
+    #[serde(flatten)]
+    pub sampling: SamplingOptions,
+}
+
+/// The sampling fields of a generation request (OpenAI's, plus vLLM's `top_k`,
+/// `stop_token_ids` and `ignore_eos`). Absent fields take the engine's defaults.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct SamplingOptions {
+    /// 0 is greedy; higher is more random (OpenAI's default is 1).
+    #[serde(default)]
+    pub temperature: Option<f32>,
+    /// Nucleus sampling: keep the most likely tokens up to this probability mass.
+    #[serde(default)]
+    pub top_p: Option<f32>,
+    /// Keep only the k most likely tokens; 0 or -1 keeps all.
+    #[serde(default)]
+    pub top_k: Option<i64>,
+    /// Seed of the request's random stream, for repeatable sampling.
+    #[serde(default)]
+    pub seed: Option<u64>,
+    /// Strings that end generation. Passed through by the gateway; Switchyard's own workers
+    /// refuse a non-empty one (not supported yet).
+    #[serde(default)]
+    pub stop: Option<StopStrings>,
+    /// Token ids that end generation, besides the model's end-of-sequence tokens.
+    #[serde(default)]
+    pub stop_token_ids: Option<Vec<u32>>,
+    /// Keep generating past the model's end-of-sequence tokens.
+    #[serde(default)]
+    pub ignore_eos: Option<bool>,
+}
+
+/// `stop`: one string or a list.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum StopStrings {
+    /// One stop string.
+    One(String),
+    /// Several.
+    Many(Vec<String>),
+}
+
+impl StopStrings {
+    /// Whether it holds no non-empty string.
+    pub fn is_empty(&self) -> bool {
+        match self {
+            StopStrings::One(one) => one.is_empty(),
+            StopStrings::Many(many) => many.iter().all(String::is_empty),
+        }
+    }
 }
 
 /// One message of a chat conversation.
@@ -112,6 +163,9 @@ pub struct CompletionRequest {
     /// Number of choices; only 1 is supported.
     #[serde(default)]
     pub n: Option<u32>,
+    /// How tokens are chosen and when generation stops.
+    #[serde(flatten)]
+    pub sampling: SamplingOptions,
 }
 
 impl CompletionRequest {
@@ -166,6 +220,14 @@ impl GenerateRequest {
         match self {
             GenerateRequest::Chat(req) => req.token_limit(),
             GenerateRequest::Completion(req) => req.max_tokens,
+        }
+    }
+
+    /// The sampling fields.
+    pub fn sampling(&self) -> &SamplingOptions {
+        match self {
+            GenerateRequest::Chat(req) => &req.sampling,
+            GenerateRequest::Completion(req) => &req.sampling,
         }
     }
 }
@@ -273,6 +335,25 @@ fn validate(request: &GenerateRequest) -> Result<(), ApiError> {
     };
     if n.is_some_and(|n| n != 1) {
         return Err(ApiError::invalid_request("unsupported", "only `n = 1` is supported").with_param(Some("n".into())));
+    }
+    let sampling = request.sampling();
+    if sampling.temperature.is_some_and(|t| !t.is_finite() || t < 0.0) {
+        return Err(
+            ApiError::invalid_request("invalid_value", "`temperature` must be a number ≥ 0")
+                .with_param(Some("temperature".into())),
+        );
+    }
+    if sampling.top_p.is_some_and(|p| !(p > 0.0 && p <= 1.0)) {
+        return Err(
+            ApiError::invalid_request("invalid_value", "`top_p` must be in (0, 1]").with_param(Some("top_p".into()))
+        );
+    }
+    if sampling.top_k.is_some_and(|k| k < -1) {
+        return Err(ApiError::invalid_request(
+            "invalid_value",
+            "`top_k` must be -1 or 0 (no limit) or a positive count",
+        )
+        .with_param(Some("top_k".into())));
     }
     match request {
         GenerateRequest::Chat(req) if req.messages.is_empty() => Err(ApiError::invalid_request(

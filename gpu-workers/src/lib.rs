@@ -2,20 +2,23 @@
 //!
 //! The crate owns everything that runs behind the gateway: the OpenAI wire format both sides
 //! speak ([`api`], [`respond`]), the fallback tokenizer ([`tokenize`]), Dynamo-compatible KV
-//! block hashing ([`blocks`]), the KV event protocol ([`kv_events`]) and its NATS link ([`kv_link`]), and the simulated engine ([`mocker`]). Native LLM and encoder
-//! engines join it as their own modules.
+//! block hashing ([`blocks`]), the KV event protocol ([`kv_events`]) and its NATS link
+//! ([`kv_link`]), the engine core every LLM worker shares ([`engine`]: scheduler, KV block
+//! pool, sampling), the simulated engine ([`mocker`]) and the native transformer ([`llm`]).
 
 #![deny(missing_docs, missing_debug_implementations, unsafe_op_in_unsafe_fn)]
 #![warn(unreachable_pub)]
 
 pub mod api;
 pub mod blocks;
+pub mod engine;
 pub mod kv_events;
 pub mod kv_link;
 pub mod llm;
 pub mod mocker;
 pub mod respond;
 pub mod serve;
+pub mod server;
 pub mod tokenize;
 
 #[cfg(test)]
@@ -25,6 +28,6 @@ mod tests {
     #[test]
     fn shared_handles_are_send_and_sync() {
         assert_send_sync::<crate::mocker::EngineHandle>();
-        assert_send_sync::<crate::mocker::MockerServer>();
+        assert_send_sync::<crate::server::WorkerServer>();
     }
 }

@@ -121,6 +121,80 @@ impl Tokenizer {
     }
 }
 
+impl Tokenizer {
+    /// Turns ids back into text (special tokens skipped); bytes that are not UTF-8 on their own
+    /// become U+FFFD.
+    ///
+    /// # Errors
+    ///
+    /// Returns [`TokenizeError::Encode`] if the model tokenizer fails (an id it does not have).
+    pub fn decode(&self, ids: &[u32]) -> Result<String, TokenizeError> {
+        match self {
+            Tokenizer::Bytes => {
+                let bytes: Vec<u8> = ids.iter().map(|&id| u8::try_from(id).unwrap_or(b'?')).collect();
+                Ok(String::from_utf8_lossy(&bytes).into_owned())
+            }
+            Tokenizer::Hf(tokenizer) => tokenizer
+                .decode(ids, true)
+                .map_err(|err| TokenizeError::Encode(err.to_string())),
+        }
+    }
+}
+
+/// Turns a stream of generated ids into text pieces as they arrive.
+///
+/// Decoding one id at a time is wrong for byte-level and SentencePiece vocabularies (a
+/// character can span ids; a leading space depends on the id before). So each step decodes a
+/// short window of recent ids with and without the new one and emits the difference, holding
+/// it back while it ends in an incomplete character, as Hugging Face's text-generation-inference
+/// does. The window restarts after every emitted piece, so each step costs a few ids.
+#[derive(Debug, Default)]
+pub struct StreamDecoder {
+    ids: Vec<u32>,
+    /// Start of the window decoded for context.
+    prefix_offset: usize,
+    /// End of what has been emitted.
+    read_offset: usize,
+}
+
+impl StreamDecoder {
+    /// A decoder with no ids yet.
+    pub fn new() -> StreamDecoder {
+        StreamDecoder::default()
+    }
+
+    /// Adds `id` and returns the text it completes (possibly empty).
+    ///
+    /// # Errors
+    ///
+    /// Returns [`TokenizeError::Encode`] if the tokenizer cannot decode the ids.
+    pub fn push(&mut self, tokenizer: &Tokenizer, id: u32) -> Result<String, TokenizeError> {
+        self.ids.push(id);
+        let before = tokenizer.decode(&self.ids[self.prefix_offset..self.read_offset])?;
+        let after = tokenizer.decode(&self.ids[self.prefix_offset..])?;
+        if after.len() > before.len() && !after.ends_with('\u{FFFD}') && after.is_char_boundary(before.len()) {
+            self.prefix_offset = self.read_offset;
+            self.read_offset = self.ids.len();
+            Ok(after[before.len()..].to_string())
+        } else {
+            Ok(String::new())
+        }
+    }
+
+    /// The text still held back (an incomplete character at the end), as it is.
+    ///
+    /// # Errors
+    ///
+    /// Returns [`TokenizeError::Encode`] if the tokenizer cannot decode the ids.
+    pub fn flush(&mut self, tokenizer: &Tokenizer) -> Result<String, TokenizeError> {
+        let before = tokenizer.decode(&self.ids[self.prefix_offset..self.read_offset])?;
+        let after = tokenizer.decode(&self.ids[self.prefix_offset..])?;
+        self.prefix_offset = self.read_offset;
+        self.read_offset = self.ids.len();
+        Ok(after.get(before.len()..).unwrap_or_default().to_string())
+    }
+}
+
 /// A tokenizer with the chat template that goes with it.
 #[derive(Debug, Clone, Default)]
 pub struct PromptEncoder {
@@ -223,6 +297,45 @@ mod tests {
         let err = Tokenizer::from_file(&path).expect_err("broken file");
         assert!(err.to_string().contains("switchyard-tokenizer"), "{err}");
         let _ = std::fs::remove_file(&path);
+    }
+
+    #[test]
+    fn streamed_decoding_waits_for_whole_characters() {
+        let tokenizer = Tokenizer::Bytes;
+        let mut decoder = StreamDecoder::new();
+        let mut text = String::new();
+        let mut pieces = 0;
+        for id in byte_tokens("né à ✓") {
+            let piece = decoder.push(&tokenizer, id).expect("decodes");
+            assert!(!piece.contains('\u{FFFD}'), "half a character leaked: {piece:?}");
+            pieces += usize::from(!piece.is_empty());
+            text.push_str(&piece);
+        }
+        text.push_str(&decoder.flush(&tokenizer).expect("decodes"));
+        assert_eq!(text, "né à ✓");
+        assert_eq!(pieces, 6, "one piece per character");
+        let mut cut = StreamDecoder::new();
+        assert_eq!(cut.push(&tokenizer, 0xE2).expect("decodes"), "");
+        assert_eq!(
+            cut.flush(&tokenizer).expect("decodes"),
+            "\u{FFFD}",
+            "a dangling byte is flushed as it is"
+        );
+    }
+
+    #[test]
+    fn streamed_decoding_matches_whole_decoding_with_a_model_tokenizer() {
+        let path = std::env::temp_dir().join(format!("switchyard-tokenizer-stream-{}.json", std::process::id()));
+        std::fs::write(&path, WORD_LEVEL).expect("writes");
+        let tokenizer = Tokenizer::from_file(&path).expect("loads");
+        let _ = std::fs::remove_file(&path);
+        let ids = [1, 2, 3, 1];
+        let mut decoder = StreamDecoder::new();
+        let streamed: String = ids
+            .iter()
+            .map(|&id| decoder.push(&tokenizer, id).expect("decodes"))
+            .collect();
+        assert_eq!(streamed, tokenizer.decode(&ids).expect("decodes"));
     }
 
     #[test]

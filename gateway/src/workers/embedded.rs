@@ -5,7 +5,7 @@
 
 use std::net::{IpAddr, Ipv4Addr};
 
-use switchyard_workers::mocker::{self, EngineConfig, MockerServer, ServerConfig};
+use switchyard_workers::mocker::{self, EngineConfig, ServerConfig, WorkerServer};
 
 use crate::config::{EmbeddedMockers, Role, WorkerConfig};
 
@@ -14,7 +14,7 @@ use crate::config::{EmbeddedMockers, Role, WorkerConfig};
 /// # Errors
 ///
 /// Returns the I/O error of a loopback port that cannot be bound.
-pub async fn start(config: &EmbeddedMockers) -> std::io::Result<(Vec<MockerServer>, Vec<WorkerConfig>)> {
+pub async fn start(config: &EmbeddedMockers) -> std::io::Result<(Vec<WorkerServer>, Vec<WorkerConfig>)> {
     let engine = EngineConfig {
         block_size: config.block_size,
         num_gpu_blocks: config.num_gpu_blocks,

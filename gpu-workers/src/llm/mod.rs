@@ -4,22 +4,22 @@
 //! `*.safetensors`; `tokenizer.json` through [`crate::tokenize`]) and the CPU forward pass
 //! ([`model`]): a batched step over chunks of several sequences whose keys and values live in a
 //! paged cache ([`PagedKv`], block tables in [`SequenceKv`]), so chunked prefill, decoding and
-//! shared (cached) prefix blocks all take the same path; [`sampling`] picks tokens (greedy or
-//! seeded temperature/top-k/top-p) and says when a sequence stops. What it does not have yet:
-//! the scheduler (continuous batching, prefix-cache bookkeeping with LRU eviction, preemption),
-//! the CUDA backend and the worker binary. Every load error names the file and, where there is
-//! one, the key or tensor.
+//! shared (cached) prefix blocks all take the same path. [`engine`] puts the model behind the
+//! shared scheduler of [`crate::engine`] (continuous batching, prefix caching with LRU
+//! eviction, preemption, sampling). Every load error names the file and, where there is one,
+//! the key or tensor.
 
 use std::path::PathBuf;
 
 pub mod config;
+pub mod engine;
 pub mod model;
-pub mod sampling;
 pub mod weights;
 
+pub use crate::engine::sampling::{FinishReason, Sampler, SamplingError, SamplingParams};
 pub use config::{ModelConfig, RopeScaling};
+pub use engine::{CpuExecutor, kv_block_bytes, spawn_cpu_engine};
 pub use model::{Chunk, ForwardError, Logits, Model, PagedKv, SequenceKv};
-pub use sampling::{FinishReason, Sampler, SamplingError, SamplingParams};
 
 /// Why a model directory could not be loaded.
 #[derive(Debug, thiserror::Error)]

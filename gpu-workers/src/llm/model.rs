@@ -208,6 +208,15 @@ impl Model {
     ///
     /// A [`LoadError`] naming the missing or inconsistent file, key or tensor.
     pub fn load(dir: &Path) -> Result<Model, LoadError> {
+        Model::load_with_tokenizer(dir).map(|(model, _)| model)
+    }
+
+    /// Loads the model as [`Model::load`] does, and returns its tokenizer too.
+    ///
+    /// # Errors
+    ///
+    /// A [`LoadError`] naming the missing or inconsistent file, key or tensor.
+    pub fn load_with_tokenizer(dir: &Path) -> Result<(Model, crate::tokenize::Tokenizer), LoadError> {
         let config = ModelConfig::from_file(&dir.join("config.json"))?;
         let tokenizer = dir.join("tokenizer.json");
         if !tokenizer.is_file() {
@@ -216,12 +225,12 @@ impl Model {
                 reason: "no tokenizer.json in the model directory".into(),
             });
         }
-        crate::tokenize::Tokenizer::from_file(&tokenizer).map_err(|err| LoadError::Tokenizer {
+        let tokenizer = crate::tokenize::Tokenizer::from_file(&tokenizer).map_err(|err| LoadError::Tokenizer {
             path: tokenizer.clone(),
             reason: err.to_string(),
         })?;
         let weights = Weights::open(dir)?;
-        Model::from_weights(config, &weights)
+        Ok((Model::from_weights(config, &weights)?, tokenizer))
     }
 
     /// Builds the model from a config and its mapped weights.

@@ -1,21 +1,19 @@
 //! The mocker: a simulated LLM engine for fleet-scale tests without GPUs.
 //!
-//! It is a product feature, not a test stub: it schedules like vLLM ([`engine`]), manages KV
-//! blocks with prefix caching and eviction ([`kv`]), takes as long as Dynamo's fitted perf model
-//! says ([`perf`]) divided by a speed-up factor, and serves the same OpenAI endpoints as a real
-//! worker ([`server`]). [`spawn_fleet`] starts many engines in one process, one port each.
+//! It is a product feature, not a test stub: it runs the same scheduler and KV block pool as the
+//! native engine ([`crate::engine`]: continuous batching, prefix caching, eviction, preemption),
+//! takes as long as Dynamo's fitted perf model says ([`perf`]) divided by a speed-up factor
+//! ([`engine`]), and serves the same OpenAI endpoints as a real worker ([`server`]). [`spawn_fleet`] starts many engines in one process, one port each.
 
 pub mod engine;
-pub mod kv;
 pub mod perf;
-pub mod server;
 
 use std::net::SocketAddr;
 
 use tokio::net::TcpListener;
 
+pub use crate::server::{ServerConfig, WorkerServer};
 pub use engine::{EngineConfig, EngineHandle, spawn_engine};
-pub use server::{MockerServer, ServerConfig};
 
 /// Starts `count` mockers on `host`, each with its own engine and port. With `base_port` 0
 /// every mocker gets an ephemeral port; otherwise mocker `i` listens on `base_port + i`.
@@ -29,7 +27,7 @@ pub async fn spawn_fleet(
     base_port: u16,
     engine: &EngineConfig,
     server: &ServerConfig,
-) -> std::io::Result<Vec<MockerServer>> {
+) -> std::io::Result<Vec<WorkerServer>> {
     let mut fleet = Vec::with_capacity(count);
     for index in 0..count {
         let port = if base_port == 0 {
@@ -39,7 +37,7 @@ pub async fn spawn_fleet(
                 .map_err(|_| std::io::Error::new(std::io::ErrorKind::InvalidInput, "port range runs past 65535"))?
         };
         let listener = TcpListener::bind(SocketAddr::new(host, port)).await?;
-        fleet.push(MockerServer::start(
+        fleet.push(WorkerServer::start(
             listener,
             spawn_engine(engine.clone()),
             server.clone(),

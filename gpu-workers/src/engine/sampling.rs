@@ -62,6 +62,16 @@ pub enum FinishReason {
     Length,
 }
 
+impl FinishReason {
+    /// The OpenAI spelling: `stop` or `length`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FinishReason::Stop => "stop",
+            FinishReason::Length => "length",
+        }
+    }
+}
+
 /// One sequence's sampler.
 #[derive(Debug)]
 pub struct Sampler {
@@ -93,6 +103,11 @@ impl Sampler {
             rng,
             candidates: Vec::new(),
         })
+    }
+
+    /// The parameters this sampler was made with.
+    pub fn params(&self) -> &SamplingParams {
+        &self.params
     }
 
     /// The next token from `logits` (`[vocab]`). NaN logits are never chosen.

@@ -1,13 +1,15 @@
-//! The mocker's KV block manager: which simulated GPU blocks are in use, cached or free.
+//! The KV block pool of one engine: which physical blocks are in use, cached or free.
 //!
-//! Full blocks are named by their sequence hash (see [`crate::blocks`]) and are shared between
+//! Blocks are numbered `0..capacity`; a sequence's block table lists the numbers of its blocks,
+//! which index the real engine's paged cache (the simulated engine only counts them). Full
+//! blocks are named by their sequence hash (see [`crate::blocks`]) and are shared between
 //! sequences by reference count. A full block whose count drops to zero stays cached in an LRU
 //! *inactive* pool, where a later request with the same prefix can take it back; a new
 //! allocation with no free block evicts the least recently used inactive one. Blocks that are
 //! still filling (prompt chunks in flight, the tail of a generation) are *anonymous*: private
 //! to one sequence and never shared. Every change to the set of cached blocks is recorded as a
-//! [`KvEvent`] (`stored`, `removed`), the same events a real engine publishes, so the KV index
-//! can follow this engine exactly.
+//! [`KvEvent`] (`stored`, `removed`, `cleared`), the events a real engine publishes, so the KV
+//! index can follow this engine exactly.
 
 use std::collections::HashMap;
 
@@ -17,23 +19,37 @@ use crate::blocks::BlockHash;
 
 pub use crate::kv_events::{KvEvent, StoredBlock};
 
-/// The simulated GPU block pool of one engine.
+/// A physical block number, `0..capacity`.
+pub type BlockId = u32;
+
+/// The block pool of one engine.
 #[derive(Debug)]
 pub struct BlockManager {
     capacity: usize,
     prefix_caching: bool,
-    active: HashMap<u64, usize>,
-    inactive: LruCache<u64, ()>,
+    /// Blocks holding nothing, in the order they will be handed out (last first).
+    free: Vec<BlockId>,
+    /// Full blocks referenced by running sequences: hash → (block, references).
+    active: HashMap<u64, (BlockId, usize)>,
+    /// Full blocks no sequence references, least recently used first.
+    inactive: LruCache<u64, BlockId>,
     anonymous: usize,
     events: Vec<KvEvent>,
 }
 
 impl BlockManager {
     /// A pool of `capacity` blocks. Without prefix caching, released blocks are freed at once.
+    ///
+    /// # Panics
+    ///
+    /// If `capacity` does not fit a [`BlockId`]; no engine has four billion blocks.
     pub fn new(capacity: usize, prefix_caching: bool) -> BlockManager {
+        let top = BlockId::try_from(capacity).expect("block count fits in u32");
         BlockManager {
             capacity,
             prefix_caching,
+            // Reversed so that blocks are handed out from 0 up, which keeps tests readable.
+            free: (0..top).rev().collect(),
             active: HashMap::new(),
             inactive: LruCache::unbounded(),
             anonymous: 0,
@@ -89,49 +105,53 @@ impl BlockManager {
         self.available() >= revived + new_blocks
     }
 
-    /// Takes a reference on a cached block. Returns false if it is not cached.
-    pub fn acquire_cached(&mut self, hash: u64) -> bool {
-        if let Some(count) = self.active.get_mut(&hash) {
+    /// Takes a reference on a cached block and returns its number, or `None` if it is not
+    /// cached.
+    pub fn acquire_cached(&mut self, hash: u64) -> Option<BlockId> {
+        if let Some((block, count)) = self.active.get_mut(&hash) {
             *count += 1;
-            return true;
+            return Some(*block);
         }
-        if self.inactive.pop(&hash).is_some() {
-            self.active.insert(hash, 1);
-            return true;
-        }
-        false
+        let block = self.inactive.pop(&hash)?;
+        self.active.insert(hash, (block, 1));
+        Some(block)
     }
 
     /// Allocates one anonymous block, evicting the least recently used cached block if no
-    /// block is free. Returns false if every block is referenced.
-    pub fn allocate_anonymous(&mut self) -> bool {
-        if self.active_blocks() + self.inactive.len() >= self.capacity {
-            match self.inactive.pop_lru() {
-                Some((evicted, ())) => self.events.push(KvEvent::Removed {
+    /// block is free. Returns `None` if every block is referenced.
+    pub fn allocate_anonymous(&mut self) -> Option<BlockId> {
+        let block = match self.free.pop() {
+            Some(block) => block,
+            None => {
+                let (evicted, block) = self.inactive.pop_lru()?;
+                self.events.push(KvEvent::Removed {
                     block_hashes: vec![evicted],
-                }),
-                None => return false,
+                });
+                block
             }
-        }
+        };
         self.anonymous += 1;
-        true
+        Some(block)
     }
 
     /// Releases an anonymous block.
-    pub fn release_anonymous(&mut self) {
+    pub fn release_anonymous(&mut self, block: BlockId) {
         debug_assert!(self.anonymous > 0, "released more anonymous blocks than allocated");
         self.anonymous = self.anonymous.saturating_sub(1);
+        self.free.push(block);
     }
 
-    /// Turns one of the caller's anonymous blocks into the full block `hash`, now that its
-    /// tokens are computed. If the block is already cached (another sequence computed the same
-    /// prefix), the caller shares it and the anonymous block is freed.
-    pub fn promote(&mut self, parent: Option<u64>, hash: BlockHash) {
-        self.release_anonymous();
-        if self.acquire_cached(hash.sequence) {
-            return;
+    /// Turns the caller's anonymous block `block` into the full block `hash`, now that its
+    /// tokens are computed, and returns the block the caller holds from now on. If `hash` is
+    /// already cached (another sequence computed the same prefix), the caller shares that block
+    /// and `block` is freed: both hold the same keys and values.
+    pub fn promote(&mut self, block: BlockId, parent: Option<u64>, hash: BlockHash) -> BlockId {
+        if let Some(existing) = self.acquire_cached(hash.sequence) {
+            self.release_anonymous(block);
+            return existing;
         }
-        self.active.insert(hash.sequence, 1);
+        self.anonymous = self.anonymous.saturating_sub(1);
+        self.active.insert(hash.sequence, (block, 1));
         if self.prefix_caching {
             self.events.push(KvEvent::Stored {
                 parent,
@@ -141,28 +161,32 @@ impl BlockManager {
                 }],
             });
         }
+        block
     }
 
     /// Drops a reference on the full block `hash`; an unreferenced block stays cached (or is
     /// freed when prefix caching is off).
     pub fn release_full(&mut self, hash: u64) {
-        let Some(count) = self.active.get_mut(&hash) else {
+        let Some((block, count)) = self.active.get_mut(&hash) else {
             debug_assert!(false, "released a block that is not active");
             return;
         };
         *count -= 1;
         if *count == 0 {
+            let block = *block;
             self.active.remove(&hash);
             if self.prefix_caching {
-                self.inactive.put(hash, ());
+                self.inactive.put(hash, block);
+            } else {
+                self.free.push(block);
             }
         }
     }
 
     /// Drops every cached, unreferenced block.
     pub fn clear_cache(&mut self) {
-        if !self.inactive.is_empty() {
-            self.inactive.clear();
+        while let Some((_, block)) = self.inactive.pop_lru() {
+            self.free.push(block);
         }
         self.events.push(KvEvent::Cleared);
     }
@@ -176,7 +200,7 @@ impl BlockManager {
     pub fn cached_hashes(&self) -> Vec<u64> {
         self.active
             .keys()
-            .chain(self.inactive.iter().map(|(hash, ())| hash))
+            .chain(self.inactive.iter().map(|(hash, _)| hash))
             .copied()
             .collect()
     }
@@ -191,21 +215,23 @@ mod tests {
         block_hashes(tokens, 2)
     }
 
-    fn store(manager: &mut BlockManager, chain: &[BlockHash]) {
+    fn store(manager: &mut BlockManager, chain: &[BlockHash]) -> Vec<BlockId> {
         let mut parent = None;
+        let mut held = Vec::new();
         for hash in chain {
-            assert!(manager.allocate_anonymous());
-            manager.promote(parent, *hash);
+            let block = manager.allocate_anonymous().expect("a block is free");
+            held.push(manager.promote(block, parent, *hash));
             parent = Some(hash.sequence);
         }
+        held
     }
 
     #[test]
     fn shared_blocks_are_ref_counted_and_cached_after_release() {
         let mut manager = BlockManager::new(4, true);
         let chain = hashes(&[1, 2, 3, 4]);
-        store(&mut manager, &chain);
-        assert!(manager.acquire_cached(chain[0].sequence));
+        let held = store(&mut manager, &chain);
+        assert_eq!(manager.acquire_cached(chain[0].sequence), Some(held[0]));
         assert_eq!(manager.active_blocks(), 2);
         manager.release_full(chain[0].sequence);
         assert_eq!(manager.active_blocks(), 2, "still referenced once");
@@ -214,22 +240,27 @@ mod tests {
         assert_eq!(manager.active_blocks(), 0);
         assert_eq!(manager.inactive_blocks(), 2);
         assert_eq!(manager.cached_prefix(&chain), 2);
+        assert_eq!(
+            manager.acquire_cached(chain[1].sequence),
+            Some(held[1]),
+            "revived in place"
+        );
         let events = manager.drain_events();
         assert_eq!(events.len(), 2);
         assert!(matches!(&events[1], KvEvent::Stored { parent: Some(p), .. } if *p == chain[0].sequence));
     }
 
     #[test]
-    fn allocation_evicts_least_recently_used_and_reports_it() {
+    fn allocation_evicts_least_recently_used_and_reuses_its_block() {
         let mut manager = BlockManager::new(2, true);
         let a = hashes(&[1, 1]);
         let b = hashes(&[2, 2]);
-        store(&mut manager, &a);
+        let held_a = store(&mut manager, &a);
         store(&mut manager, &b);
         manager.release_full(a[0].sequence);
         manager.release_full(b[0].sequence);
         manager.drain_events();
-        assert!(manager.allocate_anonymous());
+        assert_eq!(manager.allocate_anonymous(), Some(held_a[0]), "a's block is reused");
         assert_eq!(
             manager.drain_events(),
             vec![KvEvent::Removed {
@@ -237,18 +268,30 @@ mod tests {
             }]
         );
         assert_eq!(manager.cached_prefix(&b), 1);
-        assert!(manager.allocate_anonymous());
-        assert!(!manager.allocate_anonymous(), "everything is referenced");
+        assert!(manager.allocate_anonymous().is_some());
+        assert!(manager.allocate_anonymous().is_none(), "everything is referenced");
     }
 
     #[test]
-    fn duplicate_promotion_shares_the_existing_block() {
+    fn duplicate_promotion_shares_the_existing_block_and_frees_the_copy() {
         let mut manager = BlockManager::new(4, true);
         let chain = hashes(&[7, 7]);
-        store(&mut manager, &chain);
-        store(&mut manager, &chain);
+        let first = store(&mut manager, &chain);
+        let second = store(&mut manager, &chain);
+        assert_eq!(first, second, "the second sequence holds the first one's block");
         assert_eq!(manager.active_blocks(), 1);
+        assert_eq!(manager.available(), 3, "the duplicate went back to the free list");
         assert_eq!(manager.drain_events().len(), 1, "only a fresh store is reported");
+    }
+
+    #[test]
+    fn every_block_number_is_handed_out_once() {
+        let mut manager = BlockManager::new(8, true);
+        let mut seen = std::collections::HashSet::new();
+        while let Some(block) = manager.allocate_anonymous() {
+            assert!(block < 8 && seen.insert(block), "block {block} handed out twice");
+        }
+        assert_eq!(seen.len(), 8);
     }
 
     #[test]
@@ -258,6 +301,7 @@ mod tests {
         store(&mut manager, &chain);
         manager.release_full(chain[0].sequence);
         assert_eq!(manager.inactive_blocks(), 0);
+        assert_eq!(manager.available(), 4);
         assert_eq!(manager.cached_prefix(&chain), 0);
         assert!(manager.drain_events().is_empty());
     }

@@ -1,0 +1,670 @@
+//! A worker's HTTP server: the OpenAI endpoints of one engine, simulated or native.
+//!
+//! This module owns the worker side of the worker API: `POST /v1/chat/completions` and
+//! `POST /v1/completions` (text or token-id prompts, sampling fields, SSE streaming or a whole
+//! answer), `GET /v1/models`, `GET /healthz` and `GET /metrics` (Prometheus text). It parses
+//! requests with [`crate::api`], tokenizes them with the worker's [`TextCodec`] (the mocker's
+//! byte-level prompts and made-up words, or a model's tokenizer), and turns the engine's
+//! outputs into OpenAI responses chunk by chunk as the engine produces them. A server counts
+//! the requests it is answering, so [`WorkerServer::shutdown`] can stop taking new connections
+//! and wait for them to finish.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use http::{Method, Request, Response, StatusCode};
+use http_body::Frame;
+use hyper::body::Incoming;
+use serde_json::json;
+use tokio::net::TcpListener;
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+
+use crate::api::{self, ApiError, Endpoint, GenerateRequest, ModelList};
+use crate::engine::{EngineHandle, Output, SamplingParams, SubmitError};
+use crate::mocker::engine::token_text;
+use crate::respond::{self, Body};
+use crate::tokenize::{self, PromptEncoder, StreamDecoder};
+
+/// How a worker turns requests into token ids and generated ids into text.
+#[derive(Debug, Clone, Default)]
+pub enum TextCodec {
+    /// The mocker's: prompts through the byte-level fallback and the default chat template,
+    /// generated ids as made-up words.
+    #[default]
+    MockWords,
+    /// A model's tokenizer and chat template, both ways.
+    Model(Arc<PromptEncoder>),
+}
+
+/// Settings of one worker's HTTP front.
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    /// The model name the worker serves.
+    pub model: String,
+    /// Tokens generated when a request sets no limit.
+    pub default_max_tokens: u32,
+    /// Largest accepted request body.
+    pub max_body_bytes: usize,
+    /// Prompt tokenization and output detokenization.
+    pub codec: TextCodec,
+    /// Tokens that end every generation unless a request sets `ignore_eos`.
+    pub eos_token_ids: Vec<u32>,
+    /// Prefix of every metric name (`switchyard_mocker`, `switchyard_worker`).
+    pub metrics_prefix: String,
+    /// `owned_by` in the model list, and the prefix of response ids.
+    pub owner: String,
+}
+
+impl Default for ServerConfig {
+    fn default() -> ServerConfig {
+        ServerConfig {
+            model: "mock".into(),
+            default_max_tokens: 32,
+            max_body_bytes: 32 << 20,
+            codec: TextCodec::MockWords,
+            eos_token_ids: Vec::new(),
+            metrics_prefix: "switchyard_mocker".into(),
+            owner: "switchyard-mocker".into(),
+        }
+    }
+}
+
+struct State {
+    config: ServerConfig,
+    engine: EngineHandle,
+    next_request: AtomicU64,
+    /// Requests being answered (until their last byte is sent or the client goes away).
+    in_flight: Arc<AtomicU64>,
+    draining: AtomicBool,
+    /// Generated-token count and time at the previous scrape, for the tokens/s gauge.
+    last_scrape: Mutex<(Instant, u64)>,
+}
+
+/// A worker serving HTTP on a bound address; the server stops when this is dropped.
+#[derive(Debug)]
+pub struct WorkerServer {
+    addr: SocketAddr,
+    engine: EngineHandle,
+    state: Arc<State>,
+    task: JoinHandle<()>,
+}
+
+impl std::fmt::Debug for State {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("State")
+            .field("model", &self.config.model)
+            .field("in_flight", &self.in_flight)
+            .finish_non_exhaustive()
+    }
+}
+
+impl WorkerServer {
+    /// Serves `engine` on `listener` from the current tokio runtime.
+    ///
+    /// # Errors
+    ///
+    /// The I/O error if the listener's address cannot be read.
+    pub fn start(listener: TcpListener, engine: EngineHandle, config: ServerConfig) -> std::io::Result<WorkerServer> {
+        let addr = listener.local_addr()?;
+        let generated = engine.stats().generated_tokens.load(Ordering::Relaxed);
+        let state = Arc::new(State {
+            config,
+            engine: engine.clone(),
+            next_request: AtomicU64::new(0),
+            in_flight: Arc::new(AtomicU64::new(0)),
+            draining: AtomicBool::new(false),
+            last_scrape: Mutex::new((Instant::now(), generated)),
+        });
+        let task = tokio::spawn(accept_loop(listener, state.clone()));
+        Ok(WorkerServer {
+            addr,
+            engine,
+            state,
+            task,
+        })
+    }
+
+    /// The address the server listens on.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// The engine behind the server.
+    pub fn engine(&self) -> &EngineHandle {
+        &self.engine
+    }
+
+    /// Requests being answered now.
+    pub fn in_flight(&self) -> u64 {
+        self.state.in_flight.load(Ordering::Relaxed)
+    }
+
+    /// Stops accepting connections (requests on open connections are refused with 503) and
+    /// waits until every request being answered has finished, or `timeout` has passed. Returns
+    /// how many were still running then (0 when all finished).
+    pub async fn shutdown(self, timeout: Duration) -> u64 {
+        self.state.draining.store(true, Ordering::Relaxed);
+        self.task.abort();
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            let left = self.in_flight();
+            if left == 0 || tokio::time::Instant::now() >= deadline {
+                return left;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+impl Drop for WorkerServer {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Counts one request as in flight until dropped.
+struct InFlight(Arc<AtomicU64>);
+
+impl InFlight {
+    fn new(counter: &Arc<AtomicU64>) -> InFlight {
+        counter.fetch_add(1, Ordering::Relaxed);
+        InFlight(counter.clone())
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+async fn accept_loop(listener: TcpListener, state: Arc<State>) {
+    crate::serve::serve_http(listener, "worker", move |request| handle(state.clone(), request)).await;
+}
+
+async fn handle(state: Arc<State>, request: Request<Incoming>) -> Response<Body> {
+    let path = request.uri().path().to_string();
+    let method = request.method().clone();
+    let draining = state.draining.load(Ordering::Relaxed);
+    let result = match (method.clone(), path.as_str()) {
+        (Method::POST, api::CHAT_COMPLETIONS_PATH | api::COMPLETIONS_PATH) if draining => Err(shutting_down()),
+        (Method::POST, api::CHAT_COMPLETIONS_PATH) => generate(&state, Endpoint::Chat, request).await,
+        (Method::POST, api::COMPLETIONS_PATH) => generate(&state, Endpoint::Completion, request).await,
+        (Method::GET, api::MODELS_PATH) => Ok(respond::json(
+            StatusCode::OK,
+            &ModelList::new([state.config.model.as_str()], &state.config.owner),
+        )),
+        (Method::GET, "/healthz") if draining => Err(shutting_down()),
+        (Method::GET, "/healthz") => Ok(respond::text(StatusCode::OK, "text/plain", "ok\n")),
+        (Method::GET, "/metrics") => Ok(metrics(&state)),
+        (_, api::CHAT_COMPLETIONS_PATH | api::COMPLETIONS_PATH) => {
+            Err(respond::method_not_allowed(&method, &path, "POST"))
+        }
+        (_, api::MODELS_PATH | "/healthz" | "/metrics") => Err(respond::method_not_allowed(&method, &path, "GET")),
+        _ => Err(respond::not_found(&path)),
+    };
+    result.unwrap_or_else(|err| respond::error(&err))
+}
+
+fn shutting_down() -> ApiError {
+    ApiError::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "server_error",
+        "shutting_down",
+        "this worker is shutting down and takes no new requests",
+    )
+}
+
+async fn generate(state: &State, endpoint: Endpoint, request: Request<Incoming>) -> Result<Response<Body>, ApiError> {
+    let in_flight = InFlight::new(&state.in_flight);
+    let (parts, body) = request.into_parts();
+    let body = respond::read_limited(&parts.headers, body, state.config.max_body_bytes).await?;
+    let request = api::parse_generate_request(endpoint, &body)?;
+    if request.model() != state.config.model {
+        return Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            "invalid_request_error",
+            "model_not_found",
+            format!(
+                "model `{}` is not served here; this worker serves `{}`",
+                request.model(),
+                state.config.model
+            ),
+        )
+        .with_param(Some("model".into())));
+    }
+    let prompt = match &state.config.codec {
+        TextCodec::MockWords => tokenize::prompt_tokens(&request),
+        TextCodec::Model(encoder) => encoder
+            .prompt_tokens(&request)
+            .map_err(|err| ApiError::invalid_request("tokenization_failed", err.to_string()))?,
+    };
+    let params = sampling_params(&state.config, &request)?;
+    let outputs = state.engine.submit(prompt, params).map_err(|err| match err {
+        SubmitError::Stopped => ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "server_error",
+            "engine_stopped",
+            err.to_string(),
+        ),
+        SubmitError::Sampling(_) => ApiError::invalid_request("invalid_value", err.to_string()),
+        SubmitError::TokenOutOfRange { .. } => {
+            ApiError::invalid_request("invalid_value", err.to_string()).with_param(Some("prompt".into()))
+        }
+        SubmitError::EmptyPrompt => {
+            ApiError::invalid_request("invalid_value", err.to_string()).with_param(Some("prompt".into()))
+        }
+        SubmitError::TooLong { .. } | SubmitError::ContextLength { .. } | SubmitError::OverBudget { .. } => {
+            ApiError::invalid_request("context_length_exceeded", err.to_string())
+        }
+    })?;
+    let number = state.next_request.fetch_add(1, Ordering::Relaxed);
+    let meta = ResponseMeta {
+        id: match endpoint {
+            Endpoint::Chat => format!("chatcmpl-{}-{number}", state.config.owner),
+            Endpoint::Completion => format!("cmpl-{}-{number}", state.config.owner),
+        },
+        model: request.model().to_string(),
+        created: SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0),
+        endpoint,
+    };
+    let text = TextStream::new(&state.config.codec);
+    if request.is_stream() {
+        Ok(respond::event_stream(Body::new(SseBody {
+            outputs,
+            meta,
+            text,
+            sent_role: false,
+            phase: Phase::Tokens,
+            _in_flight: in_flight,
+        })))
+    } else {
+        whole_answer(outputs, meta, text, &request).await
+    }
+}
+
+/// The engine's sampling parameters for a request, with the worker's defaults and stop tokens.
+fn sampling_params(config: &ServerConfig, request: &GenerateRequest) -> Result<SamplingParams, ApiError> {
+    let options = request.sampling();
+    if options.stop.as_ref().is_some_and(|stop| !stop.is_empty()) {
+        return Err(ApiError::invalid_request(
+            "unsupported",
+            "`stop` strings are not supported by this worker yet; use `stop_token_ids` to end on given tokens",
+        )
+        .with_param(Some("stop".into())));
+    }
+    let mut stop_token_ids = options.stop_token_ids.clone().unwrap_or_default();
+    if !options.ignore_eos.unwrap_or(false) {
+        stop_token_ids.extend_from_slice(&config.eos_token_ids);
+    }
+    Ok(SamplingParams {
+        temperature: options.temperature.unwrap_or(1.0),
+        top_k: options.top_k.map_or(0, |k| usize::try_from(k).unwrap_or(0)),
+        top_p: options.top_p.unwrap_or(1.0),
+        seed: options.seed,
+        max_tokens: request.token_limit().unwrap_or(config.default_max_tokens).max(1) as usize,
+        stop_token_ids,
+    })
+}
+
+/// Turns one request's generated ids into text pieces.
+enum TextStream {
+    MockWords,
+    Model {
+        encoder: Arc<PromptEncoder>,
+        decoder: StreamDecoder,
+    },
+}
+
+impl TextStream {
+    fn new(codec: &TextCodec) -> TextStream {
+        match codec {
+            TextCodec::MockWords => TextStream::MockWords,
+            TextCodec::Model(encoder) => TextStream::Model {
+                encoder: encoder.clone(),
+                decoder: StreamDecoder::new(),
+            },
+        }
+    }
+
+    /// The text `token` completes; a token the tokenizer cannot decode is logged and skipped.
+    fn push(&mut self, token: u32) -> String {
+        match self {
+            TextStream::MockWords => token_text(token),
+            TextStream::Model { encoder, decoder } => decoder.push(&encoder.tokenizer, token).unwrap_or_else(|err| {
+                tracing::warn!(token, error = %err, "cannot decode a generated token");
+                String::new()
+            }),
+        }
+    }
+
+    /// Text held back at the end of the generation.
+    fn flush(&mut self) -> String {
+        match self {
+            TextStream::MockWords => String::new(),
+            TextStream::Model { encoder, decoder } => decoder.flush(&encoder.tokenizer).unwrap_or_default(),
+        }
+    }
+}
+
+struct ResponseMeta {
+    id: String,
+    model: String,
+    created: u64,
+    endpoint: Endpoint,
+}
+
+impl ResponseMeta {
+    fn chunk(&self, text: Option<&str>, role: bool, finish: Option<&str>, usage: Option<serde_json::Value>) -> Bytes {
+        let choice = match self.endpoint {
+            Endpoint::Chat => {
+                let mut delta = serde_json::Map::new();
+                if role {
+                    delta.insert("role".into(), json!("assistant"));
+                }
+                if let Some(text) = text {
+                    delta.insert("content".into(), json!(text));
+                }
+                json!({"index": 0, "delta": delta, "finish_reason": finish})
+            }
+            Endpoint::Completion => {
+                json!({"index": 0, "text": text.unwrap_or(""), "finish_reason": finish})
+            }
+        };
+        let mut chunk = json!({
+            "id": self.id,
+            "object": match self.endpoint { Endpoint::Chat => "chat.completion.chunk", Endpoint::Completion => "text_completion" },
+            "created": self.created,
+            "model": self.model,
+            "choices": [choice],
+        });
+        if let Some(usage) = usage {
+            chunk["usage"] = usage;
+        }
+        let mut event = b"data: ".to_vec();
+        // Serializing a `Value` cannot fail.
+        event.extend_from_slice(&serde_json::to_vec(&chunk).unwrap_or_default());
+        event.extend_from_slice(b"\n\n");
+        event.into()
+    }
+}
+
+fn usage_json(prompt_tokens: u32, completion_tokens: u32, cached_tokens: u32) -> serde_json::Value {
+    json!({
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": cached_tokens},
+    })
+}
+
+fn engine_gone() -> ApiError {
+    ApiError::new(
+        StatusCode::INTERNAL_SERVER_ERROR,
+        "server_error",
+        "engine_stopped",
+        "the engine stopped mid-generation",
+    )
+}
+
+fn engine_failed(reason: String) -> ApiError {
+    ApiError::new(
+        StatusCode::INTERNAL_SERVER_ERROR,
+        "server_error",
+        "engine_failed",
+        reason,
+    )
+}
+
+async fn whole_answer(
+    mut outputs: mpsc::UnboundedReceiver<Output>,
+    meta: ResponseMeta,
+    mut stream: TextStream,
+    request: &GenerateRequest,
+) -> Result<Response<Body>, ApiError> {
+    let mut text = String::new();
+    loop {
+        match outputs.recv().await {
+            Some(Output::Token(token)) => text.push_str(&stream.push(token)),
+            Some(Output::Failed(reason)) => return Err(engine_failed(reason)),
+            Some(Output::Finished {
+                reason,
+                prompt_tokens,
+                completion_tokens,
+                cached_tokens,
+            }) => {
+                text.push_str(&stream.flush());
+                let usage = usage_json(prompt_tokens, completion_tokens, cached_tokens);
+                let choice = match request {
+                    GenerateRequest::Chat(_) => json!({
+                        "index": 0,
+                        "message": {"role": "assistant", "content": text},
+                        "finish_reason": reason.as_str(),
+                    }),
+                    GenerateRequest::Completion(_) => {
+                        json!({"index": 0, "text": text, "finish_reason": reason.as_str()})
+                    }
+                };
+                let body = json!({
+                    "id": meta.id,
+                    "object": match meta.endpoint { Endpoint::Chat => "chat.completion", Endpoint::Completion => "text_completion" },
+                    "created": meta.created,
+                    "model": meta.model,
+                    "choices": [choice],
+                    "usage": usage,
+                });
+                return Ok(respond::json(StatusCode::OK, &body));
+            }
+            None => return Err(engine_gone()),
+        }
+    }
+}
+
+enum Phase {
+    Tokens,
+    /// The finish chunk, after any text held back.
+    Finish(Bytes),
+    Done,
+    Ended,
+}
+
+/// Streams engine outputs as OpenAI SSE chunks, one event per token as it is generated.
+struct SseBody {
+    outputs: mpsc::UnboundedReceiver<Output>,
+    meta: ResponseMeta,
+    text: TextStream,
+    sent_role: bool,
+    phase: Phase,
+    _in_flight: InFlight,
+}
+
+impl http_body::Body for SseBody {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        let this = self.get_mut();
+        let bytes = loop {
+            match std::mem::replace(&mut this.phase, Phase::Ended) {
+                Phase::Ended => return Poll::Ready(None),
+                Phase::Done => break Bytes::from_static(api::SSE_DONE),
+                Phase::Finish(chunk) => {
+                    this.phase = Phase::Done;
+                    break chunk;
+                }
+                Phase::Tokens => match this.outputs.poll_recv(cx) {
+                    Poll::Pending => {
+                        this.phase = Phase::Tokens;
+                        return Poll::Pending;
+                    }
+                    Poll::Ready(Some(Output::Token(token))) => {
+                        this.phase = Phase::Tokens;
+                        let piece = this.text.push(token);
+                        if piece.is_empty() {
+                            // Part of a character: wait for the rest.
+                            continue;
+                        }
+                        let role = !this.sent_role;
+                        this.sent_role = true;
+                        break this.meta.chunk(Some(&piece), role, None, None);
+                    }
+                    Poll::Ready(Some(Output::Finished {
+                        reason,
+                        prompt_tokens,
+                        completion_tokens,
+                        cached_tokens,
+                    })) => {
+                        let usage = usage_json(prompt_tokens, completion_tokens, cached_tokens);
+                        let finish = this.meta.chunk(None, false, Some(reason.as_str()), Some(usage));
+                        let rest = this.text.flush();
+                        if rest.is_empty() {
+                            this.phase = Phase::Done;
+                            break finish;
+                        }
+                        this.phase = Phase::Finish(finish);
+                        let role = !this.sent_role;
+                        this.sent_role = true;
+                        break this.meta.chunk(Some(&rest), role, None, None);
+                    }
+                    Poll::Ready(Some(Output::Failed(reason))) => break engine_failed(reason).to_sse_event(),
+                    Poll::Ready(None) => break engine_gone().to_sse_event(),
+                },
+            }
+        };
+        Poll::Ready(Some(Ok(Frame::data(bytes))))
+    }
+}
+
+fn metrics(state: &State) -> Response<Body> {
+    use prometheus_client::encoding::text::encode;
+    use prometheus_client::metrics::counter::Counter;
+    use prometheus_client::metrics::gauge::Gauge;
+    use prometheus_client::registry::Registry;
+
+    let stats = state.engine.stats();
+    let mut registry = Registry::with_prefix(state.config.metrics_prefix.as_str());
+    let gauges: [(&str, &str, &AtomicU64); 7] = [
+        ("waiting_requests", "Requests waiting for admission", &stats.waiting),
+        ("running_requests", "Requests running", &stats.running),
+        (
+            "kv_active_blocks",
+            "KV blocks referenced by running requests",
+            &stats.active_blocks,
+        ),
+        ("kv_total_blocks", "KV blocks in the cache", &stats.total_blocks),
+        (
+            "batch_sequences",
+            "Sequences in the last engine step",
+            &stats.last_batch_sequences,
+        ),
+        (
+            "batch_tokens",
+            "Tokens computed in the last engine step",
+            &stats.last_batch_tokens,
+        ),
+        ("http_in_flight_requests", "Requests being answered", &state.in_flight),
+    ];
+    for (name, help, value) in gauges {
+        let gauge = Gauge::<i64>::default();
+        gauge.set(value.load(Ordering::Relaxed) as i64);
+        registry.register(name, help, gauge);
+    }
+    let generated = stats.generated_tokens.load(Ordering::Relaxed);
+    let tokens_per_second = match state.last_scrape.lock() {
+        Ok(mut last) => {
+            let now = Instant::now();
+            let seconds = now.duration_since(last.0).as_secs_f64();
+            let rate = if seconds > 0.0 {
+                generated.saturating_sub(last.1) as f64 / seconds
+            } else {
+                0.0
+            };
+            *last = (now, generated);
+            rate
+        }
+        Err(_) => 0.0,
+    };
+    let steps = stats.steps.load(Ordering::Relaxed);
+    let mean_batch = if steps == 0 {
+        0.0
+    } else {
+        stats.batched_sequences.load(Ordering::Relaxed) as f64 / steps as f64
+    };
+    let ratios: [(&str, &str, f64); 4] = [
+        (
+            "kv_usage_ratio",
+            "Fraction of the KV cache referenced by running requests",
+            stats.kv_usage(),
+        ),
+        (
+            "prefix_cache_hit_ratio",
+            "Fraction of admitted prompt tokens served from the prefix cache",
+            stats.prefix_hit_rate(),
+        ),
+        (
+            "generated_tokens_per_second",
+            "Tokens generated per second since the previous scrape",
+            tokens_per_second,
+        ),
+        (
+            "mean_batch_sequences",
+            "Mean sequences per engine step since start",
+            mean_batch,
+        ),
+    ];
+    for (name, help, value) in ratios {
+        let gauge = Gauge::<f64, AtomicU64>::default();
+        gauge.set(value);
+        registry.register(name, help, gauge);
+    }
+    let counters: [(&str, &str, &AtomicU64); 7] = [
+        ("requests", "Requests accepted", &stats.requests),
+        ("prompt_tokens", "Prompt tokens admitted", &stats.prompt_tokens),
+        (
+            "cached_prompt_tokens",
+            "Prompt tokens served from the prefix cache",
+            &stats.cached_prompt_tokens,
+        ),
+        ("generated_tokens", "Tokens generated", &stats.generated_tokens),
+        (
+            "computed_tokens",
+            "Tokens computed, prefill and decode",
+            &stats.computed_tokens,
+        ),
+        (
+            "preemptions",
+            "Sequences preempted for lack of KV blocks",
+            &stats.preemptions,
+        ),
+        ("steps", "Engine steps run", &stats.steps),
+    ];
+    for (name, help, value) in counters {
+        let counter = Counter::<u64>::default();
+        counter.inc_by(value.load(Ordering::Relaxed));
+        registry.register(name, help, counter);
+    }
+    let busy = Counter::<f64, AtomicU64>::default();
+    busy.inc_by(stats.busy_nanos.load(Ordering::Relaxed) as f64 / 1e9);
+    registry.register("busy_seconds", "Seconds spent computing engine steps", busy);
+    let mut text = String::new();
+    if let Err(err) = encode(&mut text, &registry) {
+        return respond::error(&ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "server_error",
+            "metrics_failed",
+            format!("could not encode metrics: {err}"),
+        ));
+    }
+    respond::text(StatusCode::OK, "text/plain; version=0.0.4; charset=utf-8", text)
+}
