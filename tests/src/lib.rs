@@ -163,6 +163,40 @@ impl Mockers {
     }
 }
 
+/// `switchyard-worker`: the native LLM worker.
+#[derive(Debug)]
+pub struct NativeWorker {
+    /// The process.
+    pub process: Process,
+    /// The address it listens on.
+    pub addr: SocketAddr,
+}
+
+impl NativeWorker {
+    /// Starts `switchyard-worker` with `args` (e.g. `--model DIR --port 0`).
+    ///
+    /// # Errors
+    ///
+    /// Fails if it cannot start, load its model, or report its port.
+    pub fn start(args: &[&str]) -> anyhow::Result<NativeWorker> {
+        let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+        let (process, lines) = Process::start(
+            &binary("switchyard-worker")?,
+            &args,
+            |line| line.starts_with("worker ready"),
+            Duration::from_secs(60),
+        )?;
+        let addr = lines
+            .iter()
+            .find_map(|line| line.split("listening on http://").nth(1))
+            .context("the worker printed no address")?
+            .trim()
+            .parse()
+            .context("the worker printed a bad address")?;
+        Ok(NativeWorker { process, addr })
+    }
+}
+
 /// A real `nats-server` on a free loopback port, killed on drop.
 #[derive(Debug)]
 pub struct NatsServer {
