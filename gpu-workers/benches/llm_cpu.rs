@@ -1,10 +1,13 @@
 //! CPU throughput of the native LLM's forward pass against the memory-bandwidth roofline.
 //!
-//! `cargo bench -p switchyard-workers --bench llm_cpu` prints, for the tiny fixture model and
-//! a larger random-weight Llama written to a temporary directory as real safetensors:
-//! prefill tokens/s (one sequence, one chunk) and decode tokens/s at batch 1, 8 and 32 (each
-//! sequence with a 128-token context). The anchor is a STREAM-like copy in the same run: a decode
-//! step must read every weight once (the embedding table only one row per token), so
+//! `cargo bench -p switchyard-workers --bench llm_cpu` prints, for the tiny fixture model, a
+//! larger random-weight Llama written to a temporary directory as real safetensors, and (when
+//! `SWITCHYARD_SMOLLM2_GGUF` names it; see `scripts/fetch-smollm2.sh`) the real SmolLM2-135M:
+//! prefill tokens/s (one sequence, one chunk), decode tokens/s at batch 1, 8 and 32 (each
+//! sequence with a 128-token context), and the same model behind the engine (32 requests at
+//! once through the scheduler: continuous batching, sampling, token streams). The anchor is a
+//! STREAM-like copy in the same run: a decode step must read every weight once (weights are
+//! widened to f32 at load; the embedding table is read one row per token), so
 //! `bandwidth / bytes read` steps per second is the memory roofline, and batch B can at best
 //! make B tokens per such step. Figures are printed, never asserted.
 
@@ -12,7 +15,8 @@ use std::hint::black_box;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use switchyard_workers::llm::{Chunk, Logits, Model, PagedKv, SequenceKv};
+use switchyard_workers::engine::{EngineConfig, Output, SamplingParams};
+use switchyard_workers::llm::{Chunk, Logits, Model, ModelConfig, PagedKv, SequenceKv, spawn_cpu_engine};
 
 /// Bytes per second of a plain copy of a buffer much larger than the caches (read + write).
 fn copy_bandwidth() -> f64 {
@@ -112,6 +116,20 @@ fn weight_bytes(dir: &Path) -> u64 {
     std::fs::metadata(dir.join("model.safetensors")).map_or(0, |m| m.len())
 }
 
+/// Bytes of f32 weights one decode step reads: every layer, the final norm and the LM head
+/// (the embedding table itself when tied; only a row per token of an untied one).
+fn decode_bytes(c: &ModelConfig) -> f64 {
+    let (h, q, kv, i) = (
+        c.hidden_size,
+        c.num_heads * c.head_dim,
+        c.num_kv_heads * c.head_dim,
+        c.intermediate_size,
+    );
+    let bias = if c.attention_bias { q + 2 * kv } else { 0 };
+    let layer = 2 * h + q * h + 2 * kv * h + h * q + 3 * i * h + bias;
+    (4 * (c.num_layers * layer + h + c.vocab_size * h)) as f64
+}
+
 /// Runs `f` until `budget` has passed (at least once); returns runs per second.
 fn rate(budget: Duration, mut f: impl FnMut()) -> f64 {
     let start = Instant::now();
@@ -123,17 +141,9 @@ fn rate(budget: Duration, mut f: impl FnMut()) -> f64 {
     f64::from(runs) / start.elapsed().as_secs_f64()
 }
 
-fn measure(label: &str, dir: &Path, prefill_tokens: usize, bandwidth: f64) {
-    let model = Model::load(dir).expect("model loads");
-    let config = model.config();
-    // A decode step reads every weight except the embedding table, of which it reads one row
-    // per token (unless the table doubles as the LM head). These models are f32.
-    let embedding = if config.tie_word_embeddings {
-        0.0
-    } else {
-        (config.vocab_size * config.hidden_size * 4) as f64
-    };
-    let bytes = weight_bytes(dir) as f64 - embedding;
+fn measure(label: &str, path: &Path, prefill_tokens: usize, bandwidth: f64) {
+    let model = Model::load(path).expect("model loads");
+    let bytes = decode_bytes(model.config());
     let vocab = model.config().vocab_size as u32;
     let tokens: Vec<u32> = (0..prefill_tokens as u32).map(|i| (i * 7 + 3) % vocab).collect();
     let block = 16;
@@ -208,6 +218,67 @@ fn measure(label: &str, dir: &Path, prefill_tokens: usize, bandwidth: f64) {
             100.0 * tokens_per_s / roofline
         );
     }
+    engine(label, model, &tokens[..context], roofline_steps);
+}
+
+/// 32 requests of a 128-token prompt and 64 generated tokens each, all submitted at once to
+/// the engine; prints generated tokens per second of wall time (prefill included).
+fn engine(label: &str, model: Model, prompt: &[u32], roofline_steps: f64) {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let requests = 32;
+    let generate = 64;
+    let engine = spawn_cpu_engine(
+        model,
+        EngineConfig {
+            block_size: 16,
+            num_gpu_blocks: requests * (prompt.len() + generate).div_ceil(16) + 64,
+            max_num_batched_tokens: 2048,
+            max_num_seqs: requests,
+            ..EngineConfig::default()
+        },
+    )
+    .expect("engine");
+    let start = Instant::now();
+    let generated = runtime.block_on(async {
+        let receivers: Vec<_> = (0..requests)
+            .map(|r| {
+                // Distinct prompts: no prefix-cache hits between them.
+                let mut prompt = prompt.to_vec();
+                prompt[0] = r as u32;
+                engine
+                    .submit(
+                        prompt,
+                        SamplingParams {
+                            temperature: 0.0,
+                            max_tokens: generate,
+                            ..SamplingParams::default()
+                        },
+                    )
+                    .expect("accepted")
+            })
+            .collect();
+        let mut generated = 0usize;
+        for mut receiver in receivers {
+            while let Some(output) = receiver.recv().await {
+                match output {
+                    Output::Token(_) => generated += 1,
+                    Output::Finished { .. } => break,
+                    Output::Failed(reason) => panic!("{reason}"),
+                }
+            }
+        }
+        generated
+    });
+    let tokens_per_s = generated as f64 / start.elapsed().as_secs_f64();
+    let roofline = roofline_steps * requests as f64;
+    println!(
+        "| {label} | engine, {requests} requests × {} prompt + {generate} generated | {tokens_per_s:.0} tok/s | {roofline:.0} tok/s (decode, batch {requests}) | {:.1} % |",
+        prompt.len(),
+        100.0 * tokens_per_s / roofline
+    );
 }
 
 fn main() {
@@ -242,4 +313,14 @@ fn main() {
         512,
         bandwidth,
     );
+    if let Some(gguf) = std::env::var_os("SWITCHYARD_SMOLLM2_GGUF") {
+        measure(
+            "SmolLM2-135M (Q4_1 GGUF, widened to f32)",
+            Path::new(&gguf),
+            512,
+            bandwidth,
+        );
+    } else {
+        println!("\n(SmolLM2-135M skipped: set SWITCHYARD_SMOLLM2_GGUF=$(scripts/fetch-smollm2.sh) to include it)");
+    }
 }

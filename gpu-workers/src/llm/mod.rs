@@ -1,7 +1,7 @@
 //! The native LLM: a Llama/Qwen2-family decoder loaded from a Hugging Face directory.
 //!
 //! This module owns loading ([`config`]: `config.json`; [`weights`]: memory-mapped
-//! `*.safetensors`; `tokenizer.json` through [`crate::tokenize`]) and the CPU forward pass
+//! `*.safetensors`; `tokenizer.json` through [`crate::tokenize`]; or one GGUF file, [`gguf`]) and the CPU forward pass
 //! ([`model`]): a batched step over chunks of several sequences whose keys and values live in a
 //! paged cache ([`PagedKv`], block tables in [`SequenceKv`]), so chunked prefill, decoding and
 //! shared (cached) prefix blocks all take the same path. [`engine`] puts the model behind the
@@ -13,6 +13,7 @@ use std::path::PathBuf;
 
 pub mod config;
 pub mod engine;
+pub mod gguf;
 pub mod model;
 pub mod weights;
 

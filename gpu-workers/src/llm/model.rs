@@ -14,7 +14,8 @@ use std::path::Path;
 
 use super::LoadError;
 use super::config::ModelConfig;
-use super::weights::Weights;
+use super::gguf::GgufFile;
+use super::weights::{TensorSource, Weights};
 
 /// One decoder layer's weights, row-major `[out, in]` as stored by transformers.
 #[derive(Debug)]
@@ -40,7 +41,13 @@ struct Linear {
 }
 
 impl Linear {
-    fn load(weights: &Weights, prefix: &str, output: usize, input: usize, bias: bool) -> Result<Linear, LoadError> {
+    fn load(
+        weights: &dyn TensorSource,
+        prefix: &str,
+        output: usize,
+        input: usize,
+        bias: bool,
+    ) -> Result<Linear, LoadError> {
         Ok(Linear {
             weight: weights.f32(&format!("{prefix}.weight"), &[output, input])?,
             bias: if bias {
@@ -202,21 +209,30 @@ pub struct Model {
 }
 
 impl Model {
-    /// Loads `config.json`, `tokenizer.json` (checked to load) and the weights from `dir`.
+    /// Loads a model: a Hugging Face directory (`config.json`, `*.safetensors`, and a
+    /// `tokenizer.json` that is checked to load) or a single `.gguf` file.
     ///
     /// # Errors
     ///
     /// A [`LoadError`] naming the missing or inconsistent file, key or tensor.
-    pub fn load(dir: &Path) -> Result<Model, LoadError> {
-        Model::load_with_tokenizer(dir).map(|(model, _)| model)
+    pub fn load(path: &Path) -> Result<Model, LoadError> {
+        Model::load_with_tokenizer(path).map(|(model, _)| model)
     }
 
-    /// Loads the model as [`Model::load`] does, and returns its tokenizer too.
+    /// Loads the model as [`Model::load`] does, and returns its tokenizer too (a GGUF file's
+    /// embedded one, rebuilt).
     ///
     /// # Errors
     ///
     /// A [`LoadError`] naming the missing or inconsistent file, key or tensor.
-    pub fn load_with_tokenizer(dir: &Path) -> Result<(Model, crate::tokenize::Tokenizer), LoadError> {
+    pub fn load_with_tokenizer(path: &Path) -> Result<(Model, crate::tokenize::Tokenizer), LoadError> {
+        if path.is_file() && path.extension().is_some_and(|ext| ext == "gguf") {
+            let file = GgufFile::open(path)?;
+            let config = file.model_config()?;
+            let tokenizer = file.tokenizer()?;
+            return Ok((Model::from_weights(config, &file)?, tokenizer));
+        }
+        let dir = path;
         let config = ModelConfig::from_file(&dir.join("config.json"))?;
         let tokenizer = dir.join("tokenizer.json");
         if !tokenizer.is_file() {
@@ -238,7 +254,7 @@ impl Model {
     /// # Errors
     ///
     /// [`LoadError::Weights`] for a missing or misshapen tensor.
-    pub fn from_weights(config: ModelConfig, weights: &Weights) -> Result<Model, LoadError> {
+    pub fn from_weights(config: ModelConfig, weights: &dyn TensorSource) -> Result<Model, LoadError> {
         let c = &config;
         let (h, q_dim, kv_dim) = (c.hidden_size, c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim);
         let embed = weights.f32("model.embed_tokens.weight", &[c.vocab_size, h])?;

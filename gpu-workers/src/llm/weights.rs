@@ -14,6 +14,30 @@ use safetensors::{Dtype, SafeTensors};
 
 use super::LoadError;
 
+/// Where a model's tensors come from, by their Hugging Face names.
+pub trait TensorSource {
+    /// Whether a tensor of that name exists.
+    fn contains(&self, name: &str) -> bool;
+
+    /// The tensor `name` widened to f32, checked to have `shape` (row-major, as in PyTorch).
+    ///
+    /// # Errors
+    ///
+    /// [`LoadError::Weights`] naming the tensor when it is absent, has another shape, or is
+    /// stored in a type the source cannot widen.
+    fn f32(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>, LoadError>;
+}
+
+impl TensorSource for Weights {
+    fn contains(&self, name: &str) -> bool {
+        Weights::contains(self, name)
+    }
+
+    fn f32(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>, LoadError> {
+        Weights::f32(self, name, shape)
+    }
+}
+
 /// One mapped weight file.
 struct WeightFile {
     path: PathBuf,

