@@ -149,3 +149,18 @@ fn a_missing_model_is_named() {
     assert!(!output.status.success());
     assert!(String::from_utf8_lossy(&output.stderr).contains("use `cpu` or `cuda:N`"));
 }
+
+#[cfg(not(feature = "cuda"))]
+#[test]
+fn a_gpu_without_the_cuda_build_is_refused_with_the_fix() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tiny-llama");
+    let output = Command::new(env!("CARGO_BIN_EXE_switchyard-worker"))
+        .arg("--model")
+        .arg(&dir)
+        .args(["--device", "cuda:0", "--port", "0"])
+        .output()
+        .expect("runs");
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("--features cuda"), "{stderr}");
+}

@@ -148,8 +148,12 @@ async fn run() -> anyhow::Result<()> {
         "--max-num-batched-tokens must be at least 1"
     );
     anyhow::ensure!(args.max_num_seqs > 0, "--max-num-seqs must be at least 1");
+    #[cfg(not(feature = "cuda"))]
     if let Device::Cuda(ordinal) = args.device {
-        anyhow::bail!("--device cuda:{ordinal}: this worker has no CUDA backend yet; run with --device cpu");
+        anyhow::bail!(
+            "--device cuda:{ordinal}: this build has no CUDA backend; rebuild with \
+             `cargo build -p switchyard-workers --features cuda`, or run with --device cpu"
+        );
     }
     if let Some(threads) = args.threads {
         anyhow::ensure!(threads > 0, "--threads must be at least 1");
@@ -193,19 +197,23 @@ async fn run() -> anyhow::Result<()> {
         kv_cache_mib = (num_blocks * block_bytes) >> 20,
         "model loaded"
     );
-    let engine = llm::spawn_cpu_engine(
-        model,
-        EngineConfig {
-            block_size: args.block_size,
-            num_gpu_blocks: num_blocks,
-            max_num_batched_tokens: args.max_num_batched_tokens,
-            max_num_seqs: args.max_num_seqs,
-            enable_chunked_prefill: !args.no_chunked_prefill,
-            enable_prefix_caching: !args.no_prefix_caching,
-            speedup: 1.0,
-        },
-    )
-    .context("cannot start the engine thread")?;
+    let engine_config = EngineConfig {
+        block_size: args.block_size,
+        num_gpu_blocks: num_blocks,
+        max_num_batched_tokens: args.max_num_batched_tokens,
+        max_num_seqs: args.max_num_seqs,
+        enable_chunked_prefill: !args.no_chunked_prefill,
+        enable_prefix_caching: !args.no_prefix_caching,
+        speedup: 1.0,
+    };
+    let engine = match args.device {
+        Device::Cpu => llm::spawn_cpu_engine(model, engine_config).context("cannot start the engine thread")?,
+        #[cfg(feature = "cuda")]
+        Device::Cuda(ordinal) => llm::cuda::spawn_cuda_engine(&model, ordinal, engine_config)
+            .with_context(|| format!("--device cuda:{ordinal}"))?,
+        #[cfg(not(feature = "cuda"))]
+        Device::Cuda(_) => unreachable!("refused above"),
+    };
     let defaults = ChatTemplate::default();
     let encoder = PromptEncoder {
         tokenizer,

@@ -110,6 +110,12 @@ impl Sampler {
         &self.params
     }
 
+    /// Whether this sampler always takes the most likely token (temperature 0 or top-k 1), so
+    /// a backend may pick it without handing over the logits.
+    pub fn is_greedy(&self) -> bool {
+        self.params.temperature == 0.0 || self.params.top_k == 1
+    }
+
     /// The next token from `logits` (`[vocab]`). NaN logits are never chosen.
     ///
     /// # Errors
@@ -117,8 +123,7 @@ impl Sampler {
     /// [`SamplingError::NoFiniteLogit`] when no logit is a finite number.
     pub fn sample(&mut self, logits: &[f32]) -> Result<u32, SamplingError> {
         let finite = logits.iter().enumerate().filter(|(_, v)| v.is_finite());
-        let greedy = self.params.temperature == 0.0 || self.params.top_k == 1;
-        if greedy {
+        if self.is_greedy() {
             // The first of equal maxima, as argmax does.
             let mut best: Option<(usize, f32)> = None;
             for (i, &v) in finite {

@@ -12,6 +12,8 @@
 use std::path::PathBuf;
 
 pub mod config;
+#[cfg(feature = "cuda")]
+pub mod cuda;
 pub mod engine;
 pub mod gguf;
 pub mod model;

@@ -19,23 +19,23 @@ use super::weights::{TensorSource, Weights};
 
 /// One decoder layer's weights, row-major `[out, in]` as stored by transformers.
 #[derive(Debug)]
-struct Layer {
-    input_norm: Vec<f32>,
-    q: Linear,
-    k: Linear,
-    v: Linear,
-    o: Linear,
-    post_attention_norm: Vec<f32>,
-    gate: Linear,
-    up: Linear,
-    down: Linear,
+pub(crate) struct Layer {
+    pub(crate) input_norm: Vec<f32>,
+    pub(crate) q: Linear,
+    pub(crate) k: Linear,
+    pub(crate) v: Linear,
+    pub(crate) o: Linear,
+    pub(crate) post_attention_norm: Vec<f32>,
+    pub(crate) gate: Linear,
+    pub(crate) up: Linear,
+    pub(crate) down: Linear,
 }
 
 /// A linear map `y = x·Wᵀ + b` with `W` of shape `[out, in]`.
 #[derive(Debug)]
-struct Linear {
-    weight: Vec<f32>,
-    bias: Option<Vec<f32>>,
+pub(crate) struct Linear {
+    pub(crate) weight: Vec<f32>,
+    pub(crate) bias: Option<Vec<f32>>,
     input: usize,
     output: usize,
 }
@@ -297,6 +297,36 @@ impl Model {
     /// The model's hyper-parameters.
     pub fn config(&self) -> &ModelConfig {
         &self.config
+    }
+
+    /// The embedding table, `[vocab, hidden]`.
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    pub(crate) fn embedding(&self) -> &[f32] {
+        &self.embed
+    }
+
+    /// The decoder layers (for other backends to copy).
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    pub(crate) fn layers(&self) -> &[Layer] {
+        &self.layers
+    }
+
+    /// The final norm's weight.
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    pub(crate) fn final_norm(&self) -> &[f32] {
+        &self.norm
+    }
+
+    /// The LM head, `[vocab, hidden]` (the embedding table when tied).
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    pub(crate) fn lm_head(&self) -> &[f32] {
+        self.lm_head.as_deref().unwrap_or(&self.embed)
+    }
+
+    /// The rotary inverse frequencies of one head, after scaling.
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    pub(crate) fn inv_freq(&self) -> &[f32] {
+        &self.inv_freq
     }
 
     /// Runs the whole prompt through the model (positions 0..n, causal attention) and returns

@@ -1,0 +1,224 @@
+// Kernels of the native LLM's CUDA backend, compiled at run time by NVRTC (no CUDA headers
+// needed). Everything is f32 and row-major, laid out exactly as the CPU backend lays it out, so
+// the two can be compared value by value. Launch shapes are set by `cuda.rs`.
+
+#define WARP 32
+// No CUDA headers under NVRTC, so no INFINITY macro.
+#define NEG_INF __int_as_float(0xff800000)
+
+__device__ __forceinline__ float warp_sum(float v) {
+    for (int o = WARP / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+    for (int o = WARP / 2; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+// Block-wide sum; `scratch` holds one float per warp. Every thread gets the result.
+__device__ float block_sum(float v, float* scratch) {
+    const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP, warps = (blockDim.x + WARP - 1) / WARP;
+    v = warp_sum(v);
+    __syncthreads();
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    float total = 0.0f;
+    for (int w = 0; w < warps; ++w) total += scratch[w];
+    return total;
+}
+
+__device__ float block_max(float v, float* scratch) {
+    const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP, warps = (blockDim.x + WARP - 1) / WARP;
+    v = warp_max(v);
+    __syncthreads();
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    float best = NEG_INF;
+    for (int w = 0; w < warps; ++w) best = fmaxf(best, scratch[w]);
+    return best;
+}
+
+// out[r] = table[ids[r]]; one block per row.
+extern "C" __global__ void embed(const unsigned int* ids, const float* table, float* out, int width) {
+    const size_t row = blockIdx.x;
+    const float* src = table + (size_t)ids[row] * width;
+    for (int i = threadIdx.x; i < width; i += blockDim.x) out[row * width + i] = src[i];
+}
+
+// out[r] = in[rows[r]]; one block per gathered row.
+extern "C" __global__ void gather_rows(const float* in, const int* rows, float* out, int width) {
+    const size_t r = blockIdx.x;
+    const float* src = in + (size_t)rows[r] * width;
+    for (int i = threadIdx.x; i < width; i += blockDim.x) out[r * width + i] = src[i];
+}
+
+// out = x / sqrt(mean(x²) + eps) · weight, row by row; one block per row.
+extern "C" __global__ void rms_norm(const float* x, const float* weight, float* out, int width, float eps) {
+    __shared__ float scratch[32];
+    const size_t row = blockIdx.x;
+    const float* in = x + row * width;
+    float sum = 0.0f;
+    for (int i = threadIdx.x; i < width; i += blockDim.x) sum += in[i] * in[i];
+    sum = block_sum(sum, scratch);
+    const float inverse = 1.0f / sqrtf(sum / (float)width + eps);
+    for (int i = threadIdx.x; i < width; i += blockDim.x) out[row * width + i] = in[i] * inverse * weight[i];
+}
+
+// x[r] += bias, for every row; one block per row.
+extern "C" __global__ void add_bias(float* x, const float* bias, int width) {
+    const size_t row = blockIdx.x;
+    for (int i = threadIdx.x; i < width; i += blockDim.x) x[row * width + i] += bias[i];
+}
+
+// Rotates the query and key heads of each row of `qkv` ([rows, q | k | v]) by the row's
+// position (rotate-half layout: pairs (i, i + d/2)), rotates the queries in place, and writes
+// the rotated keys and the values into the caches at the row's slot. One block per row.
+extern "C" __global__ void rope_and_store(float* qkv, const int* positions, const int* slots, const float* inv_freq,
+                                          float* key_cache, float* value_cache, int num_heads, int num_kv_heads,
+                                          int head_dim) {
+    const size_t row = blockIdx.x;
+    const int half = head_dim / 2;
+    const int q_width = num_heads * head_dim, kv_width = num_kv_heads * head_dim;
+    float* q = qkv + row * (size_t)(q_width + 2 * kv_width);
+    const float* k = q + q_width;
+    const float* v = k + kv_width;
+    const float position = (float)positions[row];
+    float* key = key_cache + (size_t)slots[row] * kv_width;
+    float* value = value_cache + (size_t)slots[row] * kv_width;
+    for (int pair = threadIdx.x; pair < (num_heads + num_kv_heads) * half; pair += blockDim.x) {
+        const int head = pair / half, i = pair % half;
+        float s, c;
+        sincosf(position * inv_freq[i], &s, &c);
+        if (head < num_heads) {
+            float* h = q + head * head_dim;
+            const float a = h[i], b = h[i + half];
+            h[i] = a * c - b * s;
+            h[i + half] = b * c + a * s;
+        } else {
+            const int kv = head - num_heads;
+            const float* h = k + kv * head_dim;
+            const float a = h[i], b = h[i + half];
+            key[kv * head_dim + i] = a * c - b * s;
+            key[kv * head_dim + i + half] = b * c + a * s;
+        }
+    }
+    for (int i = threadIdx.x; i < kv_width; i += blockDim.x) value[i] = v[i];
+}
+
+#define TILE 512
+
+// Causal attention of one query row and one head over its sequence's paged keys and values
+// (positions 0..=positions[row]), with a running (online) softmax over tiles of positions.
+// Grid (rows, num_heads); 128 threads; head_dim ≤ 512.
+extern "C" __global__ void paged_attention(const float* qkv, const float* key_cache, const float* value_cache,
+                                           const int* block_tables, const int* row_sequence, const int* positions,
+                                           float* out, int max_blocks, int block_size, int num_heads,
+                                           int num_kv_heads, int head_dim, float scale) {
+    __shared__ float scores[TILE];
+    __shared__ int tile_slots[TILE];
+    __shared__ float query[512];
+    __shared__ float scratch[32];
+    const size_t row = blockIdx.x;
+    const int head = blockIdx.y;
+    const int kv_head = head / (num_heads / num_kv_heads);
+    const int q_width = num_heads * head_dim, kv_width = num_kv_heads * head_dim;
+    const int context = positions[row] + 1;
+    const int* table = block_tables + (size_t)row_sequence[row] * max_blocks;
+    const float* q = qkv + row * (size_t)(q_width + 2 * kv_width) + head * head_dim;
+    for (int d = threadIdx.x; d < head_dim; d += blockDim.x) query[d] = q[d];
+    __syncthreads();
+    const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP, warps = blockDim.x / WARP;
+    float running_max = NEG_INF, running_sum = 0.0f;
+    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    for (int start = 0; start < context; start += TILE) {
+        const int n = min(TILE, context - start);
+        for (int t = threadIdx.x; t < n; t += blockDim.x) {
+            const int pos = start + t;
+            tile_slots[t] = table[pos / block_size] * block_size + pos % block_size;
+        }
+        __syncthreads();
+        for (int t = warp; t < n; t += warps) {
+            const float* key = key_cache + (size_t)tile_slots[t] * kv_width + kv_head * head_dim;
+            float dot = 0.0f;
+            for (int d = lane; d < head_dim; d += WARP) dot += query[d] * key[d];
+            dot = warp_sum(dot);
+            if (lane == 0) scores[t] = dot * scale;
+        }
+        __syncthreads();
+        float tile_max = NEG_INF;
+        for (int t = threadIdx.x; t < n; t += blockDim.x) tile_max = fmaxf(tile_max, scores[t]);
+        tile_max = block_max(tile_max, scratch);
+        const float new_max = fmaxf(running_max, tile_max);
+        const float correction = expf(running_max - new_max);
+        __syncthreads();
+        float tile_sum = 0.0f;
+        for (int t = threadIdx.x; t < n; t += blockDim.x) {
+            const float p = expf(scores[t] - new_max);
+            scores[t] = p;
+            tile_sum += p;
+        }
+        tile_sum = block_sum(tile_sum, scratch);
+        running_sum = running_sum * correction + tile_sum;
+        for (int j = 0; j < 4; ++j) {
+            const int d = threadIdx.x + j * blockDim.x;
+            if (d < head_dim) {
+                float a = acc[j] * correction;
+                for (int t = 0; t < n; ++t) a += scores[t] * value_cache[(size_t)tile_slots[t] * kv_width + kv_head * head_dim + d];
+                acc[j] = a;
+            }
+        }
+        running_max = new_max;
+        __syncthreads();
+    }
+    float* o = out + row * (size_t)q_width + head * head_dim;
+    for (int j = 0; j < 4; ++j) {
+        const int d = threadIdx.x + j * blockDim.x;
+        if (d < head_dim) o[d] = acc[j] / running_sum;
+    }
+}
+
+// out[r, i] = silu(gate_up[r, i]) · gate_up[r, width + i]; one block per row.
+extern "C" __global__ void silu_mul(const float* gate_up, float* out, int width) {
+    const size_t row = blockIdx.x;
+    const float* g = gate_up + row * 2 * (size_t)width;
+    const float* u = g + width;
+    for (int i = threadIdx.x; i < width; i += blockDim.x) {
+        const float x = g[i];
+        out[row * width + i] = x / (1.0f + expf(-x)) * u[i];
+    }
+}
+
+// The index of each row's largest finite logit, the first of equals (greedy sampling).
+// One block of 256 threads per row; out[row] = vocab when no logit is finite.
+extern "C" __global__ void argmax(const float* logits, int vocab, unsigned int* out) {
+    __shared__ float best_value[256];
+    __shared__ int best_index[256];
+    const float* row = logits + (size_t)blockIdx.x * vocab;
+    float value = NEG_INF;
+    int index = vocab;
+    for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
+        const float v = row[i];
+        if (isfinite(v) && (v > value || index == vocab)) {
+            value = v;
+            index = i;
+        }
+    }
+    best_value[threadIdx.x] = value;
+    best_index[threadIdx.x] = index;
+    __syncthreads();
+    for (int stride = blockDim.x / 2; stride > 0; stride >>= 1) {
+        if (threadIdx.x < stride) {
+            const float v = best_value[threadIdx.x + stride];
+            const int i = best_index[threadIdx.x + stride];
+            const bool better = i != vocab && (best_index[threadIdx.x] == vocab || v > best_value[threadIdx.x] ||
+                                               (v == best_value[threadIdx.x] && i < best_index[threadIdx.x]));
+            if (better) {
+                best_value[threadIdx.x] = v;
+                best_index[threadIdx.x] = i;
+            }
+        }
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) out[blockIdx.x] = (unsigned int)best_index[0];
+}
