@@ -201,6 +201,7 @@ impl Gateway {
             policy: switch,
             policy_runtime,
             kv,
+            kv_inbound: inbound.clone(),
             next_request: std::sync::atomic::AtomicU64::new(1_000),
         });
         let mut admin_addr = None;

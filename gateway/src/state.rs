@@ -25,6 +25,8 @@ pub struct AppState {
     pub policy_runtime: Arc<crate::policy::runtime::PolicyRuntime>,
     /// KV-aware routing state: prefix index, active sequences, prompt hashing.
     pub kv: Arc<crate::kv::KvState>,
+    /// Where KV events and registrations that arrive over the admin API go (the applier).
+    pub kv_inbound: tokio::sync::mpsc::UnboundedSender<crate::kv::sync::Inbound>,
     /// Numbers requests for policies.
     pub next_request: std::sync::atomic::AtomicU64,
 }

@@ -3,7 +3,7 @@
 //! The crate owns everything that runs behind the gateway: the OpenAI wire format both sides
 //! speak ([`api`], [`respond`]), the fallback tokenizer ([`tokenize`]), Dynamo-compatible KV
 //! block hashing ([`blocks`]), the KV event protocol ([`kv_events`]) and its NATS link
-//! ([`kv_link`]), the engine core every LLM worker shares ([`engine`]: scheduler, KV block
+//! ([`kv_link`]) or its HTTP link to one gateway ([`gateway_link`]), the engine core every LLM worker shares ([`engine`]: scheduler, KV block
 //! pool, sampling), the simulated engine ([`mocker`]) and the native transformer ([`llm`]).
 
 #![deny(missing_docs, missing_debug_implementations, unsafe_op_in_unsafe_fn)]
@@ -12,6 +12,7 @@
 pub mod api;
 pub mod blocks;
 pub mod engine;
+pub mod gateway_link;
 pub mod kv_events;
 pub mod kv_link;
 pub mod llm;

@@ -2,7 +2,8 @@
 //!
 //! This module owns the worker side of the worker API: `POST /v1/chat/completions` and
 //! `POST /v1/completions` (text or token-id prompts, sampling fields, SSE streaming or a whole
-//! answer), `GET /v1/models`, `GET /healthz` and `GET /metrics` (Prometheus text). It parses
+//! answer), `GET /v1/models`, `GET /healthz`, `GET /metrics` (Prometheus text) and, for workers
+//! linked to a gateway over HTTP, `GET /kv/dump` (the KV cache for a resync). It parses
 //! requests with [`crate::api`], tokenizes them with the worker's [`TextCodec`] (the mocker's
 //! byte-level prompts and made-up words, or a model's tokenizer), and turns the engine's
 //! outputs into OpenAI responses chunk by chunk as the engine produces them. A server counts
@@ -29,6 +30,7 @@ use tokio::task::JoinHandle;
 
 use crate::api::{self, ApiError, Endpoint, GenerateRequest, ModelList};
 use crate::engine::{EngineHandle, Output, SamplingParams, SubmitError};
+use crate::kv_events::EventLog;
 use crate::mocker::engine::token_text;
 use crate::respond::{self, Body};
 use crate::tokenize::{self, PromptEncoder, StreamDecoder};
@@ -61,6 +63,9 @@ pub struct ServerConfig {
     pub metrics_prefix: String,
     /// `owned_by` in the model list, and the prefix of response ids.
     pub owner: String,
+    /// The numbered KV event log a gateway resyncs from (`GET /kv/dump`), when the worker
+    /// publishes its events over HTTP.
+    pub kv_log: Option<Arc<Mutex<EventLog>>>,
 }
 
 impl Default for ServerConfig {
@@ -73,6 +78,7 @@ impl Default for ServerConfig {
             eos_token_ids: Vec::new(),
             metrics_prefix: "switchyard_mocker".into(),
             owner: "switchyard-mocker".into(),
+            kv_log: None,
         }
     }
 }
@@ -205,13 +211,39 @@ async fn handle(state: Arc<State>, request: Request<Incoming>) -> Response<Body>
         (Method::GET, "/healthz") if draining => Err(shutting_down()),
         (Method::GET, "/healthz") => Ok(respond::text(StatusCode::OK, "text/plain", "ok\n")),
         (Method::GET, "/metrics") => Ok(metrics(&state)),
+        (Method::GET, DUMP_PATH) => dump(&state),
         (_, api::CHAT_COMPLETIONS_PATH | api::COMPLETIONS_PATH) => {
             Err(respond::method_not_allowed(&method, &path, "POST"))
         }
-        (_, api::MODELS_PATH | "/healthz" | "/metrics") => Err(respond::method_not_allowed(&method, &path, "GET")),
+        (_, api::MODELS_PATH | "/healthz" | "/metrics" | DUMP_PATH) => {
+            Err(respond::method_not_allowed(&method, &path, "GET"))
+        }
         _ => Err(respond::not_found(&path)),
     };
     result.unwrap_or_else(|err| respond::error(&err))
+}
+
+/// Where a worker that publishes KV events over HTTP serves its whole cache for a resync.
+pub const DUMP_PATH: &str = "/kv/dump";
+
+fn dump(state: &State) -> Result<Response<Body>, ApiError> {
+    let Some(log) = &state.config.kv_log else {
+        return Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            "invalid_request_error",
+            "no_kv_log",
+            "this worker does not publish KV events over HTTP (it was not started with --gateway)",
+        ));
+    };
+    let dump = log.lock().map(|log| log.dump()).map_err(|_| {
+        ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "server_error",
+            "kv_log_poisoned",
+            "the KV event log is unusable",
+        )
+    })?;
+    Ok(respond::json(StatusCode::OK, &dump))
 }
 
 fn shutting_down() -> ApiError {

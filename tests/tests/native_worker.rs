@@ -1,7 +1,9 @@
 //! The native LLM worker behind the gateway, as the mocker would be: two `switchyard-worker`
-//! processes on the tiny Llama fixture register over a real `nats-server`, publish their KV
-//! events, and the gateway (tokenizing with the model's own `tokenizer.json`) routes a
-//! repeated prompt to the worker that cached it, where the prefix cache serves it.
+//! processes on the tiny Llama fixture register (over a real `nats-server`, or directly with
+//! the gateway's admin API), publish their KV events, and the gateway (tokenizing with the
+//! model's own `tokenizer.json`) routes a repeated prompt to the worker that cached it, where
+//! the prefix cache serves it. Over HTTP, a gap in a worker's events is healed from its
+//! `/kv/dump`, and a worker that stops leaves at once.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -45,89 +47,182 @@ fn chat(user: &str) -> serde_json::Value {
     })
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_gateway_routes_to_native_workers_by_their_kv_events() -> anyhow::Result<()> {
-    let model = fixture();
-    let model = model.to_str().context("the fixture path is not UTF-8")?;
-    let nats = NatsServer::start()?;
-    let config = format!(
-        "[server]\nplaintext = true\n[kv]\nnats_url = \"{}\"\n\
-         [[models]]\nname = \"tiny\"\nblock_size = 4\ntokenizer = \"{model}/tokenizer.json\"\n",
-        nats.url
-    );
-    let (gateway, admin) = Gateway::start_with_admin(&config, TOKEN)?;
-    let mut workers = Vec::new();
-    for name in ["alpha", "beta"] {
-        workers.push(NativeWorker::start(&[
-            "--model",
-            model,
-            "--served-model-name",
-            "tiny",
-            "--port",
-            "0",
-            "--block-size",
-            "4",
-            "--kv-cache-mib",
-            "8",
-            "--threads",
-            "1",
-            "--nats",
-            &nats.url,
-            "--name",
-            name,
-            "--heartbeat-ms",
-            "200",
-        ])?);
-    }
-    assert!(
-        eventually(Duration::from_secs(15), || async {
-            kv_summary(&admin)
-                .await
-                .is_ok_and(|s| s["workers"].as_array().is_some_and(|w| w.len() == 2))
-        })
-        .await,
-        "both workers registered: {}",
-        kv_summary(&admin).await?
-    );
+fn worker_args<'a>(model: &'a str, name: &'a str, link: &[&'a str]) -> Vec<&'a str> {
+    let mut args = vec![
+        "--model",
+        model,
+        "--served-model-name",
+        "tiny",
+        "--port",
+        "0",
+        "--block-size",
+        "4",
+        "--kv-cache-mib",
+        "8",
+        "--threads",
+        "1",
+        "--name",
+        name,
+        "--heartbeat-ms",
+        "200",
+    ];
+    args.extend_from_slice(link);
+    args
+}
 
-    let client = Client::plain(gateway.addr);
+fn gateway_config(model: &str, extra: &str) -> String {
+    format!(
+        "[server]\nplaintext = true\n{extra}\n\
+         [[models]]\nname = \"tiny\"\nblock_size = 4\ntokenizer = \"{model}/tokenizer.json\"\n"
+    )
+}
+
+async fn wait_for_workers(admin: &Admin, count: usize) -> anyhow::Result<()> {
+    let registered = eventually(Duration::from_secs(15), || async {
+        kv_summary(admin)
+            .await
+            .is_ok_and(|s| s["workers"].as_array().is_some_and(|w| w.len() == count))
+    })
+    .await;
+    anyhow::ensure!(registered, "{count} worker(s) registered: {}", kv_summary(admin).await?);
+    Ok(())
+}
+
+/// Sends the first request, waits until the index holds its prompt's blocks on the worker that
+/// served it, then checks that eight more with the same prefix all go there and hit its cache.
+/// Returns that worker and the first answer.
+async fn prefix_affinity(client: &Client, admin: &Admin) -> anyhow::Result<(String, serde_json::Value)> {
     let first = client.post_json("/v1/chat/completions", &chat("question 0")).await?;
-    assert_eq!(first.status, 200, "{}", String::from_utf8_lossy(&first.body()));
+    anyhow::ensure!(first.status == 200, "{}", String::from_utf8_lossy(&first.body()));
     let home = first.worker();
     let answer = first.json()?;
     let prompt_tokens = answer["usage"]["prompt_tokens"].as_u64().unwrap_or(0);
-    assert!(prompt_tokens > 40, "the chat template and system prompt: {answer}");
-    // The index learns the prompt's full blocks from the worker's own events.
-    assert!(
-        eventually(Duration::from_secs(10), || async {
-            kv_summary(&admin)
-                .await
-                .is_ok_and(|s| cached_blocks(&s, &home) >= prompt_tokens / 4 - 1)
-        })
-        .await,
+    anyhow::ensure!(prompt_tokens > 40, "the chat template and system prompt: {answer}");
+    let learned = eventually(Duration::from_secs(10), || async {
+        kv_summary(admin)
+            .await
+            .is_ok_and(|s| cached_blocks(&s, &home) >= prompt_tokens / 4 - 1)
+    })
+    .await;
+    anyhow::ensure!(
+        learned,
         "the index never learned {home}'s blocks: {}",
-        kv_summary(&admin).await?
+        kv_summary(admin).await?
     );
-
     let mut placed: HashMap<String, usize> = HashMap::new();
     for i in 1..=8 {
         let reply = client
             .post_json("/v1/chat/completions", &chat(&format!("question {i}")))
             .await?;
-        assert_eq!(reply.status, 200, "{}", String::from_utf8_lossy(&reply.body()));
+        anyhow::ensure!(reply.status == 200, "{}", String::from_utf8_lossy(&reply.body()));
         let body = reply.json()?;
         let cached = body["usage"]["prompt_tokens_details"]["cached_tokens"]
             .as_u64()
             .unwrap_or(0);
-        assert!(
+        anyhow::ensure!(
             cached >= 40,
             "the worker's prefix cache served the system prompt: {body}"
         );
         *placed.entry(reply.worker()).or_default() += 1;
     }
-    assert_eq!(placed.get(&home), Some(&8), "placements: {placed:?} (cached on {home})");
+    anyhow::ensure!(
+        placed.get(&home) == Some(&8),
+        "placements: {placed:?} (cached on {home})"
+    );
+    Ok((home, answer))
+}
 
-    // Greedy through the gateway is greedy on the worker: the same answer as asking it directly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn workers_linked_over_http_register_route_resync_and_leave() -> anyhow::Result<()> {
+    let model = fixture();
+    let model = model.to_str().context("the fixture path is not UTF-8")?;
+    let (gateway, admin) = Gateway::start_with_admin(&gateway_config(model, ""), TOKEN)?;
+    let admin_url = admin.url();
+    let mut workers = HashMap::new();
+    for name in ["alpha", "beta"] {
+        let link = ["--gateway", admin_url.as_str(), "--gateway-token", TOKEN];
+        workers.insert(name, NativeWorker::start(&worker_args(model, name, &link))?);
+    }
+    wait_for_workers(&admin, 2).await?;
+    let client = Client::plain(gateway.addr);
+    let (home, _) = prefix_affinity(&client, &admin).await?;
+
+    // A gap in `home`'s event ids (as if a batch was lost): the gateway fetches the worker's
+    // dump and its index agrees with the worker block for block.
+    let gap = serde_json::json!([{"worker": home, "event_id": 100_000,
+        "event": {"type": "removed", "block_hashes": [12345]}}]);
+    let (status, body) = admin
+        .call(
+            "POST",
+            &format!("/admin/workers/{home}/events"),
+            serde_json::to_vec(&gap)?,
+        )
+        .await?;
+    assert_eq!(status, 200, "{body}");
+    let worker = workers.get(home.as_str()).context("home is one of ours")?;
+    let dump = Client::plain(worker.addr)
+        .send("GET", "/kv/dump", Vec::new())
+        .await?
+        .json()?;
+    let truth = dump["blocks"].as_array().map_or(0, Vec::len) as u64;
+    assert!(truth >= 10, "the worker caches the prompts: {dump}");
+    assert!(
+        eventually(Duration::from_secs(10), || async {
+            kv_summary(&admin)
+                .await
+                .is_ok_and(|s| cached_blocks(&s, &home) == truth)
+        })
+        .await,
+        "index {} vs worker {truth}",
+        cached_blocks(&kv_summary(&admin).await?, &home)
+    );
+    let metrics = String::from_utf8_lossy(&client.send("GET", "/metrics", Vec::new()).await?.body()).into_owned();
+    assert!(
+        switchyard_e2e::metric_sum(
+            &metrics,
+            "switchyard_kv_resyncs_total",
+            &[&format!("worker=\"{home}\""), "outcome=\"ok\""]
+        ) >= 1.0,
+        "{metrics}"
+    );
+
+    // A worker that is told to stop leaves the gateway at once (not after missed heartbeats).
+    let leaving = workers.remove(home.as_str()).context("home is one of ours")?;
+    let pid = leaving.process.id().to_string();
+    assert!(
+        std::process::Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()?
+            .success()
+    );
+    wait_for_workers(&admin, 1).await?;
+    let other = if home == "alpha" { "beta" } else { "alpha" };
+    let reply = client.post_json("/v1/chat/completions", &chat("after")).await?;
+    assert_eq!(reply.status, 200);
+    assert_eq!(reply.worker(), other);
+    // Events for a worker that is not registered are refused.
+    let (status, _) = admin
+        .call("POST", "/admin/workers/ghost/events", b"[]".to_vec())
+        .await?;
+    assert_eq!(status, 409);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_gateway_routes_to_native_workers_by_their_kv_events() -> anyhow::Result<()> {
+    let model = fixture();
+    let model = model.to_str().context("the fixture path is not UTF-8")?;
+    let nats = NatsServer::start()?;
+    let extra = format!("[kv]\nnats_url = \"{}\"", nats.url);
+    let (gateway, admin) = Gateway::start_with_admin(&gateway_config(model, &extra), TOKEN)?;
+    let mut workers = Vec::new();
+    for name in ["alpha", "beta"] {
+        workers.push(NativeWorker::start(&worker_args(model, name, &["--nats", &nats.url]))?);
+    }
+    wait_for_workers(&admin, 2).await?;
+    let client = Client::plain(gateway.addr);
+    let (_, answer) = prefix_affinity(&client, &admin).await?;
+    // Greedy through the gateway is greedy on the worker: the same answer again.
     let again = client.post_json("/v1/chat/completions", &chat("question 0")).await?;
     assert_eq!(
         again.json()?["choices"][0]["message"]["content"],

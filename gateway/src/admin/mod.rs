@@ -13,7 +13,10 @@
 //! lets the candidate decide P % of requests, sticky by the hash of header H;
 //! `DELETE /admin/rollout` ends a rollout. Activating or rolling back also ends it.
 //! `GET /admin/kv` summarises the KV index (nodes, holdings, estimated heap) and, per worker,
-//! its cached blocks, block-size agreement and live load.
+//! its cached blocks, block-size agreement and live load. Workers without NATS register and
+//! heartbeat with `POST /admin/workers`, post their KV events to
+//! `POST /admin/workers/{name}/events` and leave with `DELETE /admin/workers/{name}` (see
+//! [`crate::kv::http`]).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -25,12 +28,17 @@ use switchyard_workers::api::ApiError;
 use switchyard_workers::respond::{self, Body};
 use tokio::net::TcpListener;
 
+use crate::kv::http as kv_http;
+use crate::kv::sync::{DumpSource, Inbound};
 use crate::policy::runtime::RouterPolicy;
 use crate::policy::switch::{Rollout, RolloutMode};
 use crate::state::AppState;
 
 /// Largest policy upload accepted.
 const MAX_POLICY_BYTES: usize = 16 << 20;
+
+/// Largest batch of KV events accepted in one post.
+const MAX_EVENT_BATCH_BYTES: usize = 16 << 20;
 
 /// Uploaded, validated policies not yet active, by name.
 #[derive(Debug, Default)]
@@ -203,12 +211,53 @@ async fn handle(
             let rollout = state.policy.start_rollout(policy.clone(), mode, key);
             Ok(respond::json(StatusCode::OK, &rollout_json(&rollout)))
         }
+        (Method::POST, ["admin", "workers"]) => {
+            let (parts, body) = request.into_parts();
+            let body = respond::read_limited(&parts.headers, body, 1 << 20).await?;
+            let registration = kv_http::registration(&body)?;
+            let worker = registration.worker.clone();
+            let source = Arc::new(kv_http::HttpDumps::new(state.client.clone(), &registration.url));
+            send_inbound(state, Inbound::Heartbeat(registration, source))?;
+            Ok(respond::json(StatusCode::OK, &json!({"registered": worker})))
+        }
+        (Method::POST, ["admin", "workers", name, "events"]) => {
+            let name = name.to_string();
+            let Some(worker) = state.pool.workers().iter().find(|w| w.name == name).cloned() else {
+                return Err(ApiError::new(
+                    StatusCode::CONFLICT,
+                    "invalid_request_error",
+                    "worker_not_registered",
+                    format!("worker `{name}` is not registered; POST /admin/workers first"),
+                ));
+            };
+            let (parts, body) = request.into_parts();
+            let body = respond::read_limited(&parts.headers, body, MAX_EVENT_BATCH_BYTES).await?;
+            let events = kv_http::events(&name, &body)?;
+            let count = events.len();
+            let source: Arc<dyn DumpSource> =
+                Arc::new(kv_http::HttpDumps::new(state.client.clone(), &worker.base.to_string()));
+            for event in events {
+                send_inbound(state, Inbound::Event(event, source.clone()))?;
+            }
+            Ok(respond::json(StatusCode::OK, &json!({"accepted": count})))
+        }
+        (Method::DELETE, ["admin", "workers", name]) => {
+            send_inbound(state, Inbound::Leave(name.to_string()))?;
+            Ok(respond::json(StatusCode::OK, &json!({"left": name})))
+        }
         (Method::DELETE, ["admin", "rollout"]) => {
             state.policy.stop_rollout();
             Ok(respond::json(StatusCode::OK, &json!({"rollout": null})))
         }
         _ => Err(respond::not_found(&path)),
     }
+}
+
+fn send_inbound(state: &AppState, message: Inbound) -> Result<(), ApiError> {
+    state
+        .kv_inbound
+        .send(message)
+        .map_err(|_| internal("the KV event applier has stopped".into()))
 }
 
 fn list(state: &AppState, candidates: &Candidates) -> Response<Body> {

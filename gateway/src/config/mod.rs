@@ -579,10 +579,11 @@ impl Config {
         if self.workers.is_empty()
             && self.embedded_mockers.as_ref().is_none_or(|m| m.count == 0)
             && self.kv.nats_url.is_none()
+            && self.admin.is_none()
         {
             return Err(invalid(
                 "workers",
-                "no workers configured: add `[[workers]]` entries, `[embedded_mockers] count = N`, or `[kv] nats_url` for workers that register themselves".into(),
+                "no workers configured: add `[[workers]]` entries, `[embedded_mockers] count = N`, or, for workers that register themselves, `[kv] nats_url` or `[admin]`".into(),
             ));
         }
         let mut models = std::collections::HashSet::new();

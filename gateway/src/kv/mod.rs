@@ -17,6 +17,7 @@
 
 pub mod active;
 pub mod bus;
+pub mod http;
 pub mod index;
 pub mod nats;
 pub mod sync;

@@ -13,7 +13,7 @@ use switchyard_workers::engine::EngineConfig;
 use switchyard_workers::llm::{self, Model};
 use switchyard_workers::server::{ServerConfig, TextCodec, WorkerServer};
 use switchyard_workers::tokenize::{ChatTemplate, PromptEncoder};
-use switchyard_workers::{kv_events, kv_link};
+use switchyard_workers::{gateway_link, kv_events, kv_link};
 
 /// A native LLM worker speaking the OpenAI API.
 #[derive(Debug, Parser)]
@@ -68,8 +68,15 @@ struct Args {
     #[arg(long)]
     chat_generation_prompt: Option<String>,
     /// Publish KV events, registration and heartbeats to this NATS server (`nats://host:4222`).
-    #[arg(long)]
+    #[arg(long, conflicts_with = "gateway")]
     nats: Option<String>,
+    /// Or register with one gateway directly: its admin API (`http://host:port`), which needs
+    /// --gateway-token.
+    #[arg(long, requires = "gateway_token")]
+    gateway: Option<String>,
+    /// The gateway's admin bearer token.
+    #[arg(long)]
+    gateway_token: Option<String>,
     /// NATS subject prefix.
     #[arg(long, default_value = "switchyard")]
     subject_prefix: String,
@@ -88,6 +95,11 @@ struct Args {
     /// On shutdown, wait this long for requests in flight to finish.
     #[arg(long, default_value_t = 30)]
     drain_timeout_s: u64,
+}
+
+/// The worker's name in the gateway: `--name`, or `worker-PORT`.
+fn worker_name(args: &Args, port: u16) -> String {
+    args.name.clone().unwrap_or_else(|| format!("worker-{port}"))
 }
 
 /// Where the model runs.
@@ -225,6 +237,11 @@ async fn run() -> anyhow::Result<()> {
                 .unwrap_or(defaults.generation_prompt),
         },
     };
+    let kv_log = args.gateway.as_ref().map(|_| {
+        Arc::new(std::sync::Mutex::new(kv_events::EventLog::new(worker_name(
+            &args, args.port,
+        ))))
+    });
     let listener = tokio::net::TcpListener::bind(SocketAddr::new(args.host, args.port))
         .await
         .with_context(|| format!("cannot listen on {}:{}", args.host, args.port))?;
@@ -238,43 +255,62 @@ async fn run() -> anyhow::Result<()> {
             eos_token_ids,
             metrics_prefix: "switchyard_worker".into(),
             owner: "switchyard-worker".into(),
+            kv_log: kv_log.clone(),
             ..ServerConfig::default()
         },
     )
     .context("cannot start the HTTP server")?;
     let addr = server.addr();
 
+    let registration = kv_events::Registration {
+        worker: worker_name(&args, addr.port()),
+        url: args.advertise_url.clone().unwrap_or_else(|| format!("http://{addr}")),
+        model: served.clone(),
+        role: "llm".into(),
+        block_size: args.block_size,
+        capacity_blocks: num_blocks as u64,
+        capabilities: vec!["text".into()],
+        cost: args.cost,
+        heartbeat_ms: args.heartbeat_ms.max(1),
+        last_event_id: 0,
+    };
+    anyhow::ensure!(
+        kv_events::valid_worker_name(&registration.worker),
+        "worker name `{}` must be letters, digits, `-` and `_`",
+        registration.worker
+    );
     let mut link = None;
     if let Some(url) = &args.nats {
         let client = async_nats::connect(url.as_str())
             .await
             .with_context(|| format!("cannot connect to NATS at `{url}`"))?;
-        let name = args.name.clone().unwrap_or_else(|| format!("worker-{}", addr.port()));
-        anyhow::ensure!(
-            kv_events::valid_worker_name(&name),
-            "worker name `{name}` must be letters, digits, `-` and `_`"
-        );
         let (sink, events) = tokio::sync::mpsc::unbounded_channel();
         engine.subscribe_kv_events(sink);
         let (stop, stopped) = tokio::sync::oneshot::channel();
         let config = kv_link::LinkConfig {
             subjects: kv_events::Subjects::new(args.subject_prefix.clone()),
-            registration: kv_events::Registration {
-                worker: name,
-                url: args.advertise_url.clone().unwrap_or_else(|| format!("http://{addr}")),
-                model: served.clone(),
-                role: "llm".into(),
-                block_size: args.block_size,
-                capacity_blocks: num_blocks as u64,
-                capabilities: vec!["text".into()],
-                cost: args.cost,
-                heartbeat_ms: args.heartbeat_ms.max(1),
-                last_event_id: 0,
-            },
+            registration,
             drop_every: None,
         };
-        let task = tokio::spawn(kv_link::run(client, config, events, stopped));
+        let task = tokio::spawn(async move {
+            if let Err(err) = kv_link::run(client, config, events, stopped).await {
+                tracing::error!(error = %err, "the NATS link stopped");
+            }
+        });
         link = Some((stop, task));
+    } else if let (Some(url), Some(token), Some(log)) = (&args.gateway, &args.gateway_token, &kv_log) {
+        let (sink, events) = tokio::sync::mpsc::unbounded_channel();
+        engine.subscribe_kv_events(sink);
+        let (stop, stopped) = tokio::sync::oneshot::channel();
+        let config = gateway_link::GatewayLinkConfig {
+            admin_url: url.clone(),
+            token: token.clone(),
+            registration,
+        };
+        link = Some((
+            stop,
+            tokio::spawn(gateway_link::run(config, log.clone(), events, stopped)),
+        ));
     }
     // Listen for signals before saying ready, so a supervisor's SIGTERM is never the default
     // (abrupt) one.
@@ -284,7 +320,8 @@ async fn run() -> anyhow::Result<()> {
 
     shutdown.wait().await;
     tracing::info!(in_flight = server.in_flight(), "shutting down: leaving, then draining");
-    // Leave first, so the gateway stops sending new requests while the old ones finish.
+    // Leave first (NATS or the gateway link), so the gateway stops sending new requests while
+    // the old ones finish.
     if let Some((stop, task)) = link {
         let _ = stop.send(());
         let _ = task.await;

@@ -1,0 +1,142 @@
+//! A worker's link to one gateway over HTTP, for deployments without NATS.
+//!
+//! [`run`] posts the worker's [`Registration`] to the gateway's admin API
+//! (`POST /admin/workers`, repeated as the heartbeat with the newest event id), numbers the
+//! engine's KV events with the shared [`EventLog`] and posts them in batches
+//! (`POST /admin/workers/{name}/events`), and leaves (`DELETE /admin/workers/{name}`) when it
+//! stops. Every call carries the admin bearer token. A batch that cannot be delivered is
+//! dropped (and logged): the gateway sees the gap in the ids and fetches a dump from the
+//! worker's `GET /kv/dump`, which the worker's server answers from the same log.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use tokio::sync::mpsc;
+
+use crate::kv_events::{EventLog, KvEvent, Registration};
+
+/// Most events posted in one batch.
+const MAX_BATCH: usize = 1024;
+
+/// How long one call to the gateway may take.
+const CALL_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Link settings.
+#[derive(Debug, Clone)]
+pub struct GatewayLinkConfig {
+    /// The gateway's admin API, e.g. `http://10.0.0.1:9000`.
+    pub admin_url: String,
+    /// Its bearer token.
+    pub token: String,
+    /// What the worker announces (its `last_event_id` is filled in at each beat).
+    pub registration: Registration,
+}
+
+struct Caller {
+    client: Client<HttpConnector, Full<Bytes>>,
+    base: String,
+    authorization: String,
+}
+
+impl Caller {
+    async fn call(&self, method: http::Method, path: &str, body: Vec<u8>) -> Result<(), String> {
+        let url = format!("{}{path}", self.base);
+        let request = http::Request::builder()
+            .method(method)
+            .uri(&url)
+            .header(http::header::AUTHORIZATION, &self.authorization)
+            .header(http::header::CONTENT_TYPE, "application/json")
+            .body(Full::new(Bytes::from(body)))
+            .map_err(|err| format!("bad gateway URL `{url}`: {err}"))?;
+        let response = tokio::time::timeout(CALL_TIMEOUT, self.client.request(request))
+            .await
+            .map_err(|_| format!("`{url}` did not answer within {CALL_TIMEOUT:?}"))?
+            .map_err(|err| format!("`{url}`: {err}"))?;
+        if response.status().is_success() {
+            Ok(())
+        } else {
+            Err(format!("`{url}` answered {}", response.status()))
+        }
+    }
+}
+
+/// Runs the link until `events` closes (the engine stopped) or `stop` fires, then leaves.
+pub async fn run(
+    config: GatewayLinkConfig,
+    log: Arc<Mutex<EventLog>>,
+    mut events: mpsc::UnboundedReceiver<KvEvent>,
+    stop: tokio::sync::oneshot::Receiver<()>,
+) {
+    let caller = Caller {
+        client: Client::builder(TokioExecutor::new()).build(HttpConnector::new()),
+        base: config.admin_url.trim_end_matches('/').to_string(),
+        authorization: format!("Bearer {}", config.token),
+    };
+    let worker = config.registration.worker.clone();
+    let events_path = format!("/admin/workers/{worker}/events");
+    let mut registration = config.registration.clone();
+    let mut ticker = tokio::time::interval(Duration::from_millis(registration.heartbeat_ms.max(1)));
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // Register before the first event, so the gateway knows whose events they are.
+    beat(&caller, &log, &mut registration).await;
+    ticker.reset();
+    tokio::pin!(stop);
+    loop {
+        tokio::select! {
+            event = events.recv() => {
+                let Some(event) = event else { break };
+                let Some(batch) = number(&log, event, &mut events) else { break };
+                match serde_json::to_vec(&batch) {
+                    Ok(body) => {
+                        if let Err(err) = caller.call(http::Method::POST, &events_path, body).await {
+                            tracing::warn!(error = %err, events = batch.len(), "cannot post KV events; the gateway will resync");
+                        }
+                    }
+                    Err(err) => tracing::error!(error = %err, "cannot encode KV events"),
+                }
+            }
+            _ = ticker.tick() => beat(&caller, &log, &mut registration).await,
+            _ = &mut stop => break,
+        }
+    }
+    if let Err(err) = caller
+        .call(http::Method::DELETE, &format!("/admin/workers/{worker}"), Vec::new())
+        .await
+    {
+        tracing::warn!(error = %err, "cannot leave the gateway");
+    }
+}
+
+/// Numbers `first` and the events already waiting behind it (up to a batch).
+fn number(
+    log: &Mutex<EventLog>,
+    first: KvEvent,
+    events: &mut mpsc::UnboundedReceiver<KvEvent>,
+) -> Option<Vec<crate::kv_events::WorkerEvent>> {
+    let mut log = log.lock().ok()?;
+    let mut batch = vec![log.record(first)];
+    while batch.len() < MAX_BATCH {
+        match events.try_recv() {
+            Ok(event) => batch.push(log.record(event)),
+            Err(_) => break,
+        }
+    }
+    Some(batch)
+}
+
+async fn beat(caller: &Caller, log: &Mutex<EventLog>, registration: &mut Registration) {
+    registration.last_event_id = log.lock().map(|log| log.last_event_id()).unwrap_or(0);
+    match serde_json::to_vec(&registration) {
+        Ok(body) => {
+            if let Err(err) = caller.call(http::Method::POST, "/admin/workers", body).await {
+                tracing::warn!(error = %err, "cannot register with the gateway");
+            }
+        }
+        Err(err) => tracing::error!(error = %err, "cannot encode the registration"),
+    }
+}
