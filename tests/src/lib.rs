@@ -197,6 +197,17 @@ impl NativeWorker {
     }
 }
 
+/// How many blocks the index holds for `worker`, from a `GET /admin/kv` summary (0 if absent).
+pub fn cached_blocks(summary: &serde_json::Value, worker: &str) -> u64 {
+    summary["workers"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|w| w["name"] == worker)
+        .and_then(|w| w["cached_blocks"].as_u64())
+        .unwrap_or(0)
+}
+
 /// A real `nats-server` on a free loopback port, killed on drop.
 #[derive(Debug)]
 pub struct NatsServer {
@@ -443,6 +454,17 @@ impl Admin {
             reply.status.as_u16(),
             serde_json::from_slice(&reply.body()).unwrap_or(serde_json::Value::Null),
         ))
+    }
+
+    /// `GET /admin/kv`: the KV index summary.
+    ///
+    /// # Errors
+    ///
+    /// Fails on a transport error or a status other than 200.
+    pub async fn kv_summary(&self) -> anyhow::Result<serde_json::Value> {
+        let (status, body) = self.call("GET", "/admin/kv", Vec::new()).await?;
+        anyhow::ensure!(status == 200, "GET /admin/kv answered {status}: {body}");
+        Ok(body)
     }
 
     /// The name of the active router policy.

@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use switchyard_e2e::{Admin, Client, Gateway, Mockers, NatsServer, eventually, metric_sum};
+use switchyard_e2e::{Admin, Client, Gateway, Mockers, NatsServer, cached_blocks, eventually, metric_sum};
 
 const TOKEN: &str = "kv-routing-admin-token";
 
@@ -28,22 +28,6 @@ fn chat(system: &str, user: &str, max_tokens: u32, stream: bool) -> serde_json::
     })
 }
 
-async fn kv_summary(admin: &Admin) -> anyhow::Result<serde_json::Value> {
-    let (status, body) = admin.call("GET", "/admin/kv", Vec::new()).await?;
-    anyhow::ensure!(status == 200, "GET /admin/kv answered {status}: {body}");
-    Ok(body)
-}
-
-fn cached_blocks(summary: &serde_json::Value, worker: &str) -> u64 {
-    summary["workers"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .find(|w| w["name"] == worker)
-        .and_then(|w| w["cached_blocks"].as_u64())
-        .unwrap_or(0)
-}
-
 async fn metrics(client: &Client) -> anyhow::Result<String> {
     let reply = client.send("GET", "/metrics", Vec::new()).await?;
     Ok(String::from_utf8_lossy(&reply.body()).into_owned())
@@ -64,11 +48,11 @@ async fn a_repeated_system_prompt_goes_to_the_worker_that_cached_it() -> anyhow:
     // 3000+ prompt bytes at 64 tokens per block: the index learns ~47 blocks on `home`.
     assert!(
         eventually(Duration::from_secs(10), || async {
-            kv_summary(&admin).await.is_ok_and(|s| cached_blocks(&s, &home) >= 40)
+            admin.kv_summary().await.is_ok_and(|s| cached_blocks(&s, &home) >= 40)
         })
         .await,
         "the index never learned the first request's blocks: {}",
-        kv_summary(&admin).await?
+        admin.kv_summary().await?
     );
     let mut placed: HashMap<String, usize> = HashMap::new();
     for i in 1..=12 {
@@ -171,7 +155,7 @@ async fn a_block_size_mismatch_is_reported_loudly() -> anyhow::Result<()> {
         })
         .await
     );
-    let summary = kv_summary(&admin).await?;
+    let summary = admin.kv_summary().await?;
     assert_eq!(
         summary["index"]["nodes"], 0,
         "nothing indexed under the wrong size: {summary}"
@@ -191,7 +175,8 @@ fn nats_gateway(nats: &NatsServer, extra: &str) -> anyhow::Result<(Gateway, Admi
 
 async fn wait_for_workers(admin: &Admin, count: usize) -> bool {
     eventually(Duration::from_secs(15), || async {
-        kv_summary(admin)
+        admin
+            .kv_summary()
             .await
             .is_ok_and(|s| s["workers"].as_array().is_some_and(|w| w.len() == count))
     })
@@ -222,7 +207,7 @@ async fn a_killed_worker_holding_the_prefix_is_never_chosen_again() -> anyhow::R
         "--heartbeat-ms",
         "200",
     ])?;
-    assert!(wait_for_workers(&admin, 2).await, "{}", kv_summary(&admin).await?);
+    assert!(wait_for_workers(&admin, 2).await, "{}", admin.kv_summary().await?);
     let client = Client::plain(gateway.addr);
     let system = system_prompt("affinity", 2000);
     let first = client
@@ -232,7 +217,7 @@ async fn a_killed_worker_holding_the_prefix_is_never_chosen_again() -> anyhow::R
     let home = first.worker();
     assert!(
         eventually(Duration::from_secs(10), || async {
-            kv_summary(&admin).await.is_ok_and(|s| cached_blocks(&s, &home) >= 25)
+            admin.kv_summary().await.is_ok_and(|s| cached_blocks(&s, &home) >= 25)
         })
         .await
     );
@@ -251,7 +236,7 @@ async fn a_killed_worker_holding_the_prefix_is_never_chosen_again() -> anyhow::R
     }
     assert!(
         eventually(Duration::from_secs(5), || async {
-            kv_summary(&admin).await.is_ok_and(|s| {
+            admin.kv_summary().await.is_ok_and(|s| {
                 let names: Vec<&str> = s["workers"]
                     .as_array()
                     .into_iter()
@@ -263,7 +248,7 @@ async fn a_killed_worker_holding_the_prefix_is_never_chosen_again() -> anyhow::R
         })
         .await,
         "the dead worker left the pool after missing heartbeats: {}",
-        kv_summary(&admin).await?
+        admin.kv_summary().await?
     );
     let text = metrics(&client).await?;
     assert!(metric_sum(&text, "switchyard_kv_workers_expired_total", &[]) >= 1.0);
@@ -311,13 +296,14 @@ async fn a_worker_whose_events_are_lost_is_resynced() -> anyhow::Result<()> {
     );
     assert!(
         eventually(Duration::from_secs(10), || async {
-            kv_summary(&admin)
+            admin
+                .kv_summary()
                 .await
                 .is_ok_and(|s| cached_blocks(&s, "lossy-0") == worker_blocks)
         })
         .await,
         "index {} vs worker {worker_blocks}",
-        cached_blocks(&kv_summary(&admin).await?, "lossy-0")
+        cached_blocks(&admin.kv_summary().await?, "lossy-0")
     );
     let text = metrics(&client).await?;
     assert!(

@@ -10,28 +10,12 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::Context;
-use switchyard_e2e::{Admin, Client, Gateway, NativeWorker, NatsServer, eventually};
+use switchyard_e2e::{Admin, Client, Gateway, NativeWorker, NatsServer, cached_blocks, eventually};
 
 const TOKEN: &str = "native-worker-admin-token";
 
 fn fixture() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../gpu-workers/tests/fixtures/tiny-llama")
-}
-
-async fn kv_summary(admin: &Admin) -> anyhow::Result<serde_json::Value> {
-    let (status, body) = admin.call("GET", "/admin/kv", Vec::new()).await?;
-    anyhow::ensure!(status == 200, "GET /admin/kv answered {status}: {body}");
-    Ok(body)
-}
-
-fn cached_blocks(summary: &serde_json::Value, worker: &str) -> u64 {
-    summary["workers"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .find(|w| w["name"] == worker)
-        .and_then(|w| w["cached_blocks"].as_u64())
-        .unwrap_or(0)
 }
 
 fn chat(user: &str) -> serde_json::Value {
@@ -79,12 +63,17 @@ fn gateway_config(model: &str, extra: &str) -> String {
 
 async fn wait_for_workers(admin: &Admin, count: usize) -> anyhow::Result<()> {
     let registered = eventually(Duration::from_secs(15), || async {
-        kv_summary(admin)
+        admin
+            .kv_summary()
             .await
             .is_ok_and(|s| s["workers"].as_array().is_some_and(|w| w.len() == count))
     })
     .await;
-    anyhow::ensure!(registered, "{count} worker(s) registered: {}", kv_summary(admin).await?);
+    anyhow::ensure!(
+        registered,
+        "{count} worker(s) registered: {}",
+        admin.kv_summary().await?
+    );
     Ok(())
 }
 
@@ -99,7 +88,8 @@ async fn prefix_affinity(client: &Client, admin: &Admin) -> anyhow::Result<(Stri
     let prompt_tokens = answer["usage"]["prompt_tokens"].as_u64().unwrap_or(0);
     anyhow::ensure!(prompt_tokens > 40, "the chat template and system prompt: {answer}");
     let learned = eventually(Duration::from_secs(10), || async {
-        kv_summary(admin)
+        admin
+            .kv_summary()
             .await
             .is_ok_and(|s| cached_blocks(&s, &home) >= prompt_tokens / 4 - 1)
     })
@@ -107,7 +97,7 @@ async fn prefix_affinity(client: &Client, admin: &Admin) -> anyhow::Result<(Stri
     anyhow::ensure!(
         learned,
         "the index never learned {home}'s blocks: {}",
-        kv_summary(admin).await?
+        admin.kv_summary().await?
     );
     let mut placed: HashMap<String, usize> = HashMap::new();
     for i in 1..=8 {
@@ -168,13 +158,14 @@ async fn workers_linked_over_http_register_route_resync_and_leave() -> anyhow::R
     assert!(truth >= 10, "the worker caches the prompts: {dump}");
     assert!(
         eventually(Duration::from_secs(10), || async {
-            kv_summary(&admin)
+            admin
+                .kv_summary()
                 .await
                 .is_ok_and(|s| cached_blocks(&s, &home) == truth)
         })
         .await,
         "index {} vs worker {truth}",
-        cached_blocks(&kv_summary(&admin).await?, &home)
+        cached_blocks(&admin.kv_summary().await?, &home)
     );
     let metrics = String::from_utf8_lossy(&client.send("GET", "/metrics", Vec::new()).await?.body()).into_owned();
     assert!(
