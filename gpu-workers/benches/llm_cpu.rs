@@ -176,6 +176,7 @@ fn engine(label: &str, model: Model, prompt: &[u32], roofline_steps: f64) {
                 match output {
                     Output::Token(_) => generated += 1,
                     Output::Finished { .. } => break,
+                    Output::Started { .. } => {}
                     Output::Failed(reason) => panic!("{reason}"),
                 }
             }

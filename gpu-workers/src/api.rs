@@ -57,8 +57,7 @@ pub struct SamplingOptions {
     /// Seed of the request's random stream, for repeatable sampling.
     #[serde(default)]
     pub seed: Option<u64>,
-    /// Strings that end generation. Passed through by the gateway; Switchyard's own workers
-    /// refuse a non-empty one (not supported yet).
+    /// Strings that end generation (the answer stops before the first one found).
     #[serde(default)]
     pub stop: Option<StopStrings>,
     /// Token ids that end generation, besides the model's end-of-sequence tokens.

@@ -20,6 +20,7 @@ pub mod mocker;
 pub mod respond;
 pub mod serve;
 pub mod server;
+pub mod stop;
 pub mod tokenize;
 
 #[cfg(test)]

@@ -10,6 +10,7 @@
 //! the requests it is answering, so [`WorkerServer::shutdown`] can stop taking new connections
 //! and wait for them to finish.
 
+use std::collections::VecDeque;
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::pin::Pin;
@@ -28,11 +29,12 @@ use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
-use crate::api::{self, ApiError, Endpoint, GenerateRequest, ModelList};
+use crate::api::{self, ApiError, Endpoint, GenerateRequest, ModelList, StopStrings};
 use crate::engine::{EngineHandle, Output, SamplingParams, SubmitError};
 use crate::kv_events::EventLog;
 use crate::mocker::engine::token_text;
 use crate::respond::{self, Body};
+use crate::stop::{MAX_STOP_BYTES, MAX_STOP_STRINGS, StopMatcher};
 use crate::tokenize::{self, PromptEncoder, StreamDecoder};
 
 /// How a worker turns requests into token ids and generated ids into text.
@@ -280,6 +282,8 @@ async fn generate(state: &State, endpoint: Endpoint, request: Request<Incoming>)
             .map_err(|err| ApiError::invalid_request("tokenization_failed", err.to_string()))?,
     };
     let params = sampling_params(&state.config, &request)?;
+    let stop_strings = stop_strings(&request)?;
+    let prompt_tokens = prompt.len() as u32;
     let outputs = state.engine.submit(prompt, params).map_err(|err| match err {
         SubmitError::Stopped => ApiError::new(
             StatusCode::SERVICE_UNAVAILABLE,
@@ -311,31 +315,31 @@ async fn generate(state: &State, endpoint: Endpoint, request: Request<Incoming>)
             .unwrap_or(0),
         endpoint,
     };
-    let text = TextStream::new(&state.config.codec);
+    let generation = Generation {
+        outputs,
+        text: TextStream::new(&state.config.codec),
+        stops: StopMatcher::new(stop_strings),
+        prompt_tokens,
+        completion_tokens: 0,
+        cached_tokens: 0,
+    };
     if request.is_stream() {
         Ok(respond::event_stream(Body::new(SseBody {
-            outputs,
+            generation,
             meta,
-            text,
+            queue: VecDeque::new(),
             sent_role: false,
-            phase: Phase::Tokens,
+            ended: false,
             _in_flight: in_flight,
         })))
     } else {
-        whole_answer(outputs, meta, text, &request).await
+        whole_answer(generation, meta, &request).await
     }
 }
 
 /// The engine's sampling parameters for a request, with the worker's defaults and stop tokens.
 fn sampling_params(config: &ServerConfig, request: &GenerateRequest) -> Result<SamplingParams, ApiError> {
     let options = request.sampling();
-    if options.stop.as_ref().is_some_and(|stop| !stop.is_empty()) {
-        return Err(ApiError::invalid_request(
-            "unsupported",
-            "`stop` strings are not supported by this worker yet; use `stop_token_ids` to end on given tokens",
-        )
-        .with_param(Some("stop".into())));
-    }
     let mut stop_token_ids = options.stop_token_ids.clone().unwrap_or_default();
     if !options.ignore_eos.unwrap_or(false) {
         stop_token_ids.extend_from_slice(&config.eos_token_ids);
@@ -348,6 +352,23 @@ fn sampling_params(config: &ServerConfig, request: &GenerateRequest) -> Result<S
         max_tokens: request.token_limit().unwrap_or(config.default_max_tokens).max(1) as usize,
         stop_token_ids,
     })
+}
+
+/// The request's stop strings, checked against the limits.
+fn stop_strings(request: &GenerateRequest) -> Result<Vec<String>, ApiError> {
+    let stops = match &request.sampling().stop {
+        None => Vec::new(),
+        Some(StopStrings::One(one)) => vec![one.clone()],
+        Some(StopStrings::Many(many)) => many.clone(),
+    };
+    if stops.len() > MAX_STOP_STRINGS || stops.iter().any(|s| s.len() > MAX_STOP_BYTES) {
+        return Err(ApiError::invalid_request(
+            "invalid_value",
+            format!("`stop` takes at most {MAX_STOP_STRINGS} strings of at most {MAX_STOP_BYTES} bytes"),
+        )
+        .with_param(Some("stop".into())));
+    }
+    Ok(stops)
 }
 
 /// Turns one request's generated ids into text pieces.
@@ -387,6 +408,91 @@ impl TextStream {
             TextStream::MockWords => String::new(),
             TextStream::Model { encoder, decoder } => decoder.flush(&encoder.tokenizer).unwrap_or_default(),
         }
+    }
+}
+
+/// What the client sees next.
+enum Event {
+    /// More text.
+    Text(String),
+    /// The end: finish reason and usage.
+    Finished(&'static str, serde_json::Value),
+    /// The generation failed.
+    Failed(ApiError),
+}
+
+/// One request's answer as it is produced: tokens to text, stop strings, usage.
+struct Generation {
+    outputs: mpsc::UnboundedReceiver<Output>,
+    text: TextStream,
+    stops: StopMatcher,
+    prompt_tokens: u32,
+    completion_tokens: u32,
+    cached_tokens: u32,
+}
+
+impl Generation {
+    /// Waits for the engine's next output and turns it into events (none for bookkeeping
+    /// outputs and for tokens that complete no character yet).
+    async fn next(&mut self) -> Vec<Event> {
+        let output = self.outputs.recv().await;
+        self.on_output(output)
+    }
+
+    fn on_output(&mut self, output: Option<Output>) -> Vec<Event> {
+        match output {
+            Some(Output::Started { cached_tokens }) => {
+                self.cached_tokens = cached_tokens;
+                Vec::new()
+            }
+            Some(Output::Token(token)) => {
+                self.completion_tokens += 1;
+                let piece = self.text.push(token);
+                self.release(&piece, None)
+            }
+            Some(Output::Finished {
+                reason,
+                prompt_tokens,
+                completion_tokens,
+                cached_tokens,
+            }) => {
+                self.prompt_tokens = prompt_tokens;
+                self.completion_tokens = completion_tokens;
+                self.cached_tokens = cached_tokens;
+                let rest = self.text.flush();
+                self.release(&rest, Some(reason.as_str()))
+            }
+            Some(Output::Failed(reason)) => vec![Event::Failed(engine_failed(reason))],
+            None => vec![Event::Failed(engine_gone())],
+        }
+    }
+
+    /// Passes `piece` through the stop strings; `end` is the engine's finish reason when the
+    /// generation ended on its own.
+    fn release(&mut self, piece: &str, end: Option<&'static str>) -> Vec<Event> {
+        let released = self.stops.push(piece);
+        let mut events = Vec::new();
+        let mut text = released.text;
+        let reason = if released.stopped {
+            // Nothing more is wanted: closing the stream cancels the request in the engine.
+            self.outputs.close();
+            Some("stop")
+        } else {
+            if end.is_some() {
+                text.push_str(&self.stops.finish());
+            }
+            end
+        };
+        if !text.is_empty() {
+            events.push(Event::Text(text));
+        }
+        if let Some(reason) = reason {
+            events.push(Event::Finished(
+                reason,
+                usage_json(self.prompt_tokens, self.completion_tokens, self.cached_tokens),
+            ));
+        }
+        events
     }
 }
 
@@ -460,65 +566,79 @@ fn engine_failed(reason: String) -> ApiError {
 }
 
 async fn whole_answer(
-    mut outputs: mpsc::UnboundedReceiver<Output>,
+    mut generation: Generation,
     meta: ResponseMeta,
-    mut stream: TextStream,
     request: &GenerateRequest,
 ) -> Result<Response<Body>, ApiError> {
     let mut text = String::new();
     loop {
-        match outputs.recv().await {
-            Some(Output::Token(token)) => text.push_str(&stream.push(token)),
-            Some(Output::Failed(reason)) => return Err(engine_failed(reason)),
-            Some(Output::Finished {
-                reason,
-                prompt_tokens,
-                completion_tokens,
-                cached_tokens,
-            }) => {
-                text.push_str(&stream.flush());
-                let usage = usage_json(prompt_tokens, completion_tokens, cached_tokens);
-                let choice = match request {
-                    GenerateRequest::Chat(_) => json!({
-                        "index": 0,
-                        "message": {"role": "assistant", "content": text},
-                        "finish_reason": reason.as_str(),
-                    }),
-                    GenerateRequest::Completion(_) => {
-                        json!({"index": 0, "text": text, "finish_reason": reason.as_str()})
-                    }
-                };
-                let body = json!({
-                    "id": meta.id,
-                    "object": match meta.endpoint { Endpoint::Chat => "chat.completion", Endpoint::Completion => "text_completion" },
-                    "created": meta.created,
-                    "model": meta.model,
-                    "choices": [choice],
-                    "usage": usage,
-                });
-                return Ok(respond::json(StatusCode::OK, &body));
+        for event in generation.next().await {
+            match event {
+                Event::Text(piece) => text.push_str(&piece),
+                Event::Failed(err) => return Err(err),
+                Event::Finished(reason, usage) => {
+                    let choice = match request {
+                        GenerateRequest::Chat(_) => json!({
+                            "index": 0,
+                            "message": {"role": "assistant", "content": text},
+                            "finish_reason": reason,
+                        }),
+                        GenerateRequest::Completion(_) => {
+                            json!({"index": 0, "text": text, "finish_reason": reason})
+                        }
+                    };
+                    let body = json!({
+                        "id": meta.id,
+                        "object": match meta.endpoint { Endpoint::Chat => "chat.completion", Endpoint::Completion => "text_completion" },
+                        "created": meta.created,
+                        "model": meta.model,
+                        "choices": [choice],
+                        "usage": usage,
+                    });
+                    return Ok(respond::json(StatusCode::OK, &body));
+                }
             }
-            None => return Err(engine_gone()),
         }
     }
 }
 
-enum Phase {
-    Tokens,
-    /// The finish chunk, after any text held back.
-    Finish(Bytes),
-    Done,
-    Ended,
+/// Streams a generation as OpenAI SSE chunks, one event per piece of text as it is decoded.
+struct SseBody {
+    generation: Generation,
+    meta: ResponseMeta,
+    /// Frames ready to send.
+    queue: VecDeque<Bytes>,
+    sent_role: bool,
+    /// The finish chunk (or an error) is queued: nothing more comes from the engine.
+    ended: bool,
+    _in_flight: InFlight,
 }
 
-/// Streams engine outputs as OpenAI SSE chunks, one event per token as it is generated.
-struct SseBody {
-    outputs: mpsc::UnboundedReceiver<Output>,
-    meta: ResponseMeta,
-    text: TextStream,
-    sent_role: bool,
-    phase: Phase,
-    _in_flight: InFlight,
+impl SseBody {
+    fn enqueue(&mut self, events: Vec<Event>) {
+        for event in events {
+            match event {
+                Event::Text(piece) => {
+                    let role = !self.sent_role;
+                    self.sent_role = true;
+                    self.queue.push_back(self.meta.chunk(Some(&piece), role, None, None));
+                }
+                Event::Finished(reason, usage) => {
+                    self.queue
+                        .push_back(self.meta.chunk(None, false, Some(reason), Some(usage)));
+                    self.queue.push_back(Bytes::from_static(api::SSE_DONE));
+                    self.ended = true;
+                }
+                Event::Failed(err) => {
+                    self.queue.push_back(err.to_sse_event());
+                    self.ended = true;
+                }
+            }
+            if self.ended {
+                return;
+            }
+        }
+    }
 }
 
 impl http_body::Body for SseBody {
@@ -527,54 +647,21 @@ impl http_body::Body for SseBody {
 
     fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
         let this = self.get_mut();
-        let bytes = loop {
-            match std::mem::replace(&mut this.phase, Phase::Ended) {
-                Phase::Ended => return Poll::Ready(None),
-                Phase::Done => break Bytes::from_static(api::SSE_DONE),
-                Phase::Finish(chunk) => {
-                    this.phase = Phase::Done;
-                    break chunk;
-                }
-                Phase::Tokens => match this.outputs.poll_recv(cx) {
-                    Poll::Pending => {
-                        this.phase = Phase::Tokens;
-                        return Poll::Pending;
-                    }
-                    Poll::Ready(Some(Output::Token(token))) => {
-                        this.phase = Phase::Tokens;
-                        let piece = this.text.push(token);
-                        if piece.is_empty() {
-                            // Part of a character: wait for the rest.
-                            continue;
-                        }
-                        let role = !this.sent_role;
-                        this.sent_role = true;
-                        break this.meta.chunk(Some(&piece), role, None, None);
-                    }
-                    Poll::Ready(Some(Output::Finished {
-                        reason,
-                        prompt_tokens,
-                        completion_tokens,
-                        cached_tokens,
-                    })) => {
-                        let usage = usage_json(prompt_tokens, completion_tokens, cached_tokens);
-                        let finish = this.meta.chunk(None, false, Some(reason.as_str()), Some(usage));
-                        let rest = this.text.flush();
-                        if rest.is_empty() {
-                            this.phase = Phase::Done;
-                            break finish;
-                        }
-                        this.phase = Phase::Finish(finish);
-                        let role = !this.sent_role;
-                        this.sent_role = true;
-                        break this.meta.chunk(Some(&rest), role, None, None);
-                    }
-                    Poll::Ready(Some(Output::Failed(reason))) => break engine_failed(reason).to_sse_event(),
-                    Poll::Ready(None) => break engine_gone().to_sse_event(),
-                },
+        loop {
+            if let Some(bytes) = this.queue.pop_front() {
+                return Poll::Ready(Some(Ok(Frame::data(bytes))));
             }
-        };
-        Poll::Ready(Some(Ok(Frame::data(bytes))))
+            if this.ended {
+                return Poll::Ready(None);
+            }
+            match this.generation.outputs.poll_recv(cx) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(output) => {
+                    let events = this.generation.on_output(output);
+                    this.enqueue(events);
+                }
+            }
+        }
     }
 }
 

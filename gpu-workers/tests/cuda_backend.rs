@@ -194,6 +194,7 @@ async fn the_gpu_engine_generates_the_cpu_engines_tokens() {
                 match output {
                     Output::Token(token) => out.push(token),
                     Output::Finished { .. } => break,
+                    Output::Started { .. } => {}
                     Output::Failed(reason) => panic!("{reason}"),
                 }
             }

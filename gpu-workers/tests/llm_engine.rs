@@ -72,6 +72,7 @@ async fn collect(mut outputs: mpsc::UnboundedReceiver<Output>) -> Generation {
                 assert_eq!(completion_tokens as usize, tokens.len());
                 return Generation { tokens, cached_tokens };
             }
+            Output::Started { .. } => {}
             Output::Failed(reason) => panic!("generation failed: {reason}"),
         }
     }
@@ -262,6 +263,7 @@ async fn stop_tokens_end_a_generation_early() {
                 assert_eq!(reason.as_str(), "stop");
                 break;
             }
+            Output::Started { .. } => {}
             Output::Failed(reason) => panic!("{reason}"),
         }
     }

@@ -45,6 +45,7 @@ async fn answer(
         match outputs.recv().await.expect("an output") {
             Output::Token(id) => text.push_str(&decoder.push(tokenizer, id).expect("decodes")),
             Output::Finished { reason, .. } => return (text, reason),
+            Output::Started { .. } => {}
             Output::Failed(reason) => panic!("{reason}"),
         }
     }

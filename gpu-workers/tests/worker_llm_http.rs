@@ -95,6 +95,50 @@ fn serves_the_model_with_streaming_and_prefix_caching() {
 }
 
 #[test]
+fn stop_strings_cut_the_answer_before_them_streamed_or_not() {
+    let worker = worker(&[]);
+    let addr = worker.1[0];
+    let body = |stop: Option<&str>, stream: bool| {
+        let mut body = serde_json::json!({
+            "model": "tiny-llama", "prompt": "hello switchyard", "max_tokens": 40,
+            "temperature": 0, "ignore_eos": true, "stream": stream,
+        });
+        if let Some(stop) = stop {
+            body["stop"] = serde_json::json!([stop]);
+        }
+        body.to_string()
+    };
+    let (status, whole) = post(addr, "/v1/completions", &body(None, false));
+    assert_eq!(status, 200, "{whole}");
+    let whole = json(&whole)["choices"][0]["text"].as_str().expect("text").to_string();
+    // A stop string from the middle of the answer (on character boundaries).
+    let chars: Vec<(usize, char)> = whole.char_indices().collect();
+    assert!(chars.len() >= 10, "a long enough answer: {whole:?}");
+    let (start, end) = (chars[chars.len() / 2].0, chars[chars.len() / 2 + 2].0);
+    let stop = &whole[start..end];
+    let expected = &whole[..whole.find(stop).expect("it is in the answer")];
+
+    let (status, cut) = post(addr, "/v1/completions", &body(Some(stop), false));
+    assert_eq!(status, 200, "{cut}");
+    let cut = json(&cut);
+    assert_eq!(cut["choices"][0]["text"], expected, "stop {stop:?}");
+    assert_eq!(cut["choices"][0]["finish_reason"], "stop");
+    let completion = cut["usage"]["completion_tokens"].as_u64().expect("usage");
+    assert!(
+        completion > 0 && completion < 40,
+        "generation ended early: {completion}"
+    );
+
+    let (status, streamed) = post(addr, "/v1/completions", &body(Some(stop), true));
+    assert_eq!(status, 200);
+    let events = sse_events(&streamed);
+    let text: String = events.iter().filter_map(|e| e["choices"][0]["text"].as_str()).collect();
+    assert_eq!(text, expected, "streamed, stop {stop:?}");
+    assert_eq!(events.last().expect("a finish")["choices"][0]["finish_reason"], "stop");
+    assert!(streamed.ends_with("data: [DONE]\n\n") || streamed.contains("data: [DONE]"));
+}
+
+#[test]
 fn refuses_what_the_model_cannot_take_and_keeps_serving() {
     let worker = worker(&[]);
     let addr = worker.1[0];
@@ -104,7 +148,7 @@ fn refuses_what_the_model_cannot_take_and_keeps_serving() {
             r#"{"model":"tiny-llama","prompt":"hi","max_tokens":400}"#,
             "context_length_exceeded",
         ),
-        (r#"{"model":"tiny-llama","prompt":"hi","stop":"x"}"#, "unsupported"),
+        (r#"{"model":"tiny-llama","prompt":"hi","stop":[1]}"#, "invalid_type"),
         (r#"{"model":"tiny-llama","prompt":"hi","top_k":-3}"#, "invalid_value"),
     ];
     for (body, code) in cases {

@@ -64,7 +64,11 @@ fn refuses_bad_requests_with_openai_errors() {
         ),
         (r#"{"model":"mock","prompt":"x","top_p":0}"#, 400, "invalid_value"),
         (r#"{"model":"mock","prompt":"x","seed":"seven"}"#, 400, "invalid_type"),
-        (r#"{"model":"mock","prompt":"x","stop":["\n"]}"#, 400, "unsupported"),
+        (
+            r#"{"model":"mock","prompt":"x","stop":["a","b","c","d","e","f","g","h","i","j","k","l","m","n","o","p","q"]}"#,
+            400,
+            "invalid_value",
+        ),
     ];
     for (body, status, code) in cases {
         let (got, text) = post(mocker.1[0], "/v1/completions", body);

@@ -68,6 +68,12 @@ pub struct ModelLimits {
 /// What an engine sends back for one request.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Output {
+    /// The request was admitted for the first time; this many prompt tokens came from the
+    /// prefix cache. Sent once, before its first token.
+    Started {
+        /// Prompt tokens served from the prefix cache.
+        cached_tokens: u32,
+    },
     /// One generated token.
     Token(u32),
     /// The generation is over.

@@ -338,6 +338,9 @@ impl Scheduler {
             if seq.cached_tokens.is_none() {
                 let cached_prompt = computed.min(seq.prompt_len);
                 seq.cached_tokens = Some(cached_prompt);
+                let _ = seq.out.send(Output::Started {
+                    cached_tokens: cached_prompt as u32,
+                });
                 self.stats
                     .prompt_tokens
                     .fetch_add(seq.prompt_len as u64, Ordering::Relaxed);

@@ -197,6 +197,7 @@ mod tests {
             match output {
                 Output::Token(token) => tokens.push(token),
                 finished @ Output::Finished { .. } => return (tokens, finished),
+                Output::Started { .. } => {}
                 Output::Failed(reason) => panic!("the request failed: {reason}"),
             }
         }
