@@ -6,7 +6,7 @@
 //! missing GPU one too (run it on a GPU machine).
 #![cfg(feature = "cuda")]
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use switchyard_workers::engine::{EngineConfig, Output, SamplingParams};
 use switchyard_workers::llm::cuda::{self, CudaError, CudaExecutor, GpuChunk};
@@ -16,8 +16,16 @@ fn required(level: &str) -> bool {
     std::env::var("SWITCHYARD_CUDA_TESTS").is_ok_and(|value| value == level || value == "gpu")
 }
 
+/// The fixtures folder: `SWITCHYARD_FIXTURES_DIR` where the test binary runs away from its
+/// source tree (a GPU machine it was copied to), else the source tree's.
+fn fixtures() -> PathBuf {
+    std::env::var_os("SWITCHYARD_FIXTURES_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures"))
+}
+
 fn model(name: &str) -> Model {
-    Model::load(&Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(name)).expect("fixture loads")
+    Model::load(&fixtures().join(name)).expect("fixture loads")
 }
 
 #[test]

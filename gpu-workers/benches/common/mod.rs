@@ -82,7 +82,11 @@ pub fn write_random_llama(
             "vocab_size": {vocab}, "max_position_embeddings": 4096, "rms_norm_eps": 1e-5, "rope_theta": 10000.0}}"#
     );
     std::fs::write(dir.join("config.json"), config).expect("write config");
-    let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tiny-llama/tokenizer.json");
+    // `SWITCHYARD_FIXTURES_DIR` where the bench runs away from its source tree.
+    let fixtures = std::env::var_os("SWITCHYARD_FIXTURES_DIR")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures"));
+    let fixture = fixtures.join("tiny-llama/tokenizer.json");
     std::fs::copy(fixture, dir.join("tokenizer.json")).expect("copy tokenizer");
 }
 
