@@ -9,6 +9,7 @@
 use std::path::PathBuf;
 
 use switchyard_workers::engine::{EngineConfig, FinishReason, Output, SamplingParams};
+use switchyard_workers::llm::gguf::GgufFile;
 use switchyard_workers::llm::{Model, spawn_cpu_engine};
 use switchyard_workers::tokenize::{ChatTemplate, StreamDecoder, Tokenizer};
 
@@ -69,16 +70,25 @@ async fn smollm2_answers_coherently() {
         },
     )
     .expect("engine starts");
-    let chatml = ChatTemplate {
-        message: "<|im_start|>{role}\n{content}<|im_end|>\n".into(),
-        generation_prompt: "<|im_start|>assistant\n".into(),
-    };
+    // The model's own chat template, from the GGUF file, rendered as transformers would.
+    let template = GgufFile::open(&gguf())
+        .expect("opens")
+        .chat_template()
+        .expect("parses")
+        .expect("SmolLM2 ships a chat template");
     let messages = |question: &str| {
-        chatml.render(&[switchyard_workers::api::ChatMessage {
-            role: "user".into(),
-            content: Some(switchyard_workers::api::MessageContent::Text(question.into())),
-        }])
+        ChatTemplate::Jinja(template.clone())
+            .render(&[switchyard_workers::api::ChatMessage {
+                role: "user".into(),
+                content: Some(switchyard_workers::api::MessageContent::Text(question.into())),
+            }])
+            .expect("renders")
     };
+    let prompt = messages("What is the capital of France?");
+    assert!(
+        prompt.starts_with("<|im_start|>system\n") && prompt.ends_with("<|im_start|>assistant\n"),
+        "ChatML with SmolLM2's default system prompt: {prompt:?}"
+    );
     let (text, reason) = answer(
         &engine,
         &tokenizer,

@@ -113,15 +113,21 @@ pub struct ModelConfig {
     pub lora: Option<String>,
 }
 
-/// `[models.chat_template]`: `message` with `{role}` and `{content}`, then `generation_prompt`.
+/// `[models.chat_template]`: `message` with `{role}` and `{content}`, then `generation_prompt`;
+/// or `file`, the model's own Jinja template (its `tokenizer_config.json` or a `.jinja` file).
+/// Workers must render prompts alike for block hashes to agree.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ChatTemplateConfig {
     /// Written once per message.
-    pub message: String,
+    #[serde(default)]
+    pub message: Option<String>,
     /// Written after the last message.
     #[serde(default)]
     pub generation_prompt: String,
+    /// A Jinja chat template file (instead of `message`).
+    #[serde(default)]
+    pub file: Option<PathBuf>,
 }
 
 /// `[kv]`: where KV events, registrations and heartbeats come from.
@@ -606,6 +612,28 @@ impl Config {
                     format!("file `{}` does not exist", path.display()),
                 ));
             }
+            if let Some(template) = &model.chat_template {
+                match (&template.message, &template.file) {
+                    (Some(_), Some(_)) => {
+                        return Err(invalid(
+                            &key("chat_template"),
+                            "give `message` or `file`, not both".into(),
+                        ));
+                    }
+                    (None, None) => {
+                        return Err(invalid(
+                            &key("chat_template"),
+                            "needs `message` (a pattern) or `file` (a Jinja template)".into(),
+                        ));
+                    }
+                    (None, Some(path)) => {
+                        if let Err(err) = switchyard_workers::tokenize::JinjaTemplate::from_file(path) {
+                            return Err(invalid(&key("chat_template.file"), err.to_string()));
+                        }
+                    }
+                    (Some(_), None) => {}
+                }
+            }
         }
         let kv = &self.kv;
         if let Some(url) = &kv.nats_url
@@ -715,6 +743,29 @@ mod tests {
             .to_string();
         assert!(err.starts_with("test.toml:"), "{err}");
         assert!(err.contains("max_body"), "{err}");
+    }
+
+    #[test]
+    fn chat_templates_are_a_pattern_or_a_jinja_file() {
+        let base = "[embedded_mockers]\ncount = 1\n[[models]]\nname = \"m\"\n[models.chat_template]\n";
+        let both = format!("{base}message = \"{{content}}\"\nfile = \"t.jinja\"\n");
+        let err = parse(&both).unwrap_err();
+        assert!(
+            matches!(&err, ConfigError::Invalid { key, .. } if key == "models[0].chat_template"),
+            "{err}"
+        );
+        let missing = format!("{base}file = \"/nonexistent/tokenizer_config.json\"\n");
+        let err = parse(&missing).unwrap_err();
+        assert!(
+            matches!(&err, ConfigError::Invalid { key, .. } if key == "models[0].chat_template.file"),
+            "{err}"
+        );
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("chat.jinja");
+        std::fs::write(&path, "{% for m in messages %}{{ m['content'] }}{% endfor %}").expect("write");
+        let good = format!("{base}file = \"{}\"\n", path.display());
+        assert!(parse(&good).is_ok());
+        assert!(parse(&format!("{base}generation_prompt = \"x\"\n")).is_err(), "neither");
     }
 
     #[test]

@@ -35,10 +35,10 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use serde::{Deserialize, Serialize};
 use switchyard_workers::api::GenerateRequest;
 use switchyard_workers::blocks::block_hashes_for;
-use switchyard_workers::tokenize::{ChatTemplate, PromptEncoder, TokenizeError, Tokenizer};
+use switchyard_workers::tokenize::{ChatTemplate, JinjaTemplate, PromptEncoder, TokenizeError, Tokenizer};
 use tokio::sync::mpsc;
 
-use crate::config::{Config, ModelConfig};
+use crate::config::{ChatTemplateConfig, Config, ModelConfig};
 use crate::metrics::Labels;
 use crate::workers::Worker;
 
@@ -538,13 +538,19 @@ fn model_kv(model: &ModelConfig) -> Result<ModelKv, KvSetupError> {
         })?,
         None => Tokenizer::Bytes,
     };
-    let template = model
-        .chat_template
-        .as_ref()
-        .map_or_else(ChatTemplate::default, |t| ChatTemplate {
-            message: t.message.clone(),
+    let template = match &model.chat_template {
+        None => ChatTemplate::default(),
+        Some(ChatTemplateConfig { file: Some(path), .. }) => {
+            ChatTemplate::Jinja(JinjaTemplate::from_file(path).map_err(|source| KvSetupError {
+                model: model.name.clone(),
+                source,
+            })?)
+        }
+        Some(t) => ChatTemplate::Simple {
+            message: t.message.clone().unwrap_or_default(),
             generation_prompt: t.generation_prompt.clone(),
-        });
+        },
+    };
     Ok(ModelKv {
         encoder: PromptEncoder { tokenizer, template },
         block_size: model.block_size,

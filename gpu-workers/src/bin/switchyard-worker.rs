@@ -12,7 +12,7 @@ use clap::Parser;
 use switchyard_workers::engine::EngineConfig;
 use switchyard_workers::llm::{self, Model};
 use switchyard_workers::server::{ServerConfig, TextCodec, WorkerServer};
-use switchyard_workers::tokenize::{ChatTemplate, PromptEncoder};
+use switchyard_workers::tokenize::{ChatTemplate, JinjaTemplate, PromptEncoder};
 use switchyard_workers::{gateway_link, kv_events, kv_link};
 
 /// A native LLM worker speaking the OpenAI API.
@@ -62,8 +62,12 @@ struct Args {
     #[arg(long)]
     threads: Option<usize>,
     /// Per-message chat template, with `{role}` and `{content}` (must match the gateway's).
-    #[arg(long)]
+    #[arg(long, conflicts_with = "chat_template_file")]
     chat_template: Option<String>,
+    /// The model's own (Jinja) chat template: its `tokenizer_config.json`, a `.jinja` file, or
+    /// a GGUF model file's embedded one (must match the gateway's `[models.chat_template]`).
+    #[arg(long)]
+    chat_template_file: Option<PathBuf>,
     /// Text after the last chat message (must match the gateway's).
     #[arg(long)]
     chat_generation_prompt: Option<String>,
@@ -95,6 +99,31 @@ struct Args {
     /// On shutdown, wait this long for requests in flight to finish.
     #[arg(long, default_value_t = 30)]
     drain_timeout_s: u64,
+}
+
+/// The chat template the flags ask for (the default pattern when none).
+fn chat_template(args: &Args) -> anyhow::Result<ChatTemplate> {
+    if let Some(path) = &args.chat_template_file {
+        if path.extension().is_some_and(|ext| ext == "gguf") {
+            let file = llm::gguf::GgufFile::open(path)?;
+            let template = file
+                .chat_template()?
+                .with_context(|| format!("{}: no `tokenizer.chat_template` in the file", path.display()))?;
+            return Ok(ChatTemplate::Jinja(template));
+        }
+        return Ok(ChatTemplate::Jinja(JinjaTemplate::from_file(path)?));
+    }
+    let ChatTemplate::Simple {
+        message,
+        generation_prompt,
+    } = ChatTemplate::default()
+    else {
+        unreachable!("the default template is a simple one");
+    };
+    Ok(ChatTemplate::Simple {
+        message: args.chat_template.clone().unwrap_or(message),
+        generation_prompt: args.chat_generation_prompt.clone().unwrap_or(generation_prompt),
+    })
 }
 
 /// The worker's name in the gateway: `--name`, or `worker-PORT`.
@@ -226,17 +255,8 @@ async fn run() -> anyhow::Result<()> {
         #[cfg(not(feature = "cuda"))]
         Device::Cuda(_) => unreachable!("refused above"),
     };
-    let defaults = ChatTemplate::default();
-    let encoder = PromptEncoder {
-        tokenizer,
-        template: ChatTemplate {
-            message: args.chat_template.clone().unwrap_or(defaults.message),
-            generation_prompt: args
-                .chat_generation_prompt
-                .clone()
-                .unwrap_or(defaults.generation_prompt),
-        },
-    };
+    let template = chat_template(&args)?;
+    let encoder = PromptEncoder { tokenizer, template };
     let kv_log = args.gateway.as_ref().map(|_| {
         Arc::new(std::sync::Mutex::new(kv_events::EventLog::new(worker_name(
             &args, args.port,

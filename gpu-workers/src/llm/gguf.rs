@@ -8,7 +8,7 @@
 //! ([`TensorSource`]), translated to GGUF's (`blk.N.attn_q.weight`), and the query and key
 //! projections of `llama` files are put back in Hugging Face's row order, which llama.cpp's
 //! converter permutes for its interleaved RoPE. The tokenizer (`tokenizer.ggml.*`, GPT-2 BPE)
-//! is rebuilt as a Hugging Face tokenizer. The `gguf-rs` crate was not used: it enables
+//! is rebuilt as a Hugging Face tokenizer, and its chat template (Jinja) is offered as one. The `gguf-rs` crate was not used: it enables
 //! serde_json's `arbitrary_precision` for the whole build (which breaks flattened request
 //! parsing) and copies mapped files into memory.
 
@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 use super::LoadError;
 use super::config::{ModelConfig, RopeScaling};
 use super::weights::TensorSource;
-use crate::tokenize::Tokenizer;
+use crate::tokenize::{JinjaTemplate, Tokenizer};
 
 const MAGIC: &[u8; 4] = b"GGUF";
 const DEFAULT_ALIGNMENT: u64 = 32;
@@ -487,6 +487,34 @@ impl GgufFile {
             self.config_error("tokenizer.ggml.tokens", format!("cannot rebuild the tokenizer: {err}"))
         })?;
         Ok(Tokenizer::Hf(Box::new(tokenizer)))
+    }
+
+    /// The model's own chat template (`tokenizer.chat_template`, Jinja), with its BOS and EOS
+    /// token texts, if the file has one.
+    ///
+    /// # Errors
+    ///
+    /// [`LoadError::Config`] when the template does not parse.
+    pub fn chat_template(&self) -> Result<Option<JinjaTemplate>, LoadError> {
+        let key = "tokenizer.chat_template";
+        let Some(source) = self.metadata.get(key).and_then(Value::as_str) else {
+            return Ok(None);
+        };
+        let tokens = self.tokens().unwrap_or_default();
+        let token = |key: &str| {
+            self.metadata
+                .get(key)
+                .and_then(Value::as_u64)
+                .and_then(|id| tokens.get(id as usize))
+                .map_or("", |token| *token)
+        };
+        JinjaTemplate::new(
+            source,
+            token("tokenizer.ggml.bos_token_id"),
+            token("tokenizer.ggml.eos_token_id"),
+        )
+        .map(Some)
+        .map_err(|err| self.config_error(key, err.to_string()))
     }
 
     /// The GGUF name of a Hugging Face tensor name, and whether its rows are permuted for
