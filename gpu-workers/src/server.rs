@@ -2,8 +2,9 @@
 //!
 //! This module owns the worker side of the worker API: `POST /v1/chat/completions` and
 //! `POST /v1/completions` (text or token-id prompts, sampling fields, SSE streaming or a whole
-//! answer), `GET /v1/models`, `GET /healthz`, `GET /metrics` (Prometheus text) and, for workers
-//! linked to a gateway over HTTP, `GET /kv/dump` (the KV cache for a resync). It parses
+//! answer), `GET /v1/models`, `GET /healthz`, `GET /metrics` (Prometheus text),
+//! `POST /kv/reset` (drop the prefix cache's unreferenced blocks, announced as KV events) and,
+//! for workers linked to a gateway over HTTP, `GET /kv/dump` (the KV cache for a resync). It parses
 //! requests with [`crate::api`], tokenizes them with the worker's [`TextCodec`] (the mocker's
 //! byte-level prompts and made-up words, or a model's tokenizer), and turns the engine's
 //! outputs into OpenAI responses chunk by chunk as the engine produces them. A server counts
@@ -214,12 +215,14 @@ async fn handle(state: Arc<State>, request: Request<Incoming>) -> Response<Body>
         (Method::GET, "/healthz") => Ok(respond::text(StatusCode::OK, "text/plain", "ok\n")),
         (Method::GET, "/metrics") => Ok(metrics(&state)),
         (Method::GET, DUMP_PATH) => dump(&state),
+        (Method::POST, RESET_PATH) => reset(&state).await,
         (_, api::CHAT_COMPLETIONS_PATH | api::COMPLETIONS_PATH) => {
             Err(respond::method_not_allowed(&method, &path, "POST"))
         }
         (_, api::MODELS_PATH | "/healthz" | "/metrics" | DUMP_PATH) => {
             Err(respond::method_not_allowed(&method, &path, "GET"))
         }
+        (_, RESET_PATH) => Err(respond::method_not_allowed(&method, &path, "POST")),
         _ => Err(respond::not_found(&path)),
     };
     result.unwrap_or_else(|err| respond::error(&err))
@@ -227,6 +230,21 @@ async fn handle(state: Arc<State>, request: Request<Incoming>) -> Response<Body>
 
 /// Where a worker that publishes KV events over HTTP serves its whole cache for a resync.
 pub const DUMP_PATH: &str = "/kv/dump";
+
+/// Where an operator drops a worker's prefix cache (the blocks no running request holds).
+pub const RESET_PATH: &str = "/kv/reset";
+
+async fn reset(state: &State) -> Result<Response<Body>, ApiError> {
+    let dropped = state.engine.clear_prefix_cache().await.map_err(|err| {
+        ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "server_error",
+            "engine_stopped",
+            err.to_string(),
+        )
+    })?;
+    Ok(respond::json(StatusCode::OK, &json!({"dropped_blocks": dropped})))
+}
 
 fn dump(state: &State) -> Result<Response<Body>, ApiError> {
     let Some(log) = &state.config.kv_log else {

@@ -2,8 +2,9 @@
 //! processes on the tiny Llama fixture register (over a real `nats-server`, or directly with
 //! the gateway's admin API), publish their KV events, and the gateway (tokenizing with the
 //! model's own `tokenizer.json`) routes a repeated prompt to the worker that cached it, where
-//! the prefix cache serves it. Over HTTP, a gap in a worker's events is healed from its
-//! `/kv/dump`, and a worker that stops leaves at once.
+//! the prefix cache serves it; a worker's `/kv/reset` empties the index's view of it too. Over
+//! HTTP, a gap in a worker's events is healed from its `/kv/dump`, and a worker that stops
+//! leaves at once.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -206,18 +207,46 @@ async fn the_gateway_routes_to_native_workers_by_their_kv_events() -> anyhow::Re
     let nats = NatsServer::start()?;
     let extra = format!("[kv]\nnats_url = \"{}\"", nats.url);
     let (gateway, admin) = Gateway::start_with_admin(&gateway_config(model, &extra), TOKEN)?;
-    let mut workers = Vec::new();
+    let mut workers = HashMap::new();
     for name in ["alpha", "beta"] {
-        workers.push(NativeWorker::start(&worker_args(model, name, &["--nats", &nats.url]))?);
+        workers.insert(
+            name,
+            NativeWorker::start(&worker_args(model, name, &["--nats", &nats.url]))?,
+        );
     }
     wait_for_workers(&admin, 2).await?;
     let client = Client::plain(gateway.addr);
-    let (_, answer) = prefix_affinity(&client, &admin).await?;
+    let (home, answer) = prefix_affinity(&client, &admin).await?;
     // Greedy through the gateway is greedy on the worker: the same answer again.
     let again = client.post_json("/v1/chat/completions", &chat("question 0")).await?;
     assert_eq!(
         again.json()?["choices"][0]["message"]["content"],
         answer["choices"][0]["message"]["content"]
+    );
+    // An operator drops the worker's prefix cache: its `cleared` event empties the index.
+    let worker = Client::plain(workers.get(home.as_str()).context("home is one of ours")?.addr);
+    let reset = worker.send("POST", "/kv/reset", Vec::new()).await?;
+    assert_eq!(reset.status, 200);
+    assert!(
+        reset.json()?["dropped_blocks"].as_u64().unwrap_or(0) >= 10,
+        "{:?}",
+        reset.json()
+    );
+    assert!(
+        eventually(Duration::from_secs(10), || async {
+            admin.kv_summary().await.is_ok_and(|s| cached_blocks(&s, &home) == 0)
+        })
+        .await,
+        "the index still holds {} blocks of {home}",
+        cached_blocks(&admin.kv_summary().await?, &home)
+    );
+    let next = client
+        .post_json("/v1/chat/completions", &chat("after the reset"))
+        .await?;
+    assert_eq!(
+        next.json()?["usage"]["prompt_tokens_details"]["cached_tokens"],
+        0,
+        "nothing is served from a dropped cache"
     );
     drop(workers);
     Ok(())

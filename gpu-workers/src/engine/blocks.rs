@@ -183,12 +183,22 @@ impl BlockManager {
         }
     }
 
-    /// Drops every cached, unreferenced block.
-    pub fn clear_cache(&mut self) {
-        while let Some((_, block)) = self.inactive.pop_lru() {
+    /// Drops every cached block no sequence references and returns how many. Announced as
+    /// `cleared` when that empties the cache, else as `removed` for exactly those blocks (the
+    /// ones running sequences hold stay cached, and the index must keep them).
+    pub fn clear_cache(&mut self) -> usize {
+        let mut dropped = Vec::with_capacity(self.inactive.len());
+        while let Some((hash, block)) = self.inactive.pop_lru() {
             self.free.push(block);
+            dropped.push(hash);
         }
-        self.events.push(KvEvent::Cleared);
+        let count = dropped.len();
+        if self.active.is_empty() {
+            self.events.push(KvEvent::Cleared);
+        } else if !dropped.is_empty() {
+            self.events.push(KvEvent::Removed { block_hashes: dropped });
+        }
+        count
     }
 
     /// Takes the events recorded since the last call.
@@ -292,6 +302,32 @@ mod tests {
             assert!(block < 8 && seen.insert(block), "block {block} handed out twice");
         }
         assert_eq!(seen.len(), 8);
+    }
+
+    #[test]
+    fn clearing_drops_unreferenced_blocks_and_says_exactly_which() {
+        let mut manager = BlockManager::new(8, true);
+        let a = hashes(&[1, 2, 3, 4]);
+        let b = hashes(&[5, 6]);
+        store(&mut manager, &a);
+        store(&mut manager, &b);
+        manager.release_full(a[0].sequence);
+        manager.release_full(a[1].sequence);
+        manager.drain_events();
+        // b is still referenced: only a's blocks go, named one by one.
+        assert_eq!(manager.clear_cache(), 2);
+        match manager.drain_events().as_slice() {
+            [KvEvent::Removed { block_hashes }] => {
+                assert_eq!(block_hashes.len(), 2);
+                assert!(block_hashes.contains(&a[0].sequence) && block_hashes.contains(&a[1].sequence));
+            }
+            other => panic!("expected one removed event, got {other:?}"),
+        }
+        assert_eq!(manager.cached_prefix(&b), 1);
+        manager.release_full(b[0].sequence);
+        assert_eq!(manager.clear_cache(), 1);
+        assert_eq!(manager.drain_events(), vec![KvEvent::Cleared], "now the cache is empty");
+        assert_eq!(manager.available(), 8);
     }
 
     #[test]

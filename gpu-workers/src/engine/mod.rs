@@ -202,10 +202,19 @@ impl EngineStats {
 
 /// One request on its way to the scheduler.
 #[derive(Debug)]
-pub(crate) struct Submission {
+pub(crate) struct Request {
     pub(crate) prompt: Vec<u32>,
     pub(crate) sampler: Sampler,
     pub(crate) out: mpsc::UnboundedSender<Output>,
+}
+
+/// What a handle sends the scheduler.
+#[derive(Debug)]
+pub(crate) enum Submission {
+    /// A generation request.
+    Request(Request),
+    /// Drop the prefix cache's unreferenced blocks; the reply says how many.
+    ClearCache(tokio::sync::oneshot::Sender<usize>),
 }
 
 type EventSink = Arc<std::sync::Mutex<Option<mpsc::UnboundedSender<KvEvent>>>>;
@@ -293,9 +302,24 @@ impl EngineHandle {
         let sampler = Sampler::new(SamplingParams { max_tokens, ..params })?;
         let (out, receiver) = mpsc::unbounded_channel();
         self.submissions
-            .send(Submission { prompt, sampler, out })
+            .send(Submission::Request(Request { prompt, sampler, out }))
             .map_err(|_| SubmitError::Stopped)?;
         Ok(receiver)
+    }
+
+    /// Drops every cached block no running request holds (vLLM's prefix-cache reset) and
+    /// returns how many, announcing it as KV events (`cleared`, or `removed` for exactly those
+    /// blocks while requests run).
+    ///
+    /// # Errors
+    ///
+    /// [`SubmitError::Stopped`] if the engine has stopped.
+    pub async fn clear_prefix_cache(&self) -> Result<usize, SubmitError> {
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        self.submissions
+            .send(Submission::ClearCache(reply))
+            .map_err(|_| SubmitError::Stopped)?;
+        answer.await.map_err(|_| SubmitError::Stopped)
     }
 
     /// The engine's settings.

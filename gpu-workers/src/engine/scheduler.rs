@@ -190,6 +190,15 @@ impl Scheduler {
     }
 
     pub(crate) fn enqueue(&mut self, submission: Submission) {
+        let submission = match submission {
+            Submission::Request(request) => request,
+            Submission::ClearCache(reply) => {
+                let dropped = self.blocks.clear_cache();
+                self.publish();
+                let _ = reply.send(dropped);
+                return;
+            }
+        };
         let hashes = block_hashes(&submission.prompt, self.config.block_size);
         self.stats.requests.fetch_add(1, Ordering::Relaxed);
         self.next_id += 1;
