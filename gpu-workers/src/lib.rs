@@ -1,10 +1,12 @@
 //! Switchyard's workers.
 //!
 //! The crate owns everything that runs behind the gateway: the OpenAI wire format both sides
-//! speak ([`api`], [`respond`]), the fallback tokenizer ([`tokenize`]), Dynamo-compatible KV
-//! block hashing ([`blocks`]), the KV event protocol ([`kv_events`]) and its NATS link
-//! ([`kv_link`]) or its HTTP link to one gateway ([`gateway_link`]), the engine core every LLM worker shares ([`engine`]: scheduler, KV block
-//! pool, sampling), the simulated engine ([`mocker`]) and the native transformer ([`llm`]).
+//! speak ([`api`], [`respond`]), tokenizers and chat templates ([`tokenize`]), Dynamo-compatible
+//! KV block hashing ([`blocks`]), the KV event protocol ([`kv_events`]) and its links to the
+//! routing layer (NATS: [`kv_link`]; one gateway over HTTP: [`gateway_link`]), the engine core
+//! every LLM worker shares ([`engine`]: scheduler, KV block pool, sampling), the worker HTTP
+//! server ([`server`], with [`stop`] strings, on [`serve`]'s accept loop), the simulated engine
+//! ([`mocker`]) and the native transformer ([`llm`]).
 
 #![deny(missing_docs, missing_debug_implementations, unsafe_op_in_unsafe_fn)]
 #![warn(unreachable_pub)]

@@ -3,7 +3,7 @@
 //! It is a product feature, not a test stub: it runs the same scheduler and KV block pool as the
 //! native engine ([`crate::engine`]: continuous batching, prefix caching, eviction, preemption),
 //! takes as long as Dynamo's fitted perf model says ([`perf`]) divided by a speed-up factor
-//! ([`engine`]), and serves the same OpenAI endpoints as a real worker ([`server`]). [`spawn_fleet`] starts many engines in one process, one port each.
+//! ([`engine`]), and serves the same OpenAI endpoints as a real worker ([`crate::server`]). [`spawn_fleet`] starts many engines in one process, one port each.
 
 pub mod engine;
 pub mod perf;
