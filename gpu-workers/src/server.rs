@@ -37,6 +37,7 @@ use crate::mocker::engine::token_text;
 use crate::respond::{self, Body};
 use crate::stop::{MAX_STOP_BYTES, MAX_STOP_STRINGS, StopMatcher};
 use crate::tokenize::{self, PromptEncoder, StreamDecoder};
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 
 /// How a worker turns requests into token ids and generated ids into text.
 #[derive(Debug, Clone, Default)]
@@ -95,6 +96,30 @@ struct State {
     draining: AtomicBool,
     /// Generated-token count and time at the previous scrape, for the tokens/s gauge.
     last_scrape: Mutex<(Instant, u64)>,
+    latency: Arc<Latency>,
+}
+
+/// Latency histograms of the requests this server answers, in seconds.
+#[derive(Debug)]
+struct Latency {
+    /// Arrival to the first generated token.
+    time_to_first_token: Histogram,
+    /// Between consecutive tokens of one request.
+    inter_token: Histogram,
+    /// Arrival to the last token (or to the stop string that ended it).
+    request: Histogram,
+}
+
+impl Latency {
+    fn new() -> Latency {
+        // 1 ms to about 65 s: interactive decoding to long prompts on a busy CPU worker.
+        let buckets = || Histogram::new(exponential_buckets(0.001, 2.0, 17));
+        Latency {
+            time_to_first_token: buckets(),
+            inter_token: buckets(),
+            request: buckets(),
+        }
+    }
 }
 
 /// A worker serving HTTP on a bound address; the server stops when this is dropped.
@@ -131,6 +156,7 @@ impl WorkerServer {
             in_flight: Arc::new(AtomicU64::new(0)),
             draining: AtomicBool::new(false),
             last_scrape: Mutex::new((Instant::now(), generated)),
+            latency: Arc::new(Latency::new()),
         });
         let task = tokio::spawn(accept_loop(listener, state.clone()));
         Ok(WorkerServer {
@@ -276,6 +302,7 @@ fn shutting_down() -> ApiError {
 }
 
 async fn generate(state: &State, endpoint: Endpoint, request: Request<Incoming>) -> Result<Response<Body>, ApiError> {
+    let arrived = Instant::now();
     let in_flight = InFlight::new(&state.in_flight);
     let (parts, body) = request.into_parts();
     let body = respond::read_limited(&parts.headers, body, state.config.max_body_bytes).await?;
@@ -340,6 +367,9 @@ async fn generate(state: &State, endpoint: Endpoint, request: Request<Incoming>)
         prompt_tokens,
         completion_tokens: 0,
         cached_tokens: 0,
+        arrived,
+        last_token: None,
+        latency: state.latency.clone(),
     };
     if request.is_stream() {
         Ok(respond::event_stream(Body::new(SseBody {
@@ -447,6 +477,9 @@ struct Generation {
     prompt_tokens: u32,
     completion_tokens: u32,
     cached_tokens: u32,
+    arrived: Instant,
+    last_token: Option<Instant>,
+    latency: Arc<Latency>,
 }
 
 impl Generation {
@@ -464,6 +497,15 @@ impl Generation {
                 Vec::new()
             }
             Some(Output::Token(token)) => {
+                let now = Instant::now();
+                match self.last_token {
+                    None => self
+                        .latency
+                        .time_to_first_token
+                        .observe(now.duration_since(self.arrived).as_secs_f64()),
+                    Some(last) => self.latency.inter_token.observe(now.duration_since(last).as_secs_f64()),
+                }
+                self.last_token = Some(now);
                 self.completion_tokens += 1;
                 let piece = self.text.push(token);
                 self.release(&piece, None)
@@ -505,6 +547,7 @@ impl Generation {
             events.push(Event::Text(text));
         }
         if let Some(reason) = reason {
+            self.latency.request.observe(self.arrived.elapsed().as_secs_f64());
             events.push(Event::Finished(
                 reason,
                 usage_json(self.prompt_tokens, self.completion_tokens, self.cached_tokens),
@@ -790,6 +833,26 @@ fn metrics(state: &State) -> Response<Body> {
         let counter = Counter::<u64>::default();
         counter.inc_by(value.load(Ordering::Relaxed));
         registry.register(name, help, counter);
+    }
+    let latency: [(&str, &str, &Histogram); 3] = [
+        (
+            "time_to_first_token_seconds",
+            "Request arrival to its first generated token",
+            &state.latency.time_to_first_token,
+        ),
+        (
+            "inter_token_latency_seconds",
+            "Time between consecutive tokens of a request",
+            &state.latency.inter_token,
+        ),
+        (
+            "request_duration_seconds",
+            "Request arrival to its last token",
+            &state.latency.request,
+        ),
+    ];
+    for (name, help, histogram) in latency {
+        registry.register(name, help, histogram.clone());
     }
     let busy = Counter::<f64, AtomicU64>::default();
     busy.inc_by(stats.busy_nanos.load(Ordering::Relaxed) as f64 / 1e9);

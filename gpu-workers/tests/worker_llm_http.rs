@@ -89,6 +89,10 @@ fn serves_the_model_with_streaming_and_prefix_caching() {
         "switchyard_worker_kv_usage_ratio",
         "switchyard_worker_prefix_cache_hit_ratio",
         "switchyard_worker_generated_tokens_total 24",
+        // Two requests of 12 tokens: 2 first tokens, 22 gaps between tokens, 2 whole requests.
+        "switchyard_worker_time_to_first_token_seconds_count 2",
+        "switchyard_worker_inter_token_latency_seconds_count 22",
+        "switchyard_worker_request_duration_seconds_count 2",
     ] {
         assert!(metrics.contains(name), "{name} missing from:\n{metrics}");
     }
