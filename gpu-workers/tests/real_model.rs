@@ -105,3 +105,62 @@ async fn smollm2_answers_coherently() {
     let (again, _) = answer(&engine, &tokenizer, "The capital of France is", &stop, 8).await;
     assert_eq!(again, text);
 }
+
+/// The whole serving path with the real model: `switchyard-worker` on the GGUF with its own
+/// chat template answers an OpenAI chat request, streamed, and stops at `<|im_end|>`.
+#[test]
+#[ignore = "needs the SmolLM2-135M GGUF: SWITCHYARD_SMOLLM2_GGUF=$(scripts/fetch-smollm2.sh)"]
+fn the_worker_binary_serves_smollm2_over_http() {
+    use std::io::{BufRead, BufReader, Read, Write};
+
+    let gguf = gguf();
+    let gguf = gguf.to_str().expect("UTF-8 path");
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_switchyard-worker"))
+        .args(["--model", gguf, "--chat-template-file", gguf, "--port", "0"])
+        .args(["--served-model-name", "smollm2", "--kv-cache-mib", "256"])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("the worker starts");
+    let stdout = child.stdout.take().expect("stdout");
+    let mut addr = None;
+    for line in BufReader::new(stdout).lines() {
+        let line = line.expect("a line");
+        if let Some(rest) = line.split("listening on http://").nth(1) {
+            addr = Some(rest.trim().to_string());
+        }
+        if line.starts_with("worker ready") {
+            break;
+        }
+    }
+    let addr = addr.expect("the worker printed its address");
+    let body = serde_json::json!({
+        "model": "smollm2",
+        "messages": [{"role": "user", "content": "What is the capital of France?"}],
+        "max_tokens": 40, "temperature": 0, "stream": true,
+    })
+    .to_string();
+    let mut stream = std::net::TcpStream::connect(&addr).expect("connects");
+    write!(
+        stream,
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .expect("writes");
+    let mut response = String::new();
+    stream.read_to_string(&mut response).expect("reads");
+    let _ = child.kill();
+    let _ = child.wait();
+    let events: Vec<serde_json::Value> = response
+        .lines()
+        .filter_map(|line| line.strip_prefix("data: "))
+        .filter(|data| *data != "[DONE]")
+        .map(|data| serde_json::from_str(data).expect("JSON event"))
+        .collect();
+    let text: String = events
+        .iter()
+        .filter_map(|event| event["choices"][0]["delta"]["content"].as_str())
+        .collect();
+    assert!(text.contains("Paris"), "{text:?}");
+    let last = events.last().expect("a finish chunk");
+    assert_eq!(last["choices"][0]["finish_reason"], "stop", "{response}");
+}
