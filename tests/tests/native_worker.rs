@@ -32,7 +32,8 @@ fn chat(user: &str) -> serde_json::Value {
     })
 }
 
-fn worker_args<'a>(model: &'a str, name: &'a str, link: &[&'a str]) -> Vec<&'a str> {
+/// The worker's flags; `name` `None` leaves it to the worker (`worker-PORT`).
+fn worker_args<'a>(model: &'a str, name: Option<&'a str>, link: &[&'a str]) -> Vec<&'a str> {
     let mut args = vec![
         "--model",
         model,
@@ -46,11 +47,12 @@ fn worker_args<'a>(model: &'a str, name: &'a str, link: &[&'a str]) -> Vec<&'a s
         "8",
         "--threads",
         "1",
-        "--name",
-        name,
         "--heartbeat-ms",
         "200",
     ];
+    if let Some(name) = name {
+        args.extend_from_slice(&["--name", name]);
+    }
     args.extend_from_slice(link);
     args
 }
@@ -132,7 +134,7 @@ async fn workers_linked_over_http_register_route_resync_and_leave() -> anyhow::R
     let mut workers = HashMap::new();
     for name in ["alpha", "beta"] {
         let link = ["--gateway", admin_url.as_str(), "--gateway-token", TOKEN];
-        workers.insert(name, NativeWorker::start(&worker_args(model, name, &link))?);
+        workers.insert(name, NativeWorker::start(&worker_args(model, Some(name), &link))?);
     }
     wait_for_workers(&admin, 2).await?;
     let client = Client::plain(gateway.addr);
@@ -197,6 +199,25 @@ async fn workers_linked_over_http_register_route_resync_and_leave() -> anyhow::R
         .call("POST", "/admin/workers/ghost/events", b"[]".to_vec())
         .await?;
     assert_eq!(status, 409);
+
+    // A worker left to name itself (on a port it picked) registers and posts its events under
+    // one name: the index learns the blocks of a request sent to it directly.
+    let link = ["--gateway", admin_url.as_str(), "--gateway-token", TOKEN];
+    let unnamed = NativeWorker::start(&worker_args(model, None, &link))?;
+    wait_for_workers(&admin, 2).await?;
+    let name = format!("worker-{}", unnamed.addr.port());
+    let direct = Client::plain(unnamed.addr)
+        .post_json("/v1/chat/completions", &chat("straight to it"))
+        .await?;
+    assert_eq!(direct.status, 200);
+    assert!(
+        eventually(Duration::from_secs(10), || async {
+            admin.kv_summary().await.is_ok_and(|s| cached_blocks(&s, &name) >= 10)
+        })
+        .await,
+        "the index never learned {name}'s blocks: {}",
+        admin.kv_summary().await?
+    );
     Ok(())
 }
 
@@ -211,7 +232,7 @@ async fn the_gateway_routes_to_native_workers_by_their_kv_events() -> anyhow::Re
     for name in ["alpha", "beta"] {
         workers.insert(
             name,
-            NativeWorker::start(&worker_args(model, name, &["--nats", &nats.url]))?,
+            NativeWorker::start(&worker_args(model, Some(name), &["--nats", &nats.url]))?,
         );
     }
     wait_for_workers(&admin, 2).await?;

@@ -126,9 +126,18 @@ fn chat_template(args: &Args) -> anyhow::Result<ChatTemplate> {
     })
 }
 
-/// The worker's name in the gateway: `--name`, or `worker-PORT`.
-fn worker_name(args: &Args, port: u16) -> String {
-    args.name.clone().unwrap_or_else(|| format!("worker-{port}"))
+/// The engine's KV events for a link, and the pair that tells the link to stop.
+fn kv_feed(
+    engine: &switchyard_workers::engine::EngineHandle,
+) -> (
+    tokio::sync::mpsc::UnboundedReceiver<kv_events::KvEvent>,
+    tokio::sync::oneshot::Sender<()>,
+    tokio::sync::oneshot::Receiver<()>,
+) {
+    let (sink, events) = tokio::sync::mpsc::unbounded_channel();
+    engine.subscribe_kv_events(sink);
+    let (stop, stopped) = tokio::sync::oneshot::channel();
+    (events, stop, stopped)
 }
 
 /// Where the model runs.
@@ -257,14 +266,21 @@ async fn run() -> anyhow::Result<()> {
     };
     let template = chat_template(&args)?;
     let encoder = PromptEncoder { tokenizer, template };
-    let kv_log = args.gateway.as_ref().map(|_| {
-        Arc::new(std::sync::Mutex::new(kv_events::EventLog::new(worker_name(
-            &args, args.port,
-        ))))
-    });
     let listener = tokio::net::TcpListener::bind(SocketAddr::new(args.host, args.port))
         .await
         .with_context(|| format!("cannot listen on {}:{}", args.host, args.port))?;
+    let addr = listener.local_addr().context("cannot read the listening address")?;
+    // The bound port, not `--port` (which may be 0), names the worker: its events, dumps and
+    // registration must all carry the same name.
+    let name = args.name.clone().unwrap_or_else(|| format!("worker-{}", addr.port()));
+    anyhow::ensure!(
+        kv_events::valid_worker_name(&name),
+        "worker name `{name}` must be letters, digits, `-` and `_`"
+    );
+    let kv_log = args
+        .gateway
+        .as_ref()
+        .map(|_| Arc::new(std::sync::Mutex::new(kv_events::EventLog::new(name.clone()))));
     let server = WorkerServer::start(
         listener,
         engine.clone(),
@@ -280,10 +296,9 @@ async fn run() -> anyhow::Result<()> {
         },
     )
     .context("cannot start the HTTP server")?;
-    let addr = server.addr();
 
     let registration = kv_events::Registration {
-        worker: worker_name(&args, addr.port()),
+        worker: name,
         url: args.advertise_url.clone().unwrap_or_else(|| format!("http://{addr}")),
         model: served.clone(),
         role: "llm".into(),
@@ -294,19 +309,12 @@ async fn run() -> anyhow::Result<()> {
         heartbeat_ms: args.heartbeat_ms.max(1),
         last_event_id: 0,
     };
-    anyhow::ensure!(
-        kv_events::valid_worker_name(&registration.worker),
-        "worker name `{}` must be letters, digits, `-` and `_`",
-        registration.worker
-    );
     let mut link = None;
     if let Some(url) = &args.nats {
         let client = async_nats::connect(url.as_str())
             .await
             .with_context(|| format!("cannot connect to NATS at `{url}`"))?;
-        let (sink, events) = tokio::sync::mpsc::unbounded_channel();
-        engine.subscribe_kv_events(sink);
-        let (stop, stopped) = tokio::sync::oneshot::channel();
+        let (events, stop, stopped) = kv_feed(&engine);
         let config = kv_link::LinkConfig {
             subjects: kv_events::Subjects::new(args.subject_prefix.clone()),
             registration,
@@ -319,9 +327,7 @@ async fn run() -> anyhow::Result<()> {
         });
         link = Some((stop, task));
     } else if let (Some(url), Some(token), Some(log)) = (&args.gateway, &args.gateway_token, &kv_log) {
-        let (sink, events) = tokio::sync::mpsc::unbounded_channel();
-        engine.subscribe_kv_events(sink);
-        let (stop, stopped) = tokio::sync::oneshot::channel();
+        let (events, stop, stopped) = kv_feed(&engine);
         let config = gateway_link::GatewayLinkConfig {
             admin_url: url.clone(),
             token: token.clone(),
