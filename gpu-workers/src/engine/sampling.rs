@@ -76,7 +76,9 @@ impl FinishReason {
 #[derive(Debug)]
 pub struct Sampler {
     params: SamplingParams,
-    rng: SmallRng,
+    /// Made at the first random draw: greedy sequences and the mocker's never need one, so
+    /// they cost no OS entropy per request.
+    rng: Option<SmallRng>,
     /// Scratch for (token, logit) pairs, kept between calls.
     candidates: Vec<(u32, f32)>,
 }
@@ -94,13 +96,9 @@ impl Sampler {
         if params.top_p.is_nan() || params.top_p <= 0.0 || params.top_p > 1.0 {
             return Err(SamplingError::TopP(params.top_p));
         }
-        let rng = match params.seed {
-            Some(seed) => SmallRng::seed_from_u64(seed),
-            None => SmallRng::from_os_rng(),
-        };
         Ok(Sampler {
             params,
-            rng,
+            rng: None,
             candidates: Vec::new(),
         })
     }
@@ -164,7 +162,12 @@ impl Sampler {
             self.candidates.truncate(keep);
             total = self.candidates.iter().map(|c| f64::from(c.1)).sum();
         }
-        let mut target = self.rng.random::<f64>() * total;
+        let seed = self.params.seed;
+        let rng = self.rng.get_or_insert_with(|| match seed {
+            Some(seed) => SmallRng::seed_from_u64(seed),
+            None => SmallRng::from_os_rng(),
+        });
+        let mut target = rng.random::<f64>() * total;
         for candidate in &self.candidates {
             target -= f64::from(candidate.1);
             if target < 0.0 {
