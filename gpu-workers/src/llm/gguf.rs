@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 
 use super::LoadError;
 use super::config::{ModelConfig, RopeScaling};
-use super::weights::TensorSource;
+use super::weights::{Float, TensorSource, widen};
 use crate::tokenize::{JinjaTemplate, Tokenizer};
 
 const MAGIC: &[u8; 4] = b"GGUF";
@@ -601,22 +601,19 @@ impl TensorSource for GgufFile {
 
 /// Widens `count` values of `kind` from `data` to f32.
 fn dequantize(kind: TensorType, data: &[u8], count: usize) -> Vec<f32> {
+    let float = match kind {
+        TensorType::F32 => Some(Float::F32),
+        TensorType::F16 => Some(Float::F16),
+        TensorType::Bf16 => Some(Float::Bf16),
+        TensorType::Q4_0 | TensorType::Q4_1 | TensorType::Q8_0 => None,
+    };
+    if let Some(float) = float {
+        return widen(float, data);
+    }
     let mut out = Vec::with_capacity(count);
     let f16 = |b: &[u8]| half::f16::from_le_bytes([b[0], b[1]]).to_f32();
     match kind {
-        TensorType::F32 => out.extend(data.as_chunks::<4>().0.iter().map(|b| f32::from_le_bytes(*b))),
-        TensorType::F16 => out.extend(
-            data.as_chunks::<2>()
-                .0
-                .iter()
-                .map(|b| half::f16::from_le_bytes(*b).to_f32()),
-        ),
-        TensorType::Bf16 => out.extend(
-            data.as_chunks::<2>()
-                .0
-                .iter()
-                .map(|b| half::bf16::from_le_bytes(*b).to_f32()),
-        ),
+        TensorType::F32 | TensorType::F16 | TensorType::Bf16 => {}
         // Each 4-bit block: 16 bytes, the low nibbles are values 0..16, the high ones 16..32.
         TensorType::Q4_0 => {
             for block in data.as_chunks::<18>().0 {

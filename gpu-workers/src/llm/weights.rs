@@ -149,25 +149,10 @@ impl Weights {
         }
         let (start, end) = info.data_offsets;
         let bytes = &map[data_start + start..data_start + end];
-        let values = match info.dtype {
-            Dtype::F32 => bytes
-                .as_chunks::<4>()
-                .0
-                .iter()
-                .map(|b| f32::from_le_bytes(*b))
-                .collect(),
-            Dtype::F16 => bytes
-                .as_chunks::<2>()
-                .0
-                .iter()
-                .map(|b| half::f16::from_le_bytes(*b).to_f32())
-                .collect(),
-            Dtype::BF16 => bytes
-                .as_chunks::<2>()
-                .0
-                .iter()
-                .map(|b| half::bf16::from_le_bytes(*b).to_f32())
-                .collect(),
+        let float = match info.dtype {
+            Dtype::F32 => Float::F32,
+            Dtype::F16 => Float::F16,
+            Dtype::BF16 => Float::Bf16,
             other => {
                 return Err(weights_error(
                     path,
@@ -176,7 +161,40 @@ impl Weights {
                 ));
             }
         };
+        let values = widen(float, bytes);
         Ok(values)
+    }
+}
+
+/// A little-endian floating-point storage type.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Float {
+    F32,
+    F16,
+    Bf16,
+}
+
+/// Every value of `bytes`, stored as `float`, widened to f32 (safetensors and GGUF alike).
+pub(crate) fn widen(float: Float, bytes: &[u8]) -> Vec<f32> {
+    match float {
+        Float::F32 => bytes
+            .as_chunks::<4>()
+            .0
+            .iter()
+            .map(|b| f32::from_le_bytes(*b))
+            .collect(),
+        Float::F16 => bytes
+            .as_chunks::<2>()
+            .0
+            .iter()
+            .map(|b| half::f16::from_le_bytes(*b).to_f32())
+            .collect(),
+        Float::Bf16 => bytes
+            .as_chunks::<2>()
+            .0
+            .iter()
+            .map(|b| half::bf16::from_le_bytes(*b).to_f32())
+            .collect(),
     }
 }
 
