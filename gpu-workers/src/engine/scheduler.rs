@@ -55,10 +55,11 @@ pub struct StepItem<'a> {
     pub next_token: Option<Result<u32, String>>,
 }
 
-impl StepItem<'_> {
+impl<'a> StepItem<'a> {
     /// The tokens this step computes.
-    pub fn new_tokens(&self) -> &[u32] {
-        &self.tokens[self.start..self.start + self.count]
+    pub fn new_tokens(&self) -> &'a [u32] {
+        let tokens: &'a [u32] = self.tokens;
+        &tokens[self.start..self.start + self.count]
     }
 
     /// Whether the step reaches the end of the sequence, so a next token is wanted.

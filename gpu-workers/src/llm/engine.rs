@@ -45,7 +45,7 @@ impl Executor for CpuExecutor {
             .zip(items.iter())
             .map(|(sequence, item)| Chunk {
                 sequence,
-                tokens: &item.tokens[item.start..item.start + item.count],
+                tokens: item.new_tokens(),
             })
             .collect();
         let logits = self
