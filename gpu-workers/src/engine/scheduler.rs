@@ -137,11 +137,6 @@ impl Scheduler {
         }
     }
 
-    /// Whether no request is waiting or running.
-    pub(crate) fn is_idle(&self) -> bool {
-        self.running.is_empty() && self.waiting.is_empty()
-    }
-
     /// Fraction of the KV cache referenced by running sequences.
     pub(crate) fn kv_usage(&self) -> f64 {
         self.blocks.usage()
@@ -170,9 +165,7 @@ impl Scheduler {
             if open {
                 open = self.take_submissions(&mut submissions);
             }
-            self.drop_cancelled();
-            let plan = self.schedule();
-            self.publish();
+            let plan = self.next_step();
             if plan.is_empty() {
                 // Nothing can run until a request arrives (or was cancelled).
                 if !open {
@@ -186,7 +179,6 @@ impl Scheduler {
                 continue;
             }
             self.execute(plan, &mut executor);
-            self.publish();
         }
     }
 
@@ -218,8 +210,17 @@ impl Scheduler {
         self.update_gauges();
     }
 
+    /// Plans the next step: forgets cancelled requests, schedules, and publishes the KV events
+    /// that caused (evictions).
+    pub(crate) fn next_step(&mut self) -> Plan {
+        self.drop_cancelled();
+        let plan = self.schedule();
+        self.publish();
+        plan
+    }
+
     /// Forgets requests whose receivers were dropped, freeing their blocks.
-    pub(crate) fn drop_cancelled(&mut self) {
+    fn drop_cancelled(&mut self) {
         self.waiting.retain(|seq| !seq.out.is_closed());
         let mut index = 0;
         while index < self.running.len() {
@@ -276,7 +277,7 @@ impl Scheduler {
     }
 
     /// Chooses the next step's work, allocating the blocks it needs.
-    pub(crate) fn schedule(&mut self) -> Plan {
+    fn schedule(&mut self) -> Plan {
         let mut budget = self.config.max_num_batched_tokens;
         let mut work = Vec::new();
         let mut preempted = false;
@@ -378,8 +379,8 @@ impl Scheduler {
         plan
     }
 
-    /// Computes `plan` with `executor`, then hands out tokens, shares full blocks and retires
-    /// finished sequences.
+    /// Computes `plan` with `executor`, then hands out tokens, shares full blocks, retires
+    /// finished sequences and publishes the KV events of all that.
     pub(crate) fn execute<E: Executor + ?Sized>(&mut self, plan: Plan, executor: &mut E) {
         let started = Instant::now();
         let mut items = Vec::with_capacity(plan.work.len());
@@ -441,6 +442,7 @@ impl Scheduler {
             self.release(&seq);
         }
         self.update_gauges();
+        self.publish();
     }
 
     /// Records that `count` more tokens of running sequence `index` are computed and, if that
@@ -502,7 +504,7 @@ impl Scheduler {
     }
 
     /// Sends the KV events recorded since the last call to the subscriber, if any.
-    pub(crate) fn publish(&mut self) {
+    fn publish(&mut self) {
         let events = self.blocks.drain_events();
         if events.is_empty() {
             return;

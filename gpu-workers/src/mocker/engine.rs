@@ -41,27 +41,18 @@ pub fn spawn_engine(config: EngineConfig) -> EngineHandle {
         let mut clock = Instant::now();
         let mut open = true;
         loop {
-            if scheduler.is_idle() {
+            if open {
+                open = scheduler.take_submissions(&mut submissions);
+            }
+            let plan = scheduler.next_step();
+            if plan.is_empty() {
+                // Nothing can run until something changes; wait for a new request.
                 if !open {
                     return;
                 }
                 match submissions.recv().await {
                     Some(submission) => scheduler.enqueue(submission),
-                    None => return,
-                }
-                clock = Instant::now();
-            }
-            if open {
-                open = scheduler.take_submissions(&mut submissions);
-            }
-            scheduler.drop_cancelled();
-            let plan = scheduler.schedule();
-            scheduler.publish();
-            if plan.is_empty() {
-                // Nothing can run until something changes; wait for a new request.
-                match submissions.recv().await {
-                    Some(submission) => scheduler.enqueue(submission),
-                    None => return,
+                    None => open = false,
                 }
                 clock = Instant::now();
                 continue;
@@ -75,7 +66,6 @@ pub fn spawn_engine(config: EngineConfig) -> EngineHandle {
                 tokio::task::yield_now().await;
             }
             scheduler.execute(plan, &mut MockTokens);
-            scheduler.publish();
         }
     });
     handle
