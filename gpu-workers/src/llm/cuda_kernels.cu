@@ -6,37 +6,33 @@
 // No CUDA headers under NVRTC, so no INFINITY macro.
 #define NEG_INF __int_as_float(0xff800000)
 
-__device__ __forceinline__ float warp_sum(float v) {
-    for (int o = WARP / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+struct Sum {
+    __device__ static float identity() { return 0.0f; }
+    __device__ static float apply(float a, float b) { return a + b; }
+};
+
+struct Max {
+    __device__ static float identity() { return NEG_INF; }
+    __device__ static float apply(float a, float b) { return fmaxf(a, b); }
+};
+
+template <typename Op>
+__device__ __forceinline__ float warp_reduce(float v) {
+    for (int o = WARP / 2; o > 0; o >>= 1) v = Op::apply(v, __shfl_xor_sync(0xffffffffu, v, o));
     return v;
 }
 
-__device__ __forceinline__ float warp_max(float v) {
-    for (int o = WARP / 2; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-    return v;
-}
-
-// Block-wide sum; `scratch` holds one float per warp. Every thread gets the result.
-__device__ float block_sum(float v, float* scratch) {
+// Block-wide reduction; `scratch` holds one float per warp. Every thread gets the result.
+template <typename Op>
+__device__ float block_reduce(float v, float* scratch) {
     const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP, warps = (blockDim.x + WARP - 1) / WARP;
-    v = warp_sum(v);
+    v = warp_reduce<Op>(v);
     __syncthreads();
     if (lane == 0) scratch[warp] = v;
     __syncthreads();
-    float total = 0.0f;
-    for (int w = 0; w < warps; ++w) total += scratch[w];
-    return total;
-}
-
-__device__ float block_max(float v, float* scratch) {
-    const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP, warps = (blockDim.x + WARP - 1) / WARP;
-    v = warp_max(v);
-    __syncthreads();
-    if (lane == 0) scratch[warp] = v;
-    __syncthreads();
-    float best = NEG_INF;
-    for (int w = 0; w < warps; ++w) best = fmaxf(best, scratch[w]);
-    return best;
+    float result = Op::identity();
+    for (int w = 0; w < warps; ++w) result = Op::apply(result, scratch[w]);
+    return result;
 }
 
 // out[r] = table[ids[r]]; one block per row.
@@ -60,7 +56,7 @@ extern "C" __global__ void rms_norm(const float* x, const float* weight, float* 
     const float* in = x + row * width;
     float sum = 0.0f;
     for (int i = threadIdx.x; i < width; i += blockDim.x) sum += in[i] * in[i];
-    sum = block_sum(sum, scratch);
+    sum = block_reduce<Sum>(sum, scratch);
     const float inverse = 1.0f / sqrtf(sum / (float)width + eps);
     for (int i = threadIdx.x; i < width; i += blockDim.x) out[row * width + i] = in[i] * inverse * weight[i];
 }
@@ -142,13 +138,13 @@ extern "C" __global__ void paged_attention(const float* qkv, const float* key_ca
             const float* key = key_cache + (size_t)tile_slots[t] * kv_width + kv_head * head_dim;
             float dot = 0.0f;
             for (int d = lane; d < head_dim; d += WARP) dot += query[d] * key[d];
-            dot = warp_sum(dot);
+            dot = warp_reduce<Sum>(dot);
             if (lane == 0) scores[t] = dot * scale;
         }
         __syncthreads();
         float tile_max = NEG_INF;
         for (int t = threadIdx.x; t < n; t += blockDim.x) tile_max = fmaxf(tile_max, scores[t]);
-        tile_max = block_max(tile_max, scratch);
+        tile_max = block_reduce<Max>(tile_max, scratch);
         const float new_max = fmaxf(running_max, tile_max);
         const float correction = expf(running_max - new_max);
         __syncthreads();
@@ -158,7 +154,7 @@ extern "C" __global__ void paged_attention(const float* qkv, const float* key_ca
             scores[t] = p;
             tile_sum += p;
         }
-        tile_sum = block_sum(tile_sum, scratch);
+        tile_sum = block_reduce<Sum>(tile_sum, scratch);
         running_sum = running_sum * correction + tile_sum;
         for (int j = 0; j < 4; ++j) {
             const int d = threadIdx.x + j * blockDim.x;
