@@ -417,7 +417,7 @@ impl CudaExecutor {
     /// Runs one step and leaves each chunk's last-position logits on the GPU,
     /// `[chunks, vocab]`.
     fn run(&mut self, chunks: &[GpuChunk<'_>]) -> Result<CudaSlice<f32>, CudaError> {
-        let c = self.config.clone();
+        let c = &self.config;
         let mut b = self.prepare(chunks)?;
         let rows = b.rows;
         let (h, q, kv, inter) = (
