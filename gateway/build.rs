@@ -24,6 +24,7 @@ fn main() {
     for entry in [
         "Cargo.toml",
         "Cargo.lock",
+        ".cargo",
         "sdk",
         "round-robin",
         "least-load",

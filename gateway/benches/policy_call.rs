@@ -50,7 +50,8 @@ fn bench_route(c: &mut Criterion, runtime: &Arc<PolicyRuntime>) {
             .expect("loads");
         let mut instance = policy.instantiate().expect("instance");
         for n in SIZES {
-            let workers = table::synthetic(n);
+            // What the gateway sends this policy: its columns and the fallback's.
+            let workers = table::synthetic(n).select(policy.columns() | table::fallback_columns());
             group.bench_with_input(BenchmarkId::new(name, n), &workers, |b, workers| {
                 b.iter(|| instance.route(&request, workers).expect("answer"))
             });
@@ -120,7 +121,7 @@ fn bench_failures(c: &mut Criterion, runtime: &Arc<PolicyRuntime>) {
         group.sample_size(20);
         group.bench_function(label, |b| {
             b.iter(|| {
-                let (index, routed) = switch.route(&request, &workers);
+                let (index, routed) = switch.route(&request, |_| &workers);
                 assert!(
                     index.is_some() && routed.generation().is_none(),
                     "served by the fallback"

@@ -159,21 +159,24 @@ impl PolicyRuntime {
             .map_err(|err| PolicyError::Invalid(format!("cannot link: {err:#}")))?;
         let pre = RouterPre::new(pre)
             .map_err(|err| PolicyError::Invalid(format!("does not export the router world: {err:#}")))?;
-        let policy = RouterPolicy {
+        let mut policy = RouterPolicy {
             name: name.to_string(),
             sha256,
             pre,
             config: Arc::new(policy_config),
             runtime: self.clone(),
+            columns: table::Columns::empty(),
         };
         let mut instance = policy.instantiate()?;
-        let table = table::synthetic(8);
+        policy.columns = instance.columns;
+        // The self-test table holds what a live one would: the declared and the fallback's columns.
+        let table = table::synthetic(8).select(policy.columns | table::fallback_columns());
         let request = table::synthetic_request();
         let decision = instance.route(&request, &table)?;
-        if decision as usize >= table.ids.len() {
+        if decision as usize >= table.len() {
             return Err(PolicyError::Invalid(format!(
                 "self-test answered worker {decision} of {}",
-                table.ids.len()
+                table.len()
             )));
         }
         Ok(policy)
@@ -266,6 +269,7 @@ pub struct RouterPolicy {
     pre: RouterPre<HostState>,
     config: Arc<toml::Table>,
     runtime: Arc<PolicyRuntime>,
+    columns: table::Columns,
 }
 
 impl std::fmt::Debug for RouterPolicy {
@@ -273,11 +277,17 @@ impl std::fmt::Debug for RouterPolicy {
         f.debug_struct("RouterPolicy")
             .field("name", &self.name)
             .field("sha256", &self.sha256)
+            .field("columns", &self.columns)
             .finish_non_exhaustive()
     }
 }
 
 impl RouterPolicy {
+    /// The worker-table columns the policy reads (its `init` answer at load).
+    pub fn columns(&self) -> table::Columns {
+        self.columns
+    }
+
     /// A fresh instance with its own store, after a successful `init`.
     ///
     /// # Errors
@@ -290,7 +300,7 @@ impl RouterPolicy {
         let bindings = self.pre.instantiate(&mut store).map_err(PolicyError::trap)?;
         store.data_mut().begin_call();
         store.set_epoch_deadline(self.runtime.half_deadline_ticks);
-        bindings
+        let columns = bindings
             .call_init(&mut store)
             .map_err(PolicyError::trap)?
             .map_err(|err| PolicyError::Refused(err.message))?;
@@ -298,6 +308,7 @@ impl RouterPolicy {
             store,
             bindings,
             deadline_ticks: self.runtime.half_deadline_ticks,
+            columns,
         })
     }
 }
@@ -307,6 +318,8 @@ pub struct RouterInstance {
     store: Store<HostState>,
     bindings: RouterWorld,
     deadline_ticks: u64,
+    /// The columns this instance's `init` asked for.
+    columns: table::Columns,
 }
 
 impl std::fmt::Debug for RouterInstance {
@@ -322,8 +335,16 @@ impl RouterInstance {
     /// # Errors
     ///
     /// Returns [`PolicyError::Trap`] (including deadline interrupts and memory exhaustion),
-    /// [`PolicyError::Refused`] for an error result, or [`PolicyError::InvalidAnswer`].
+    /// [`PolicyError::Refused`] for an error result, or [`PolicyError::InvalidAnswer`] (also
+    /// when this instance's `init` asked for columns the table, built for what the policy
+    /// declared at load, does not hold).
     pub fn route(&mut self, request: &table::RequestInfo, workers: &table::WorkerTable) -> Result<u32, PolicyError> {
+        if !workers.present.contains(self.columns) {
+            return Err(PolicyError::InvalidAnswer(format!(
+                "init asked for the columns {:?}; the table holds {:?}",
+                self.columns, workers.present
+            )));
+        }
         self.store.data_mut().begin_call();
         self.store.set_epoch_deadline(self.deadline_ticks);
         let decision = self
@@ -331,7 +352,7 @@ impl RouterInstance {
             .call_route(&mut self.store, *request, workers)
             .map_err(PolicyError::trap)?
             .map_err(|err| PolicyError::Refused(err.message))?;
-        let size = workers.ids.len();
+        let size = workers.len();
         if decision.worker as usize >= size {
             return Err(PolicyError::InvalidAnswer(format!(
                 "worker {} of a {size}-worker table",

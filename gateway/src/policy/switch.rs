@@ -8,6 +8,7 @@
 //! the thread's instance is dropped and re-created after a backoff, the failure is counted, and
 //! after `max_failures` failures of one version the previous version is restored automatically.
 
+use std::borrow::Borrow;
 use std::cell::RefCell;
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -21,7 +22,7 @@ use prometheus_client::metrics::family::Family;
 
 use crate::policy::PolicyError;
 use crate::policy::runtime::{RouterInstance, RouterPolicy};
-use crate::policy::table::{self, RequestInfo, WorkerTable};
+use crate::policy::table::{self, Columns, RequestInfo, WorkerTable};
 
 /// One published version of a policy.
 #[derive(Debug)]
@@ -265,11 +266,17 @@ impl PolicySwitch {
         self.rollout.store(None);
     }
 
-    /// Picks a worker index in `table` for `request`: from the policy version in charge of it
-    /// (the active one, or a split candidate) when it answers sanely, from the native least-load
-    /// fallback otherwise. `None` only when the table holds no LLM worker. A shadow candidate is
-    /// also asked, and its answer only compared.
-    pub fn route(&self, request: &RequestInfo, table: &WorkerTable) -> (Option<u32>, Routed) {
+    /// Picks a worker index for `request` in the table `table` builds for the columns it is
+    /// given (those the deciding versions read; the table must hold them and the
+    /// [`table::fallback_columns`]): from the policy version in charge of the request (the active
+    /// one, or a split candidate) when it answers sanely, from the native least-load fallback
+    /// otherwise. `None` only when the table holds no LLM worker. A shadow candidate is also
+    /// asked, and its answer only compared.
+    pub fn route<T: Borrow<WorkerTable>>(
+        &self,
+        request: &RequestInfo,
+        table: impl FnOnce(Columns) -> T,
+    ) -> (Option<u32>, Routed) {
         let now_ms = self.started.elapsed().as_millis() as u64;
         let rollout = self.rollout.load();
         let version = match rollout.as_deref() {
@@ -280,6 +287,17 @@ impl PolicySwitch {
             }) if (request.affinity % 100) < u64::from(*percent) => Arc::clone(candidate),
             _ => self.active.load_full(),
         };
+        let mut columns = version.policy.columns();
+        if let Some(Rollout {
+            candidate,
+            mode: RolloutMode::Shadow,
+            ..
+        }) = rollout.as_deref()
+        {
+            columns |= candidate.policy.columns();
+        }
+        let table = table(columns);
+        let table = table.borrow();
         let outcome = self.call(&version, request, table, now_ms);
         if let Some(Rollout {
             candidate,

@@ -1,55 +1,158 @@
-//! The flat worker table handed to router policies, and the native fallback over it.
+//! The packed worker table handed to router policies, and the native fallback over it.
+//!
+//! A [`WorkerTable`] holds the columns some policy reads (`present`), packed one after another
+//! in the contract's column order (`flags columns` in `wit/policy.wit`: the k-th column has
+//! bit k), each one value per worker. The gateway builds one per request with the columns the
+//! policies in charge declared at `init` plus the ones its own fallback reads, so a call copies
+//! only what is read.
 
-pub use crate::policy::bindings::switchyard::policy::types::{RequestInfo, WorkerTable};
+pub use crate::policy::bindings::switchyard::policy::types::{Columns, RequestInfo, WorkerTable};
 
 use crate::config::Role;
 use crate::kv::{Load, Overlap};
 use crate::workers::Worker;
 
+/// The contract's columns in order: the k-th has bit k.
+const ORDER: [Columns; 11] = [
+    Columns::IDS,
+    Columns::ROLES,
+    Columns::CAPABILITIES,
+    Columns::OVERLAP_DEVICE_BLOCKS,
+    Columns::OVERLAP_HOST_BLOCKS,
+    Columns::ACTIVE_BLOCKS,
+    Columns::PREFILL_TOKENS,
+    Columns::ACTIVE_REQUESTS,
+    Columns::CAPACITY_BLOCKS,
+    Columns::BLOCK_SIZE,
+    Columns::COST,
+];
+
+/// Role values of the `roles` column.
+const ROLE_LLM: u32 = 0;
+
+/// The columns the native fallback ([`least_load`]) reads; every table the gateway builds
+/// holds them.
+pub fn fallback_columns() -> Columns {
+    Columns::ROLES | Columns::ACTIVE_REQUESTS | Columns::PREFILL_TOKENS
+}
+
+/// Every column of the contract. (`Columns::all()` sets bits beyond the eleven columns.)
+pub fn all_columns() -> Columns {
+    ORDER.iter().fold(Columns::empty(), |all, &column| all | column)
+}
+
+fn bits(columns: Columns) -> u32 {
+    columns.as_array()[0]
+}
+
+impl WorkerTable {
+    /// A table of `count` workers whose `present` columns are all zero.
+    pub fn zeroed(count: usize, present: Columns) -> WorkerTable {
+        WorkerTable {
+            count: u32::try_from(count).unwrap_or(u32::MAX),
+            present,
+            data: vec![0; bits(present).count_ones() as usize * count],
+        }
+    }
+
+    /// Number of workers.
+    pub fn len(&self) -> usize {
+        self.count as usize
+    }
+
+    /// Whether the table has no workers.
+    pub fn is_empty(&self) -> bool {
+        self.count == 0
+    }
+
+    /// Where `column` (one column) starts in `data`, if present.
+    fn offset(&self, column: Columns) -> Option<usize> {
+        let bit = bits(column);
+        if bit.count_ones() != 1 || !self.present.contains(column) {
+            return None;
+        }
+        Some((bits(self.present) & (bit - 1)).count_ones() as usize * self.len())
+    }
+
+    /// The values of `column` (one column), if present.
+    pub fn column(&self, column: Columns) -> Option<&[u32]> {
+        let start = self.offset(column)?;
+        self.data.get(start..start + self.len())
+    }
+
+    /// The values of `column` (one column) to change, if present.
+    pub fn column_mut(&mut self, column: Columns) -> Option<&mut [u32]> {
+        let start = self.offset(column)?;
+        let end = start + self.len();
+        self.data.get_mut(start..end)
+    }
+
+    /// A copy holding only `columns` (those of them present).
+    pub fn select(&self, columns: Columns) -> WorkerTable {
+        let present = self.present & columns;
+        let mut data = Vec::with_capacity(bits(present).count_ones() as usize * self.len());
+        for column in ORDER {
+            if present.contains(column)
+                && let Some(values) = self.column(column)
+            {
+                data.extend_from_slice(values);
+            }
+        }
+        WorkerTable {
+            count: self.count,
+            present,
+            data,
+        }
+    }
+}
+
 /// Builds the table for `candidates` (which the caller has already filtered to healthy workers
-/// of the requested model), with each one's prefix `overlaps` (sorted by worker id, as the
-/// index returns them) and live `loads` (aligned with `candidates`).
-pub fn build(candidates: &[std::sync::Arc<Worker>], overlaps: &[Overlap], loads: &[Load]) -> WorkerTable {
+/// of the requested model) with `columns` and the fallback's, from each one's prefix
+/// `overlaps` (sorted by worker id, as the index returns them) and live `loads` (aligned with
+/// `candidates`).
+pub fn build(
+    candidates: &[std::sync::Arc<Worker>],
+    overlaps: &[Overlap],
+    loads: &[Load],
+    columns: Columns,
+) -> WorkerTable {
     let n = candidates.len();
-    let mut table = WorkerTable {
-        ids: Vec::with_capacity(n),
-        roles: Vec::with_capacity(n),
-        capabilities: Vec::with_capacity(n),
-        overlap_device_blocks: Vec::with_capacity(n),
-        overlap_host_blocks: Vec::with_capacity(n),
-        active_blocks: Vec::with_capacity(n),
-        prefill_tokens: Vec::with_capacity(n),
-        active_requests: Vec::with_capacity(n),
-        capacity_blocks: Vec::with_capacity(n),
-        block_size: Vec::with_capacity(n),
-        cost: Vec::with_capacity(n),
-    };
+    let present = columns | fallback_columns();
+    let mut table = WorkerTable::zeroed(n, present);
     let saturate = |value: u64| u32::try_from(value).unwrap_or(u32::MAX);
+    let slots: Vec<(usize, usize)> = ORDER
+        .iter()
+        .enumerate()
+        .filter_map(|(k, &column)| table.offset(column).map(|start| (k, start)))
+        .collect();
     for (index, worker) in candidates.iter().enumerate() {
-        table.ids.push(worker.kv_id);
-        table.roles.push(match worker.role {
-            Role::Llm => 0,
-            Role::Vision => 1,
-            Role::Audio => 2,
-        });
-        table.capabilities.push(capability_mask(&worker.capabilities));
         let overlap = overlaps
             .binary_search_by_key(&worker.kv_id, |o| o.worker)
             .ok()
             .map(|i| overlaps[i]);
-        table.overlap_device_blocks.push(overlap.map_or(0, |o| o.device));
-        table.overlap_host_blocks.push(overlap.map_or(0, |o| o.host));
         let load = loads.get(index).copied().unwrap_or_default();
-        table.active_blocks.push(load.active_blocks);
-        table.prefill_tokens.push(saturate(load.prefill_tokens));
         // This gateway's in-flight count covers requests the tracker does not (e.g. retries).
         let local = u64::try_from(worker.in_flight().max(0)).unwrap_or(0);
-        table
-            .active_requests
-            .push(saturate(u64::from(load.requests).max(local)));
-        table.capacity_blocks.push(saturate(worker.capacity_blocks));
-        table.block_size.push(saturate(worker.block_size as u64));
-        table.cost.push(worker.cost as f32);
+        let row: [u32; 11] = [
+            worker.kv_id,
+            match worker.role {
+                Role::Llm => ROLE_LLM,
+                Role::Vision => 1,
+                Role::Audio => 2,
+            },
+            capability_mask(&worker.capabilities),
+            overlap.map_or(0, |o| o.device),
+            overlap.map_or(0, |o| o.host),
+            load.active_blocks,
+            saturate(load.prefill_tokens),
+            saturate(u64::from(load.requests).max(local)),
+            saturate(worker.capacity_blocks),
+            saturate(worker.block_size as u64),
+            (worker.cost as f32).to_bits(),
+        ];
+        for &(k, start) in &slots {
+            table.data[start + index] = row[k];
+        }
     }
     table
 }
@@ -68,29 +171,63 @@ pub fn capability_mask(capabilities: &[String]) -> u32 {
 }
 
 /// The native fallback: the LLM worker with the fewest active requests, then the least
-/// prefill work, then the lowest index.
+/// prefill work, then the lowest index. `None` when the table holds no LLM worker (or lacks
+/// the [`fallback_columns`]).
+///
+/// The same three passes as the `least-load` plugin, so the benchmark compares like with like:
+/// two branch-free minimum reductions the compiler vectorizes, then a search for the first
+/// worker holding both minima.
 pub fn least_load(table: &WorkerTable) -> Option<u32> {
-    (0..table.ids.len())
-        .filter(|&i| table.roles[i] == 0)
-        .min_by_key(|&i| (table.active_requests[i], table.prefill_tokens[i]))
-        .map(|i| i as u32)
+    let roles = table.column(Columns::ROLES)?;
+    let active = table.column(Columns::ACTIVE_REQUESTS)?;
+    let prefill = table.column(Columns::PREFILL_TOKENS)?;
+    let fewest = roles
+        .iter()
+        .zip(active)
+        .map(|(&role, &active)| if role == ROLE_LLM { active } else { u32::MAX })
+        .min()?;
+    let least_prefill = roles
+        .iter()
+        .zip(active)
+        .zip(prefill)
+        .map(|((&role, &active), &prefill)| {
+            if role == ROLE_LLM && active == fewest {
+                prefill
+            } else {
+                u32::MAX
+            }
+        })
+        .min()?;
+    roles
+        .iter()
+        .zip(active)
+        .zip(prefill)
+        .position(|((&role, &active), &prefill)| role == ROLE_LLM && active == fewest && prefill == least_prefill)
+        .and_then(|index| u32::try_from(index).ok())
 }
 
-/// A plausible table of `n` idle LLM workers, for self-tests and benchmarks.
+/// A plausible table of `n` idle LLM workers with every column, for self-tests and benchmarks.
 pub fn synthetic(n: usize) -> WorkerTable {
-    WorkerTable {
-        ids: (0..n as u32).collect(),
-        roles: vec![0; n],
-        capabilities: vec![1; n],
-        overlap_device_blocks: (0..n as u32).map(|i| i % 7).collect(),
-        overlap_host_blocks: vec![0; n],
-        active_blocks: (0..n as u32).map(|i| (i * 37) % 500).collect(),
-        prefill_tokens: (0..n as u32).map(|i| (i * 101) % 4096).collect(),
-        active_requests: (0..n as u32).map(|i| (i * 13) % 17).collect(),
-        capacity_blocks: vec![16_384; n],
-        block_size: vec![64; n],
-        cost: vec![1.0; n],
-    }
+    let mut table = WorkerTable::zeroed(n, all_columns());
+    let n32 = u32::try_from(n).unwrap_or(u32::MAX);
+    let mut fill = |column: Columns, value: &dyn Fn(u32) -> u32| {
+        if let Some(values) = table.column_mut(column) {
+            for (i, slot) in (0..n32).zip(values.iter_mut()) {
+                *slot = value(i);
+            }
+        }
+    };
+    fill(Columns::IDS, &|i| i);
+    fill(Columns::ROLES, &|_| ROLE_LLM);
+    fill(Columns::CAPABILITIES, &|_| 1);
+    fill(Columns::OVERLAP_DEVICE_BLOCKS, &|i| i % 7);
+    fill(Columns::ACTIVE_BLOCKS, &|i| (i * 37) % 500);
+    fill(Columns::PREFILL_TOKENS, &|i| (i * 101) % 4096);
+    fill(Columns::ACTIVE_REQUESTS, &|i| (i * 13) % 17);
+    fill(Columns::CAPACITY_BLOCKS, &|_| 16_384);
+    fill(Columns::BLOCK_SIZE, &|_| 64);
+    fill(Columns::COST, &|_| 1.0f32.to_bits());
+    table
 }
 
 /// A plausible request, for self-tests and benchmarks.
@@ -103,5 +240,55 @@ pub fn synthetic_request() -> RequestInfo {
         media_tokens: 0,
         affinity: 0,
         ttft_target_ms: 0.0,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn columns_sit_in_contract_order_and_select_keeps_them() {
+        let table = synthetic(5);
+        assert_eq!(table.data.len(), 55);
+        assert_eq!(table.column(Columns::IDS), Some(&[0, 1, 2, 3, 4][..]));
+        assert_eq!(&table.data[..5], &[0, 1, 2, 3, 4]);
+        assert_eq!(table.column(Columns::COST).map(|c| f32::from_bits(c[0])), Some(1.0));
+        assert_eq!(&table.data[50..], &[1.0f32.to_bits(); 5]);
+        let picked = table.select(Columns::PREFILL_TOKENS | Columns::IDS | Columns::BLOCK_SIZE);
+        assert_eq!(picked.data.len(), 15);
+        assert_eq!(&picked.data[..5], &[0, 1, 2, 3, 4]);
+        assert_eq!(&picked.data[5..10], &[0, 101, 202, 303, 404]);
+        assert_eq!(&picked.data[10..], &[64; 5]);
+        assert_eq!(picked.column(Columns::ACTIVE_REQUESTS), None);
+        assert_eq!(
+            picked.column(Columns::IDS | Columns::BLOCK_SIZE),
+            None,
+            "one column at a time"
+        );
+    }
+
+    #[test]
+    fn fallback_prefers_fewest_requests_then_least_prefill_then_lowest_index() {
+        let mut table = synthetic(5);
+        table
+            .column_mut(Columns::ROLES)
+            .expect("roles")
+            .copy_from_slice(&[0, 1, 0, 0, 0]);
+        table
+            .column_mut(Columns::ACTIVE_REQUESTS)
+            .expect("requests")
+            .copy_from_slice(&[3, 0, 2, 2, 2]);
+        table
+            .column_mut(Columns::PREFILL_TOKENS)
+            .expect("prefill")
+            .copy_from_slice(&[0, 0, 500, 100, 100]);
+        assert_eq!(least_load(&table), Some(3));
+        table
+            .column_mut(Columns::ROLES)
+            .expect("roles")
+            .copy_from_slice(&[1, 1, 2, 1, 1]);
+        assert_eq!(least_load(&table), None);
+        assert_eq!(least_load(&table.select(Columns::ROLES)), None, "no load columns");
     }
 }

@@ -4,7 +4,16 @@ use std::sync::Arc;
 
 use super::runtime::{PolicyRuntime, RuntimeConfig};
 use super::switch::{PolicySwitch, SwitchConfig};
+use super::table::{Columns, WorkerTable};
 use super::{PolicyError, built_in_router, table};
+
+/// Sets a column of `table`, which must hold it.
+fn set(table: &mut WorkerTable, column: Columns, values: &[u32]) {
+    table
+        .column_mut(column)
+        .expect("the table holds the column")
+        .copy_from_slice(values);
+}
 
 /// A runtime with a deadline generous enough that parallel tests on two busy cores do not
 /// interrupt well-behaved calls (the deadline is wall-clock time).
@@ -28,17 +37,17 @@ fn load(runtime: &Arc<PolicyRuntime>, name: &str) -> super::runtime::RouterPolic
 fn built_in_routers_load_and_decide() {
     let runtime = runtime();
     let mut table = table::synthetic(4);
-    table.active_requests = vec![5, 2, 9, 2];
-    table.prefill_tokens = vec![0, 100, 0, 50];
+    set(&mut table, Columns::ACTIVE_REQUESTS, &[5, 2, 9, 2]);
+    set(&mut table, Columns::PREFILL_TOKENS, &[0, 100, 0, 50]);
     let request = table::synthetic_request();
     let mut least = load(&runtime, "least-load").instantiate().expect("instance");
     assert_eq!(least.route(&request, &table).expect("answer"), 3);
 
     let mut kv = load(&runtime, "kv-aware").instantiate().expect("instance");
-    table.active_requests = vec![0; 4];
-    table.prefill_tokens = vec![0; 4];
-    table.active_blocks = vec![0; 4];
-    table.overlap_device_blocks = vec![0, 0, 16, 0];
+    set(&mut table, Columns::ACTIVE_REQUESTS, &[0; 4]);
+    set(&mut table, Columns::PREFILL_TOKENS, &[0; 4]);
+    set(&mut table, Columns::ACTIVE_BLOCKS, &[0; 4]);
+    set(&mut table, Columns::OVERLAP_DEVICE_BLOCKS, &[0, 0, 16, 0]);
     assert_eq!(
         kv.route(&request, &table).expect("answer"),
         2,
@@ -51,6 +60,75 @@ fn built_in_routers_load_and_decide() {
     distinct.sort_unstable();
     distinct.dedup();
     assert_eq!(distinct, vec![0, 1, 2, 3], "every worker in turn: {picks:?}");
+}
+
+#[test]
+fn policies_declare_their_columns_and_decide_the_same_on_just_those() {
+    let runtime = runtime();
+    let least = load(&runtime, "least-load");
+    assert_eq!(
+        least.columns(),
+        Columns::ROLES | Columns::ACTIVE_REQUESTS | Columns::PREFILL_TOKENS
+    );
+    let request = table::synthetic_request();
+    for name in ["least-load", "kv-aware", "predicted-ttft", "round-robin"] {
+        let policy = load(&runtime, name);
+        let full = table::synthetic(64);
+        let just = full.select(policy.columns());
+        assert!(just.data.len() < full.data.len(), "{name} reads fewer than all columns");
+        let mut on_full = policy.instantiate().expect("instance");
+        let mut on_just = policy.instantiate().expect("instance");
+        for id in 0..16 {
+            let request = table::RequestInfo {
+                request_id: id,
+                ..request
+            };
+            assert_eq!(
+                on_full.route(&request, &full).expect("answer"),
+                on_just.route(&request, &just).expect("answer"),
+                "{name}, request {id}"
+            );
+        }
+        if policy.columns() != Columns::ROLES {
+            let err = on_just
+                .route(&request, &full.select(Columns::ROLES))
+                .expect_err("a table without the declared columns");
+            assert!(matches!(err, PolicyError::InvalidAnswer(_)), "{err}");
+        }
+    }
+}
+
+#[test]
+fn least_load_in_wasm_agrees_with_the_native_fallback() {
+    // The plugin scans eight workers per SIMD round and finishes with a scalar tail; small
+    // values make ties on requests and on prefill common, so the tie-breaks are exercised.
+    let runtime = runtime();
+    let mut instance = load(&runtime, "least-load").instantiate().expect("instance");
+    let request = table::synthetic_request();
+    let mut state = 0x2545_f491_4f6c_dd1d_u64;
+    let mut next = |bound: u64| {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        (state % bound) as u32
+    };
+    for n in [1, 3, 4, 7, 8, 9, 15, 16, 17, 31, 33, 64, 100, 257] {
+        for _ in 0..20 {
+            let mut table = table::synthetic(n).select(table::fallback_columns());
+            let roles: Vec<u32> = (0..n).map(|_| u32::from(next(4) == 0)).collect();
+            let active: Vec<u32> = (0..n).map(|_| next(3)).collect();
+            let prefill: Vec<u32> = (0..n).map(|_| next(3) * 100).collect();
+            set(&mut table, Columns::ROLES, &roles);
+            set(&mut table, Columns::ACTIVE_REQUESTS, &active);
+            set(&mut table, Columns::PREFILL_TOKENS, &prefill);
+            let native = table::least_load(&table);
+            match instance.route(&request, &table) {
+                Ok(index) => assert_eq!(Some(index), native, "{n} workers: {roles:?} {active:?} {prefill:?}"),
+                Err(PolicyError::Refused(_)) => assert_eq!(native, None, "{n} workers: {roles:?}"),
+                Err(err) => panic!("{err}"),
+            }
+        }
+    }
 }
 
 #[test]
@@ -76,9 +154,9 @@ fn kv_aware_reads_its_config_through_the_host() {
         .expect("loads");
     let mut instance = policy.instantiate().expect("instance");
     let mut table = table::synthetic(4);
-    table.overlap_device_blocks = vec![0, 0, 16, 0];
-    table.active_blocks = vec![0; 4];
-    table.prefill_tokens = vec![0; 4];
+    set(&mut table, Columns::OVERLAP_DEVICE_BLOCKS, &[0, 0, 16, 0]);
+    set(&mut table, Columns::ACTIVE_BLOCKS, &[0; 4]);
+    set(&mut table, Columns::PREFILL_TOKENS, &[0; 4]);
     let mut picks = std::collections::HashSet::new();
     for id in 0..200 {
         let request = table::RequestInfo {
@@ -95,10 +173,10 @@ fn predicted_ttft_weighs_queues_and_decoders_through_the_host() {
     let runtime = runtime();
     let mut instance = load(&runtime, "predicted-ttft").instantiate().expect("instance");
     let mut table = table::synthetic(3);
-    table.overlap_device_blocks = vec![0, 12, 0];
-    table.active_blocks = vec![0; 3];
-    table.prefill_tokens = vec![0; 3];
-    table.active_requests = vec![0; 3];
+    set(&mut table, Columns::OVERLAP_DEVICE_BLOCKS, &[0, 12, 0]);
+    set(&mut table, Columns::ACTIVE_BLOCKS, &[0; 3]);
+    set(&mut table, Columns::PREFILL_TOKENS, &[0; 3]);
+    set(&mut table, Columns::ACTIVE_REQUESTS, &[0; 3]);
     // 1024 prompt tokens: idle, worker 1 prefills 256 of them and the others all 1024.
     let request = table::synthetic_request();
     assert_eq!(
@@ -107,17 +185,17 @@ fn predicted_ttft_weighs_queues_and_decoders_through_the_host() {
         "the cached prefix"
     );
     // 16384 queued tokens make worker 1 wait two full steps (~340 ms) against one ~32 ms step.
-    table.prefill_tokens = vec![0, 16_384, 0];
+    set(&mut table, Columns::PREFILL_TOKENS, &[0, 16_384, 0]);
     let pick = instance.route(&request, &table).expect("answer");
     assert!(pick == 0 || pick == 2, "away from the queue: {pick}");
 
     // 200 decoders on worker 0 against a 16384-token queue on worker 1: one mixed step wins,
     // unless the delay the prefill inflicts on the decoders is weighed in (config key).
     let mut table = table::synthetic(2);
-    table.overlap_device_blocks = vec![0; 2];
-    table.active_requests = vec![200, 4];
-    table.active_blocks = vec![4000, 64];
-    table.prefill_tokens = vec![0, 16_384];
+    set(&mut table, Columns::OVERLAP_DEVICE_BLOCKS, &[0; 2]);
+    set(&mut table, Columns::ACTIVE_REQUESTS, &[200, 4]);
+    set(&mut table, Columns::ACTIVE_BLOCKS, &[4000, 64]);
+    set(&mut table, Columns::PREFILL_TOKENS, &[0, 16_384]);
     assert_eq!(instance.route(&request, &table).expect("answer"), 0);
     let mut config = toml::Table::new();
     config.insert("interference_weight".into(), toml::Value::Float(0.1));
@@ -157,13 +235,16 @@ fn publish_and_rollback_switch_versions() {
     let switch = PolicySwitch::new(load(&runtime, "least-load"), SwitchConfig::default());
     let table = table::synthetic(4);
     let request = table::synthetic_request();
-    let (_, routed) = switch.route(&request, &table);
+    let (_, routed) = switch.route(&request, |_| &table);
     assert_eq!(routed.generation(), Some(1));
     let version = switch.publish(Arc::new(load(&runtime, "round-robin")));
-    assert_eq!(switch.route(&request, &table).1.generation(), Some(version.generation));
+    assert_eq!(
+        switch.route(&request, |_| &table).1.generation(),
+        Some(version.generation)
+    );
     let restored = switch.rollback().expect("a previous version");
     assert_eq!(restored.generation, 1);
-    assert_eq!(switch.route(&request, &table).1.generation(), Some(1));
+    assert_eq!(switch.route(&request, |_| &table).1.generation(), Some(1));
     assert!(switch.rollback().is_none());
 }
 

@@ -177,7 +177,6 @@ fn choose(
     }
     let overlaps = state.kv.lookup(&prompt.hashes);
     let loads = state.kv.loads(&candidates);
-    let table = crate::policy::table::build(&candidates, &overlaps, &loads);
     let request = crate::policy::table::RequestInfo {
         request_id,
         prompt_tokens: u32::try_from(prompt.tokens).unwrap_or(u32::MAX),
@@ -187,13 +186,17 @@ fn choose(
         affinity,
         ttft_target_ms: 0.0,
     };
-    let (index, routed) = state.policy.route(&request, &table);
-    let index = index? as usize;
-    let worker = candidates.get(index)?.clone();
+    let (index, routed) = state.policy.route(&request, |columns| {
+        crate::policy::table::build(&candidates, &overlaps, &loads, columns)
+    });
+    let worker = candidates.get(index? as usize)?.clone();
+    let overlap = overlaps
+        .binary_search_by_key(&worker.kv_id, |o| o.worker)
+        .map_or(0, |i| overlaps[i].device);
     Some(Chosen {
         worker,
         routed,
-        overlap: table.overlap_device_blocks.get(index).copied().unwrap_or(0),
+        overlap,
     })
 }
 

@@ -19,7 +19,7 @@ extern crate alloc;
 
 use alloc::vec::Vec;
 
-use switchyard_policy_sdk::{Decision, PolicyError, RequestInfo, Router, WorkerTable, config};
+use switchyard_policy_sdk::{Columns, Decision, PolicyError, RequestInfo, Router, WorkerTable, config, role};
 
 /// The policy.
 pub struct KvAware;
@@ -30,24 +30,80 @@ const HOST_CREDIT: f64 = 0.75;
 /// Added to the cost of a worker the request would overflow.
 const OVERFLOW_PENALTY: f64 = 1e9;
 
-/// Cost of routing `req` to worker `i`, with `request_weight` per active request.
-pub fn cost(req: &RequestInfo, workers: &WorkerTable, i: usize, request_weight: f64) -> f64 {
-    let block_size = f64::from(workers.block_size[i].max(1));
-    let device = f64::from(workers.overlap_device_blocks[i]);
-    let host = f64::from(workers.overlap_host_blocks[i]);
-    let prefill = ((f64::from(workers.prefill_tokens[i]) + f64::from(req.prompt_tokens)) / block_size
-        - device
-        - HOST_CREDIT * host)
-        .max(0.0);
+/// What the cost reads of one worker.
+struct Load {
+    block_size: u32,
+    device: u32,
+    host: u32,
+    prefill_tokens: u32,
+    active_blocks: u32,
+    capacity: u32,
+    active_requests: u32,
+}
+
+/// Cost of routing `req` to a worker with `load`, with `request_weight` per active request.
+#[inline(always)]
+fn cost_of(req: &RequestInfo, load: Load, request_weight: f64) -> f64 {
+    let block_size = f64::from(load.block_size.max(1));
+    let device = f64::from(load.device);
+    let host = f64::from(load.host);
+    let prefill =
+        ((f64::from(load.prefill_tokens) + f64::from(req.prompt_tokens)) / block_size - device - HOST_CREDIT * host)
+            .max(0.0);
     let new_blocks = (f64::from(req.prompt_blocks) - device).max(0.0);
-    let decode = f64::from(workers.active_blocks[i]) + new_blocks;
-    let capacity = f64::from(workers.capacity_blocks[i]);
+    let decode = f64::from(load.active_blocks) + new_blocks;
+    let capacity = f64::from(load.capacity);
     let overflow = if capacity > 0.0 && decode > capacity {
         OVERFLOW_PENALTY
     } else {
         0.0
     };
-    prefill + decode + request_weight * f64::from(workers.active_requests[i]) + overflow
+    prefill + decode + request_weight * f64::from(load.active_requests) + overflow
+}
+
+/// Cost of routing `req` to worker `i`, with `request_weight` per active request.
+pub fn cost(req: &RequestInfo, workers: &WorkerTable, i: usize, request_weight: f64) -> f64 {
+    let load = Load {
+        block_size: workers.block_size[i],
+        device: workers.overlap_device_blocks[i],
+        host: workers.overlap_host_blocks[i],
+        prefill_tokens: workers.prefill_tokens[i],
+        active_blocks: workers.active_blocks[i],
+        capacity: workers.capacity_blocks[i],
+        active_requests: workers.active_requests[i],
+    };
+    cost_of(req, load, request_weight)
+}
+
+/// The cost of every worker in table order, infinite for workers that are not LLMs.
+///
+/// The columns are cut to the table's length first so the loop runs without bounds checks,
+/// which lets LLVM vectorize it.
+fn costs(req: &RequestInfo, workers: &WorkerTable, request_weight: f64) -> Vec<f64> {
+    let n = workers.len();
+    let roles = &workers.roles[..n];
+    let block_size = &workers.block_size[..n];
+    let device = &workers.overlap_device_blocks[..n];
+    let host = &workers.overlap_host_blocks[..n];
+    let prefill_tokens = &workers.prefill_tokens[..n];
+    let active_blocks = &workers.active_blocks[..n];
+    let capacity = &workers.capacity_blocks[..n];
+    let active_requests = &workers.active_requests[..n];
+    (0..n)
+        .map(|i| {
+            let load = Load {
+                block_size: block_size[i],
+                device: device[i],
+                host: host[i],
+                prefill_tokens: prefill_tokens[i],
+                active_blocks: active_blocks[i],
+                capacity: capacity[i],
+                active_requests: active_requests[i],
+            };
+            let cost = cost_of(req, load, request_weight);
+            if roles[i] == role::LLM { cost } else { f64::INFINITY }
+        })
+        .collect()
 }
 
 /// A well-mixed 64-bit hash (splitmix64) for tie-breaks and sampling.
@@ -59,38 +115,71 @@ fn mix(mut x: u64) -> u64 {
 }
 
 impl Router for KvAware {
+    const COLUMNS: Columns = Columns::ROLES
+        .union(Columns::OVERLAP_DEVICE_BLOCKS)
+        .union(Columns::OVERLAP_HOST_BLOCKS)
+        .union(Columns::ACTIVE_BLOCKS)
+        .union(Columns::PREFILL_TOKENS)
+        .union(Columns::ACTIVE_REQUESTS)
+        .union(Columns::CAPACITY_BLOCKS)
+        .union(Columns::BLOCK_SIZE);
+
     fn route(req: &RequestInfo, workers: &WorkerTable) -> Result<Decision, PolicyError> {
         let weight = config::get_f64("active_request_weight", 1.0);
-        let costs: Vec<(usize, f64)> = workers
-            .llm_indices()
-            .map(|i| (i, cost(req, workers, i, weight)))
-            .collect();
-        if costs.is_empty() {
+        let costs = costs(req, workers, weight);
+        let min = costs.iter().copied().fold(f64::INFINITY, f64::min);
+        if min == f64::INFINITY {
             return Err(PolicyError::new("no LLM worker in the table"));
         }
-        let temperature = config::get_f64("temperature", 0.0);
-        let min = costs.iter().map(|(_, c)| *c).fold(f64::INFINITY, f64::min);
-        let max = costs.iter().map(|(_, c)| *c).fold(f64::NEG_INFINITY, f64::max);
         let draw = (mix(req.request_id) >> 11) as f64 / (1u64 << 53) as f64;
-        if temperature > 0.0 && max > min {
-            let weights: Vec<f64> = costs
+        let temperature = config::get_f64("temperature", 0.0);
+        if temperature > 0.0 {
+            let max = costs
                 .iter()
-                .map(|(_, c)| libm_exp(-(c - min) / ((max - min) * temperature)))
-                .collect();
-            let total: f64 = weights.iter().sum();
-            let mut target = draw * total;
-            for ((index, _), weight) in costs.iter().zip(&weights) {
-                if target < *weight {
-                    return Ok(Decision::to(*index));
-                }
-                target -= weight;
+                .copied()
+                .filter(|cost| cost.is_finite())
+                .fold(f64::NEG_INFINITY, f64::max);
+            if max > min {
+                return Ok(Decision::to(sample(&costs, min, max, temperature, draw)));
             }
-            return Ok(Decision::to(costs[costs.len() - 1].0));
         }
-        let best: Vec<usize> = costs.iter().filter(|(_, c)| *c <= min).map(|(i, _)| *i).collect();
-        let pick = (draw * best.len() as f64) as usize;
-        Ok(Decision::to(best[pick.min(best.len() - 1)]))
+        let ties = costs.iter().filter(|&&cost| cost <= min).count();
+        let pick = ((draw * ties as f64) as usize).min(ties - 1);
+        costs
+            .iter()
+            .enumerate()
+            .filter(|(_, cost)| **cost <= min)
+            .nth(pick)
+            .map(|(index, _)| Decision::to(index))
+            .ok_or_else(|| PolicyError::new("tie-break out of range"))
     }
+}
+
+/// A worker drawn from a softmax over min-max-normalised `costs` (infinite ones never), at
+/// `draw` in `[0, 1)`.
+fn sample(costs: &[f64], min: f64, max: f64, temperature: f64, draw: f64) -> usize {
+    let weight = |cost: f64| {
+        if cost.is_finite() {
+            libm_exp(-(cost - min) / ((max - min) * temperature))
+        } else {
+            0.0
+        }
+    };
+    let total: f64 = costs.iter().map(|&cost| weight(cost)).sum();
+    let mut target = draw * total;
+    let mut last = 0;
+    for (index, &cost) in costs.iter().enumerate() {
+        if !cost.is_finite() {
+            continue;
+        }
+        let weight = weight(cost);
+        if target < weight {
+            return index;
+        }
+        target -= weight;
+        last = index;
+    }
+    last
 }
 
 /// `e^x` without std: range reduction to `2^k · e^r` and a Taylor series for `|r| ≤ ln2/2`.
@@ -124,10 +213,16 @@ mod tests {
         table.overlap_device_blocks = vec![0, 12, 0];
         table.active_requests = vec![0, 5, 0];
         let request = testing::request(1, 1024);
-        assert_eq!(KvAware::route(&request, &table).expect("a decision").worker, 1);
+        assert_eq!(
+            testing::route::<KvAware>(&request, &table).expect("a decision").worker,
+            1
+        );
         // Each active request offsets one block of credit: 30 in flight outweigh 12 cached blocks.
         table.active_requests = vec![0, 30, 0];
-        assert_ne!(KvAware::route(&request, &table).expect("a decision").worker, 1);
+        assert_ne!(
+            testing::route::<KvAware>(&request, &table).expect("a decision").worker,
+            1
+        );
     }
 
     #[test]
@@ -135,9 +230,9 @@ mod tests {
         let mut table = testing::table(2);
         table.overlap_host_blocks = vec![0, 8];
         let request = testing::request(1, 1024);
-        assert!(cost(&request, &table, 1, 1.0) < cost(&request, &table, 0, 1.0));
+        assert!(cost(&request, &table.view(), 1, 1.0) < cost(&request, &table.view(), 0, 1.0));
         table.overlap_device_blocks = vec![8, 0];
-        assert!(cost(&request, &table, 0, 1.0) < cost(&request, &table, 1, 1.0));
+        assert!(cost(&request, &table.view(), 0, 1.0) < cost(&request, &table.view(), 1, 1.0));
     }
 
     #[test]

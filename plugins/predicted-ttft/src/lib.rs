@@ -68,7 +68,7 @@ extern crate alloc;
 
 use alloc::vec::Vec;
 
-use switchyard_policy_sdk::{Decision, PolicyError, RequestInfo, Router, WorkerTable, config};
+use switchyard_policy_sdk::{Columns, Decision, PolicyError, RequestInfo, Router, WorkerTable, config};
 
 /// The policy.
 pub struct PredictedTtft;
@@ -192,11 +192,11 @@ impl Model {
 
     /// The prediction for routing `req` to worker `i`.
     pub fn predict(&self, req: &RequestInfo, workers: &WorkerTable, i: usize) -> Prediction {
-        let block_size = at(&workers.block_size, i).max(1.0);
-        let device = at(&workers.overlap_device_blocks, i);
-        let host = at(&workers.overlap_host_blocks, i);
-        let queued = at(&workers.prefill_tokens, i);
-        let decoders = at(&workers.active_requests, i);
+        let block_size = at(workers.block_size, i).max(1.0);
+        let device = at(workers.overlap_device_blocks, i);
+        let host = at(workers.overlap_host_blocks, i);
+        let queued = at(workers.prefill_tokens, i);
+        let decoders = at(workers.active_requests, i);
 
         let new_tokens = (f64::from(req.prompt_tokens) - block_size * (device + self.host_credit * host)).max(0.0);
         let per_step = (self.step_tokens - decoders).max(self.step_tokens / 8.0);
@@ -204,8 +204,8 @@ impl Model {
         let ttft_ms = (work / per_step).max(1.0) * self.prefill_ms(work.min(per_step) + decoders);
 
         let new_blocks = (f64::from(req.prompt_blocks) - device).max(0.0);
-        let blocks = at(&workers.active_blocks, i) + new_blocks;
-        let reported = at(&workers.capacity_blocks, i);
+        let blocks = at(workers.active_blocks, i) + new_blocks;
+        let reported = at(workers.capacity_blocks, i);
         let capacity = if reported > 0.0 {
             reported
         } else {
@@ -253,6 +253,15 @@ fn mix(mut x: u64) -> u64 {
 }
 
 impl Router for PredictedTtft {
+    const COLUMNS: Columns = Columns::ROLES
+        .union(Columns::BLOCK_SIZE)
+        .union(Columns::OVERLAP_DEVICE_BLOCKS)
+        .union(Columns::OVERLAP_HOST_BLOCKS)
+        .union(Columns::PREFILL_TOKENS)
+        .union(Columns::ACTIVE_REQUESTS)
+        .union(Columns::ACTIVE_BLOCKS)
+        .union(Columns::CAPACITY_BLOCKS);
+
     fn route(req: &RequestInfo, workers: &WorkerTable) -> Result<Decision, PolicyError> {
         let model = Model::from_config();
         let mut ranked: Vec<(bool, f64, usize)> = workers
@@ -310,17 +319,20 @@ mod tests {
         let mut table = testing::table(3);
         table.overlap_device_blocks = vec![0, 12, 0];
         let request = testing::request(1, 1024);
-        let decision = PredictedTtft::route(&request, &table).expect("a decision");
+        let decision = testing::route::<PredictedTtft>(&request, &table).expect("a decision");
         assert_eq!(decision.worker, 1);
         assert_eq!(decision.fallbacks.len(), 2);
         assert!(!decision.fallbacks.contains(&1));
         let model = Model::default();
         // On an idle worker the work fits one step: TTFT is one step of exactly that work.
-        assert!(close(model.predict(&request, &table, 1).ttft_ms, prefill(256.0)));
-        assert!(close(model.predict(&request, &table, 0).ttft_ms, prefill(1024.0)));
+        assert!(close(model.predict(&request, &table.view(), 1).ttft_ms, prefill(256.0)));
+        assert!(close(
+            model.predict(&request, &table.view(), 0).ttft_ms,
+            prefill(1024.0)
+        ));
         // A fully cached prompt still costs one (nearly empty) step, not zero.
         table.overlap_device_blocks = vec![0, 16, 0];
-        assert!(close(model.predict(&request, &table, 1).ttft_ms, prefill(0.0)));
+        assert!(close(model.predict(&request, &table.view(), 1).ttft_ms, prefill(0.0)));
     }
 
     #[test]
@@ -337,19 +349,29 @@ mod tests {
         table.overlap_device_blocks = vec![0, 12];
         let request = testing::request(7, 1024);
         table.prefill_tokens = vec![0, 700];
-        assert_eq!(PredictedTtft::route(&request, &table).expect("a decision").worker, 1);
+        assert_eq!(
+            testing::route::<PredictedTtft>(&request, &table)
+                .expect("a decision")
+                .worker,
+            1
+        );
         table.prefill_tokens = vec![0, 870];
-        assert_eq!(PredictedTtft::route(&request, &table).expect("a decision").worker, 0);
+        assert_eq!(
+            testing::route::<PredictedTtft>(&request, &table)
+                .expect("a decision")
+                .worker,
+            0
+        );
         let model = Model {
             impact_weight: 0.0,
             ..Model::default()
         };
-        let idle = model.predict(&request, &table, 0).cost;
+        let idle = model.predict(&request, &table.view(), 0).cost;
         assert!(close(idle, 69.564_117_298_074_22), "{idle}");
         table.prefill_tokens = vec![0, 783];
-        assert!(model.predict(&request, &table, 1).cost < idle);
+        assert!(model.predict(&request, &table.view(), 1).cost < idle);
         table.prefill_tokens = vec![0, 785];
-        assert!(model.predict(&request, &table, 1).cost > idle);
+        assert!(model.predict(&request, &table.view(), 1).cost > idle);
     }
 
     #[test]
@@ -363,20 +385,30 @@ mod tests {
         table.prefill_tokens = vec![0, 870];
         let request = testing::request(7, 1024);
         let model = Model::default();
-        let idle = model.predict(&request, &table, 0);
-        let cached = model.predict(&request, &table, 1);
+        let idle = model.predict(&request, &table.view(), 0);
+        let cached = model.predict(&request, &table.view(), 1);
         assert!(close(idle.impact_ms, 1024.0 / 8192.0 * prefill(8192.0)));
         assert!(close(cached.impact_ms, 256.0 / 8192.0 * prefill(8192.0)));
         assert!(idle.ttft_ms < cached.ttft_ms, "{idle:?} {cached:?}");
         assert!(cached.cost < idle.cost, "{idle:?} {cached:?}");
-        assert_eq!(PredictedTtft::route(&request, &table).expect("a decision").worker, 1);
+        assert_eq!(
+            testing::route::<PredictedTtft>(&request, &table)
+                .expect("a decision")
+                .worker,
+            1
+        );
         // A queue long enough still sends it to the idle worker: one more full step of
         // queue (8192 tokens) outweighs the 63.4 ms.
         table.prefill_tokens = vec![0, 870 + 8192];
-        assert_eq!(PredictedTtft::route(&request, &table).expect("a decision").worker, 0);
+        assert_eq!(
+            testing::route::<PredictedTtft>(&request, &table)
+                .expect("a decision")
+                .worker,
+            0
+        );
         // A fully cached prompt has no impact.
         table.overlap_device_blocks = vec![0, 16];
-        assert_eq!(model.predict(&request, &table, 1).impact_ms, 0.0);
+        assert_eq!(model.predict(&request, &table.view(), 1).impact_ms, 0.0);
     }
 
     #[test]
@@ -388,8 +420,8 @@ mod tests {
         table.active_blocks = vec![940, 900];
         let request = testing::request(4, 1024);
         let model = Model::default();
-        let full = model.predict(&request, &table, 0);
-        let roomy = model.predict(&request, &table, 1);
+        let full = model.predict(&request, &table.view(), 0);
+        let roomy = model.predict(&request, &table.view(), 1);
         assert!(
             close(full.pressure_ms, 6.0 * 64.0 / 8192.0 * prefill(8192.0)),
             "{full:?}"
@@ -399,13 +431,18 @@ mod tests {
             full.cost - roomy.cost,
             full.pressure_ms + 128.0 * 0.05 * (full.decode_step_ms - roomy.decode_step_ms)
         ));
-        assert_eq!(PredictedTtft::route(&request, &table).expect("a decision").worker, 1);
+        assert_eq!(
+            testing::route::<PredictedTtft>(&request, &table)
+                .expect("a decision")
+                .worker,
+            1
+        );
         testing::set_config("memory_weight", "0");
         testing::set_config("decode_weight", "0");
         // Without the pressure and decode terms the two are equal and the id breaks the tie.
         assert!(close(
-            Model::from_config().predict(&request, &table, 0).cost,
-            Model::from_config().predict(&request, &table, 1).cost
+            Model::from_config().predict(&request, &table.view(), 0).cost,
+            Model::from_config().predict(&request, &table.view(), 1).cost
         ));
     }
 
@@ -421,8 +458,8 @@ mod tests {
         table.prefill_tokens = vec![0, 16_384];
         let request = testing::request(3, 1024);
         let model = Model::default();
-        let decoders = model.predict(&request, &table, 0);
-        let queue = model.predict(&request, &table, 1);
+        let decoders = model.predict(&request, &table.view(), 0);
+        let queue = model.predict(&request, &table.view(), 1);
         // Worker 0: P = 8192 − 200 = 7992 ≥ 1024, one step of 1024 + 200 tokens.
         assert!(close(decoders.ttft_ms, prefill(1224.0)));
         // Worker 1: P = 8188, (16384 + 1024)/8188 = 2.126 steps of 8188 + 4 tokens.
@@ -431,12 +468,17 @@ mod tests {
         // The fuller cache makes worker 0's decode steps slower (u = 4016/16384 ≈ 0.245).
         assert!(decoders.decode_step_ms > queue.decode_step_ms);
         assert!(decoders.cost < queue.cost, "{decoders:?} {queue:?}");
-        assert_eq!(PredictedTtft::route(&request, &table).expect("a decision").worker, 0);
+        assert_eq!(
+            testing::route::<PredictedTtft>(&request, &table)
+                .expect("a decision")
+                .worker,
+            0
+        );
         // A queue grows linearly: twice (and four times) the work is ~twice the steps.
         table.prefill_tokens = vec![0, 2 * 81_880 - 1024];
-        let long = model.predict(&request, &table, 1).ttft_ms;
+        let long = model.predict(&request, &table.view(), 1).ttft_ms;
         table.prefill_tokens = vec![0, 4 * 81_880 - 1024];
-        assert!(close(model.predict(&request, &table, 1).ttft_ms, 2.0 * long));
+        assert!(close(model.predict(&request, &table.view(), 1).ttft_ms, 2.0 * long));
     }
 
     #[test]
@@ -449,17 +491,22 @@ mod tests {
         table.prefill_tokens = vec![0, 20_000];
         let request = testing::request(5, 1024);
         let model = Model::default();
-        assert!(model.predict(&request, &table, 0).overflows);
-        assert!(model.predict(&request, &table, 0).cost < model.predict(&request, &table, 1).cost);
-        let decision = PredictedTtft::route(&request, &table).expect("a decision");
+        assert!(model.predict(&request, &table.view(), 0).overflows);
+        assert!(model.predict(&request, &table.view(), 0).cost < model.predict(&request, &table.view(), 1).cost);
+        let decision = testing::route::<PredictedTtft>(&request, &table).expect("a decision");
         assert_eq!(decision.worker, 1);
         assert_eq!(decision.fallbacks, vec![0], "the overflowing worker comes last");
         // When both overflow the cheaper one is used anyway.
         table.capacity_blocks = vec![100, 10];
-        assert_eq!(PredictedTtft::route(&request, &table).expect("a decision").worker, 0);
+        assert_eq!(
+            testing::route::<PredictedTtft>(&request, &table)
+                .expect("a decision")
+                .worker,
+            0
+        );
         // Unknown capacity (0) never counts as overflowing.
         table.capacity_blocks = vec![0, 0];
-        assert!(!model.predict(&request, &table, 0).overflows);
+        assert!(!model.predict(&request, &table.view(), 0).overflows);
     }
 
     #[test]
@@ -468,8 +515,8 @@ mod tests {
         let mut picks = std::collections::HashSet::new();
         for id in 0..64 {
             let request = testing::request(id, 1024);
-            let first = PredictedTtft::route(&request, &table).expect("a decision");
-            let again = PredictedTtft::route(&request, &table).expect("a decision");
+            let first = testing::route::<PredictedTtft>(&request, &table).expect("a decision");
+            let again = testing::route::<PredictedTtft>(&request, &table).expect("a decision");
             assert_eq!((again.worker, &again.fallbacks), (first.worker, &first.fallbacks));
             picks.insert(first.worker);
         }
@@ -481,11 +528,11 @@ mod tests {
         let mut table = testing::table(3);
         table.roles = vec![1, 0, 2];
         let request = testing::request(9, 512);
-        let decision = PredictedTtft::route(&request, &table).expect("a decision");
+        let decision = testing::route::<PredictedTtft>(&request, &table).expect("a decision");
         assert_eq!(decision.worker, 1);
         assert!(decision.fallbacks.is_empty());
         table.roles = vec![1, 1, 2];
-        assert!(PredictedTtft::route(&request, &table).is_err());
+        assert!(testing::route::<PredictedTtft>(&request, &table).is_err());
     }
 
     #[test]
@@ -496,9 +543,19 @@ mod tests {
         table.overlap_host_blocks = vec![12, 0];
         table.overlap_device_blocks = vec![0, 10];
         let request = testing::request(11, 1024);
-        assert_eq!(PredictedTtft::route(&request, &table).expect("a decision").worker, 1);
+        assert_eq!(
+            testing::route::<PredictedTtft>(&request, &table)
+                .expect("a decision")
+                .worker,
+            1
+        );
         testing::set_config("host_credit", "1.0");
-        assert_eq!(PredictedTtft::route(&request, &table).expect("a decision").worker, 0);
+        assert_eq!(
+            testing::route::<PredictedTtft>(&request, &table)
+                .expect("a decision")
+                .worker,
+            0
+        );
 
         // The decoders-versus-queue table: with interference counted, worker 0's 200 decoders
         // each lose ~18 ms to this prefill (3657 ms in all), and the queue wins.
@@ -507,9 +564,19 @@ mod tests {
         table.active_blocks = vec![4000, 64];
         table.prefill_tokens = vec![0, 16_384];
         let request = testing::request(3, 1024);
-        assert_eq!(PredictedTtft::route(&request, &table).expect("a decision").worker, 0);
+        assert_eq!(
+            testing::route::<PredictedTtft>(&request, &table)
+                .expect("a decision")
+                .worker,
+            0
+        );
         testing::set_config("interference_weight", "0.1");
-        assert_eq!(PredictedTtft::route(&request, &table).expect("a decision").worker, 1);
+        assert_eq!(
+            testing::route::<PredictedTtft>(&request, &table)
+                .expect("a decision")
+                .worker,
+            1
+        );
 
         // Every coefficient: prefill_ms(T) = T, decode_ms = 2, 1000-token steps.
         for (key, value) in [
@@ -539,7 +606,7 @@ mod tests {
         table.active_blocks = vec![90];
         table.capacity_blocks = vec![0];
         let request = testing::request(1, 1024);
-        let prediction = model.predict(&request, &table, 0);
+        let prediction = model.predict(&request, &table.view(), 0);
         // n = 1024 − 64·(2 + 0.5·4) = 768, P = 990, TTFT = (1968/990)·(990 + 10).
         assert!(close(prediction.ttft_ms, 1968.0 / 990.0 * 1000.0), "{prediction:?}");
         assert!(close(prediction.decode_step_ms, 2.0));
@@ -567,7 +634,7 @@ mod tests {
         testing::set_config("step_tokens", "0");
         let table = testing::table(3);
         let request = testing::request(2, 1024);
-        let decision = PredictedTtft::route(&request, &table).expect("a decision");
+        let decision = testing::route::<PredictedTtft>(&request, &table).expect("a decision");
         assert!(decision.worker < 3);
         assert_eq!(Model::from_config().step_tokens, 1.0);
     }

@@ -5,7 +5,7 @@
 
 use core::sync::atomic::{AtomicU32, Ordering};
 
-use switchyard_policy_sdk::{Decision, PolicyError, RequestInfo, Router, WorkerTable};
+use switchyard_policy_sdk::{Columns, Decision, PolicyError, RequestInfo, Router, WorkerTable};
 
 static TURN: AtomicU32 = AtomicU32::new(0);
 
@@ -13,6 +13,8 @@ static TURN: AtomicU32 = AtomicU32::new(0);
 pub struct RoundRobin;
 
 impl Router for RoundRobin {
+    const COLUMNS: Columns = Columns::ROLES;
+
     fn route(_req: &RequestInfo, workers: &WorkerTable) -> Result<Decision, PolicyError> {
         let llm = workers.llm_indices().count();
         if llm == 0 {

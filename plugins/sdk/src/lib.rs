@@ -8,6 +8,7 @@
 //! ```ignore
 //! struct Mine;
 //! impl switchyard_policy_sdk::Router for Mine {
+//!     const COLUMNS: Columns = Columns::ROLES;
 //!     fn route(req: &RequestInfo, workers: &WorkerTable) -> Result<Decision, PolicyError> {
 //!         workers.llm_indices().next().map(Decision::to).ok_or_else(|| PolicyError::new("no worker"))
 //!     }
@@ -49,8 +50,11 @@ pub mod batcher_world {
 }
 
 pub use router_world::switchyard::policy::types::{
-    Batch, Budget, Decision, PendingTable, PolicyError, RequestInfo, WorkerTable,
+    Batch, Budget, Columns, Decision, PendingTable, PolicyError, RequestInfo,
 };
+
+mod table;
+pub use table::WorkerTable;
 
 /// Writing to the host's log.
 pub mod log {
@@ -66,18 +70,73 @@ pub mod log {
 }
 
 /// The policy's own configuration table.
+///
+/// A version's configuration never changes, so in a component each key is fetched from the
+/// host once per instance and answered from memory afterwards: a policy may read its settings
+/// on every call without paying a host call each time.
 pub mod config {
+    use alloc::string::String;
+
     /// The value of `key`, rendered as TOML (strings unquoted).
-    pub fn get(key: &str) -> Option<alloc::string::String> {
-        #[cfg(target_arch = "wasm32")]
-        return crate::router_world::switchyard::policy::config::get(key);
-        #[cfg(not(target_arch = "wasm32"))]
-        return crate::testing::config_value(key);
+    pub fn get(key: &str) -> Option<String> {
+        with(key, |value| value.map(String::from))
     }
 
     /// The value of `key` parsed as a number, or `default`.
     pub fn get_f64(key: &str, default: f64) -> f64 {
-        get(key).and_then(|v| v.trim().parse().ok()).unwrap_or(default)
+        with(key, |value| {
+            value.and_then(|v| v.trim().parse().ok()).unwrap_or(default)
+        })
+    }
+
+    #[cfg(target_arch = "wasm32")]
+    fn with<T>(key: &str, read: impl FnOnce(Option<&str>) -> T) -> T {
+        cache::with(key, || crate::router_world::switchyard::policy::config::get(key), read)
+    }
+
+    #[cfg(not(target_arch = "wasm32"))]
+    fn with<T>(key: &str, read: impl FnOnce(Option<&str>) -> T) -> T {
+        read(crate::testing::config_value(key).as_deref())
+    }
+
+    #[cfg(target_arch = "wasm32")]
+    mod cache {
+        use alloc::string::String;
+        use alloc::vec::Vec;
+        use core::cell::UnsafeCell;
+
+        /// Keys looked up so far and the host's answers.
+        struct Cache(UnsafeCell<Vec<(String, Option<String>)>>);
+
+        // SAFETY: a component instance runs single-threaded; the cache is only touched from
+        // the one thread that calls into it.
+        unsafe impl Sync for Cache {}
+
+        static CACHE: Cache = Cache(UnsafeCell::new(Vec::new()));
+
+        /// `read` of the value of `key`, fetched from the host the first time.
+        pub(super) fn with<T>(
+            key: &str,
+            fetch: impl FnOnce() -> Option<String>,
+            read: impl FnOnce(Option<&str>) -> T,
+        ) -> T {
+            // SAFETY: single-threaded (see `Sync` above); each reference lives within one
+            // block that neither re-enters this function nor calls the host.
+            if let Some((_, value)) = unsafe { &*CACHE.0.get() }.iter().find(|(cached, _)| same(cached, key)) {
+                return read(value.as_deref());
+            }
+            // The host's string lives in the per-call argument arena: copy it out to keep it.
+            let value = fetch().map(|value| String::from(value.as_str()));
+            // SAFETY: as above.
+            let entries = unsafe { &mut *CACHE.0.get() };
+            entries.push((String::from(key), value));
+            read(entries.last().and_then(|(_, value)| value.as_deref()))
+        }
+
+        /// String equality without `memcmp`, which a component without libc does not have.
+        fn same(a: &str, b: &str) -> bool {
+            a.len() == b.len() && a.bytes().zip(b.bytes()).all(|(a, b)| a == b)
+        }
     }
 }
 
@@ -98,7 +157,9 @@ pub mod testing {
     use std::cell::RefCell;
     use std::collections::HashMap;
 
-    use crate::{RequestInfo, WorkerTable};
+    use crate::{Decision, PolicyError, RequestInfo, Router, WorkerTable};
+
+    pub use crate::table::Table;
 
     std::thread_local! {
         static CONFIG: RefCell<HashMap<String, String>> = RefCell::new(HashMap::new());
@@ -114,8 +175,8 @@ pub mod testing {
     }
 
     /// A table of `n` idle LLM workers with block size 64; set the fields you care about.
-    pub fn table(n: usize) -> WorkerTable {
-        WorkerTable {
+    pub fn table(n: usize) -> Table {
+        Table {
             ids: (0..n as u32).collect(),
             roles: vec![0; n],
             capabilities: vec![1; n],
@@ -128,6 +189,16 @@ pub mod testing {
             block_size: vec![64; n],
             cost: vec![1.0; n],
         }
+    }
+
+    /// Routes `req` over `table` with policy `P` the way the gateway does: `init` first, then
+    /// `route` over the table packed as the host sends it, holding only the columns `P::COLUMNS` names, so a policy that reads
+    /// a column it did not declare fails here too (it sees an empty column).
+    pub fn route<P: Router>(req: &RequestInfo, table: &Table) -> Result<Decision, PolicyError> {
+        P::init()?;
+        let (count, data) = table.pack(P::COLUMNS);
+        let view = WorkerTable::from_packed(count, P::COLUMNS, &data, P::COLUMNS)?;
+        P::route(req, &view)
     }
 
     /// A request of `prompt_tokens` tokens.
@@ -147,11 +218,11 @@ pub mod testing {
 /// Worker role values in [`WorkerTable::roles`].
 pub mod role {
     /// Generates tokens.
-    pub const LLM: u8 = 0;
+    pub const LLM: u32 = 0;
     /// Encodes images and video frames.
-    pub const VISION: u8 = 1;
+    pub const VISION: u32 = 1;
     /// Encodes audio.
-    pub const AUDIO: u8 = 2;
+    pub const AUDIO: u32 = 2;
 }
 
 impl PolicyError {
@@ -171,27 +242,6 @@ impl Decision {
             encoder: None,
             fallbacks: Vec::new(),
         }
-    }
-}
-
-impl WorkerTable {
-    /// Number of workers.
-    pub fn len(&self) -> usize {
-        self.ids.len()
-    }
-
-    /// Whether the table is empty.
-    pub fn is_empty(&self) -> bool {
-        self.ids.is_empty()
-    }
-
-    /// Indices of LLM workers.
-    pub fn llm_indices(&self) -> impl Iterator<Item = usize> + '_ {
-        self.roles
-            .iter()
-            .enumerate()
-            .filter(|(_, role)| **role == role::LLM)
-            .map(|(i, _)| i)
     }
 }
 
@@ -239,13 +289,18 @@ pub fn pack(order: impl IntoIterator<Item = usize>, tokens: &[u32], budget: &Bud
 
 /// A routing policy.
 pub trait Router {
+    /// The worker-table columns `route` reads. The host sends only what policies ask for, so
+    /// naming fewer columns makes each call cheaper; columns not named here are empty in the
+    /// [`WorkerTable`] `route` sees. Every column by default.
+    const COLUMNS: Columns = Columns::all();
+
     /// Called once per instance before any route; an error refuses the policy.
     fn init() -> Result<(), PolicyError> {
         Ok(())
     }
 
     /// Picks a worker (an index into `workers`) for `req`.
-    fn route(req: &RequestInfo, workers: &WorkerTable) -> Result<Decision, PolicyError>;
+    fn route(req: &RequestInfo, workers: &WorkerTable<'_>) -> Result<Decision, PolicyError>;
 }
 
 /// A batching policy.
@@ -265,14 +320,17 @@ macro_rules! router {
     ($policy:ty) => {
         struct __SwitchyardRouterExport;
         impl $crate::router_world::Guest for __SwitchyardRouterExport {
-            fn init() -> Result<(), $crate::PolicyError> {
-                <$policy as $crate::Router>::init()
+            fn init() -> Result<$crate::Columns, $crate::PolicyError> {
+                <$policy as $crate::Router>::init()?;
+                Ok(<$policy as $crate::Router>::COLUMNS)
             }
             fn route(
                 req: $crate::RequestInfo,
-                workers: $crate::WorkerTable,
+                workers: $crate::router_world::switchyard::policy::types::WorkerTable,
             ) -> Result<$crate::Decision, $crate::PolicyError> {
-                let decision = <$policy as $crate::Router>::route(&req, &workers);
+                let columns = <$policy as $crate::Router>::COLUMNS;
+                let decision = $crate::WorkerTable::from_packed(workers.count, workers.present, &workers.data, columns)
+                    .and_then(|view| <$policy as $crate::Router>::route(&req, &view));
                 $crate::__end_of_call();
                 decision
             }

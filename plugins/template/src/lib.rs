@@ -8,12 +8,18 @@
 
 #![cfg_attr(not(test), no_std)]
 
-use switchyard_policy_sdk::{Decision, PolicyError, RequestInfo, Router, WorkerTable, config};
+use switchyard_policy_sdk::{Columns, Decision, PolicyError, RequestInfo, Router, WorkerTable, config};
 
 /// The policy.
 pub struct PrefixAffinity;
 
 impl Router for PrefixAffinity {
+    // The columns `route` reads: the host sends only what policies ask for, so each call is
+    // cheaper than with every column (the default). A column left out reads as empty.
+    const COLUMNS: Columns = Columns::ROLES
+        .union(Columns::ACTIVE_REQUESTS)
+        .union(Columns::OVERLAP_DEVICE_BLOCKS);
+
     fn route(_req: &RequestInfo, workers: &WorkerTable) -> Result<Decision, PolicyError> {
         let slack = config::get_f64("slack", 4.0) as u32;
         let least_busy = workers
@@ -47,7 +53,7 @@ mod tests {
         let mut table = testing::table(3);
         table.overlap_device_blocks = vec![0, 12, 3];
         table.active_requests = vec![1, 3, 0];
-        let decision = PrefixAffinity::route(&testing::request(1, 1024), &table).expect("a decision");
+        let decision = testing::route::<PrefixAffinity>(&testing::request(1, 1024), &table).expect("a decision");
         assert_eq!(decision.worker, 1);
     }
 
@@ -57,7 +63,7 @@ mod tests {
         let mut table = testing::table(3);
         table.overlap_device_blocks = vec![0, 12, 3];
         table.active_requests = vec![1, 9, 0];
-        let decision = PrefixAffinity::route(&testing::request(1, 1024), &table).expect("a decision");
+        let decision = testing::route::<PrefixAffinity>(&testing::request(1, 1024), &table).expect("a decision");
         assert_eq!(decision.worker, 2, "worker 1 is 9 busy, floor 0 + slack 2");
     }
 }

@@ -6,8 +6,8 @@ wit_bindgen::generate!({ path: "../../../wit", world: "switchyard:policy/router"
 struct Hostile;
 
 impl Guest for Hostile {
-    fn init() -> Result<(), PolicyError> {
-        Ok(())
+    fn init() -> Result<Columns, PolicyError> {
+        Ok(Columns::empty())
     }
 
     fn route(req: RequestInfo, _workers: WorkerTable) -> Result<Decision, PolicyError> {
