@@ -132,6 +132,21 @@ fn least_load_in_wasm_agrees_with_the_native_fallback() {
 }
 
 #[test]
+fn built_in_routers_fit_the_memory_reset_in_place() {
+    // Their 32 KiB stack, statics and argument arena must stay in the low 64 KiB, or every
+    // re-instantiation page-faults (plugins/.cargo/config.toml, the SDK's arena).
+    let runtime = runtime();
+    for name in ["round-robin", "least-load", "kv-aware", "predicted-ttft"] {
+        let policy = load(&runtime, name);
+        assert!(
+            policy.fits_resident_memory(),
+            "{name} starts with {} bytes of memory",
+            policy.initial_memory_bytes()
+        );
+    }
+}
+
+#[test]
 fn non_routers_and_garbage_are_refused() {
     let runtime = runtime();
     let err = runtime

@@ -19,7 +19,7 @@ extern crate alloc;
 
 use alloc::vec::Vec;
 
-use switchyard_policy_sdk::{Columns, Decision, PolicyError, RequestInfo, Router, WorkerTable, config, role};
+use switchyard_policy_sdk::{Columns, Decision, PolicyError, RequestInfo, Router, WorkerTable, config, role, scratch};
 
 /// The policy.
 pub struct KvAware;
@@ -75,10 +75,10 @@ pub fn cost(req: &RequestInfo, workers: &WorkerTable, i: usize, request_weight: 
     cost_of(req, load, request_weight)
 }
 
-/// The cost of every worker in table order, infinite for workers that are not LLMs.
+/// The cost of every worker in table order, infinite for workers that are not LLMs, in the
+/// call's scratch memory.
 ///
-/// The columns are cut to the table's length first so the loop runs without bounds checks,
-/// which lets LLVM vectorize it.
+/// The columns are cut to the table's length first so the loop runs without bounds checks.
 fn costs(req: &RequestInfo, workers: &WorkerTable, request_weight: f64) -> Vec<f64> {
     let n = workers.len();
     let roles = &workers.roles[..n];
@@ -89,21 +89,21 @@ fn costs(req: &RequestInfo, workers: &WorkerTable, request_weight: f64) -> Vec<f
     let active_blocks = &workers.active_blocks[..n];
     let capacity = &workers.capacity_blocks[..n];
     let active_requests = &workers.active_requests[..n];
-    (0..n)
-        .map(|i| {
-            let load = Load {
-                block_size: block_size[i],
-                device: device[i],
-                host: host[i],
-                prefill_tokens: prefill_tokens[i],
-                active_blocks: active_blocks[i],
-                capacity: capacity[i],
-                active_requests: active_requests[i],
-            };
-            let cost = cost_of(req, load, request_weight);
-            if roles[i] == role::LLM { cost } else { f64::INFINITY }
-        })
-        .collect()
+    let mut costs = scratch::vec(n);
+    costs.extend((0..n).map(|i| {
+        let load = Load {
+            block_size: block_size[i],
+            device: device[i],
+            host: host[i],
+            prefill_tokens: prefill_tokens[i],
+            active_blocks: active_blocks[i],
+            capacity: capacity[i],
+            active_requests: active_requests[i],
+        };
+        let cost = cost_of(req, load, request_weight);
+        if roles[i] == role::LLM { cost } else { f64::INFINITY }
+    }));
+    costs
 }
 
 /// A well-mixed 64-bit hash (splitmix64) for tie-breaks and sampling.
@@ -127,7 +127,15 @@ impl Router for KvAware {
     fn route(req: &RequestInfo, workers: &WorkerTable) -> Result<Decision, PolicyError> {
         let weight = config::get_f64("active_request_weight", 1.0);
         let costs = costs(req, workers, weight);
-        let min = costs.iter().copied().fold(f64::INFINITY, f64::min);
+        // One pass for the lowest cost and how many workers share it.
+        let (mut min, mut ties) = (f64::INFINITY, 0usize);
+        for &cost in &costs {
+            if cost < min {
+                (min, ties) = (cost, 1);
+            } else if cost == min {
+                ties += 1;
+            }
+        }
         if min == f64::INFINITY {
             return Err(PolicyError::new("no LLM worker in the table"));
         }
@@ -143,7 +151,6 @@ impl Router for KvAware {
                 return Ok(Decision::to(sample(&costs, min, max, temperature, draw)));
             }
         }
-        let ties = costs.iter().filter(|&&cost| cost <= min).count();
         let pick = ((draw * ties as f64) as usize).min(ties - 1);
         costs
             .iter()
@@ -223,6 +230,17 @@ mod tests {
             testing::route::<KvAware>(&request, &table).expect("a decision").worker,
             1
         );
+    }
+
+    #[test]
+    fn equal_workers_share_the_requests() {
+        let table = testing::table(4);
+        let mut picked = [0; 4];
+        for id in 0..200 {
+            let decision = testing::route::<KvAware>(&testing::request(id, 1024), &table).expect("a decision");
+            picked[decision.worker as usize] += 1;
+        }
+        assert!(picked.iter().all(|&count| count > 20), "{picked:?}");
     }
 
     #[test]

@@ -102,19 +102,40 @@ pub mod config {
     #[cfg(target_arch = "wasm32")]
     mod cache {
         use alloc::string::String;
-        use alloc::vec::Vec;
         use core::cell::UnsafeCell;
 
-        /// Keys looked up so far and the host's answers.
-        struct Cache(UnsafeCell<Vec<(String, Option<String>)>>);
+        /// Keys remembered per instance; more are fetched from the host each time.
+        const ENTRIES: usize = 16;
+        /// Longest key or value remembered, in bytes.
+        const MAX_BYTES: usize = 40;
+
+        /// One key and the host's answer, held inline: the cache allocates nothing, so
+        /// reading a setting never grows the instance's memory.
+        #[derive(Clone, Copy)]
+        struct Entry {
+            key: [u8; MAX_BYTES],
+            key_len: u8,
+            value: [u8; MAX_BYTES],
+            /// `None` when the host had no value for the key.
+            value_len: Option<u8>,
+        }
+
+        struct Cache(UnsafeCell<([Entry; ENTRIES], usize)>);
 
         // SAFETY: a component instance runs single-threaded; the cache is only touched from
         // the one thread that calls into it.
         unsafe impl Sync for Cache {}
 
-        static CACHE: Cache = Cache(UnsafeCell::new(Vec::new()));
+        const EMPTY: Entry = Entry {
+            key: [0; MAX_BYTES],
+            key_len: 0,
+            value: [0; MAX_BYTES],
+            value_len: None,
+        };
 
-        /// `read` of the value of `key`, fetched from the host the first time.
+        static CACHE: Cache = Cache(UnsafeCell::new(([EMPTY; ENTRIES], 0)));
+
+        /// `read` of the value of `key`, fetched from the host unless remembered.
         pub(super) fn with<T>(
             key: &str,
             fetch: impl FnOnce() -> Option<String>,
@@ -122,21 +143,65 @@ pub mod config {
         ) -> T {
             // SAFETY: single-threaded (see `Sync` above); each reference lives within one
             // block that neither re-enters this function nor calls the host.
-            if let Some((_, value)) = unsafe { &*CACHE.0.get() }.iter().find(|(cached, _)| same(cached, key)) {
-                return read(value.as_deref());
+            let (entries, used) = unsafe { &*CACHE.0.get() };
+            if let Some(entry) = entries[..*used]
+                .iter()
+                .find(|e| same(&e.key[..usize::from(e.key_len)], key.as_bytes()))
+            {
+                let value = entry.value_len.map(|len| &entry.value[..usize::from(len)]);
+                return read(value.and_then(|bytes| core::str::from_utf8(bytes).ok()));
             }
-            // The host's string lives in the per-call argument arena: copy it out to keep it.
-            let value = fetch().map(|value| String::from(value.as_str()));
+            let value = fetch();
             // SAFETY: as above.
-            let entries = unsafe { &mut *CACHE.0.get() };
-            entries.push((String::from(key), value));
-            read(entries.last().and_then(|(_, value)| value.as_deref()))
+            let (entries, used) = unsafe { &mut *CACHE.0.get() };
+            let fits = |text: &str| text.len() <= MAX_BYTES;
+            if *used < ENTRIES && fits(key) && value.as_deref().is_none_or(fits) {
+                let mut entry = EMPTY;
+                entry.key[..key.len()].copy_from_slice(key.as_bytes());
+                entry.key_len = key.len() as u8;
+                if let Some(value) = &value {
+                    entry.value[..value.len()].copy_from_slice(value.as_bytes());
+                    entry.value_len = Some(value.len() as u8);
+                }
+                entries[*used] = entry;
+                *used += 1;
+            }
+            read(value.as_deref())
         }
 
-        /// String equality without `memcmp`, which a component without libc does not have.
-        fn same(a: &str, b: &str) -> bool {
-            a.len() == b.len() && a.bytes().zip(b.bytes()).all(|(a, b)| a == b)
+        /// Byte equality without `memcmp`, which a component without libc does not have.
+        fn same(a: &[u8], b: &[u8]) -> bool {
+            a.len() == b.len() && a.iter().zip(b).all(|(a, b)| a == b)
         }
+    }
+}
+
+/// Memory for the current call only.
+///
+/// [`scratch`] hands out a `Vec` from the same per-call arena the host's arguments are copied
+/// into: taking it costs a pointer bump, dropping it costs nothing, and the whole arena is
+/// reused by the next call. A policy that needs a buffer per worker (costs, ranks) uses it to
+/// avoid the general allocator; one that outgrows the arena gets ordinary heap memory.
+pub mod scratch {
+    use alloc::vec::Vec;
+
+    /// An empty `Vec` with room for `capacity` values, valid until the current call returns.
+    ///
+    /// It must not be kept past the call (in a `static`, say): the next call reuses its memory.
+    pub fn vec<T>(capacity: usize) -> Vec<T> {
+        #[cfg(target_arch = "wasm32")]
+        if let Ok(layout) = core::alloc::Layout::array::<T>(capacity)
+            && layout.size() > 0
+        {
+            let block = crate::arena::bump(layout);
+            if !block.is_null() {
+                // SAFETY: `block` is `layout`'s size and alignment for `capacity` values of
+                // `T`, and comes from the global allocator's arena, which that allocator
+                // recognises on `dealloc` (a no-op) and on `realloc` (a copy out).
+                return unsafe { Vec::from_raw_parts(block.cast::<T>(), 0, capacity) };
+            }
+        }
+        Vec::with_capacity(capacity)
     }
 }
 
@@ -400,16 +465,22 @@ static ALLOCATOR: arena::PolicyAllocator = arena::PolicyAllocator;
 /// The host copies every argument list into the guest through `cabi_realloc`; with a general
 /// allocator each list costs a `malloc` and, when the call's arguments are dropped, a `free`.
 /// Arguments are dead once the call returns, so they are bump-allocated instead, freeing is a
-/// no-op, and the whole arena is reused by the next call. Everything else (and any argument
-/// that outgrows the arena) comes from dlmalloc. A policy that keeps an argument beyond its call
-/// must clone it (moving a `Vec` argument into a `static` would see it overwritten).
+/// no-op, and the whole arena is reused by the next call ([`scratch::vec`] hands out the same
+/// memory). Everything else (and any argument that outgrows the arena) comes from dlmalloc. A
+/// policy that keeps an argument beyond its call must clone it (moving a `Vec` argument into a
+/// `static` would see it overwritten).
+///
+/// The arena is a 12 KiB static (a table of ~380 workers with eight columns): with the 32 KiB
+/// stack and the statics it stays in the low 64 KiB the gateway keeps resident between
+/// instances, so a fresh instance's first calls neither page-fault nor grow its memory, which
+/// dlmalloc's first allocation would.
 #[cfg(target_arch = "wasm32")]
 mod arena {
     use core::alloc::{GlobalAlloc, Layout};
     use core::cell::UnsafeCell;
     use core::sync::atomic::{AtomicUsize, Ordering};
 
-    const SIZE: usize = 512 * 1024;
+    const SIZE: usize = 12 * 1024;
 
     #[repr(C, align(16))]
     struct Region(UnsafeCell<[u8; SIZE]>);
@@ -433,12 +504,13 @@ mod arena {
 
     /// A block from the arena, or null when it is full.
     pub(crate) fn bump(layout: Layout) -> *mut u8 {
-        let start = (base() + NEXT.load(Ordering::Relaxed)).next_multiple_of(layout.align());
-        let end = start + layout.size();
-        if end > base() + SIZE {
+        let base = base();
+        let start = (base + NEXT.load(Ordering::Relaxed)).next_multiple_of(layout.align());
+        let end = start.saturating_add(layout.size());
+        if end > base + SIZE {
             return core::ptr::null_mut();
         }
-        NEXT.store(end - base(), Ordering::Relaxed);
+        NEXT.store(end - base, Ordering::Relaxed);
         start as *mut u8
     }
 
