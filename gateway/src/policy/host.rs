@@ -110,6 +110,15 @@ impl config::Host for HostState {
             other => other.to_string(),
         })
     }
+
+    fn get_f64(&mut self, key: String) -> Option<f64> {
+        match self.config.get(&key)? {
+            toml::Value::Float(value) => Some(*value),
+            toml::Value::Integer(value) => Some(*value as f64),
+            toml::Value::String(text) => text.trim().parse().ok(),
+            _ => None,
+        }
+    }
 }
 
 impl clock::Host for HostState {

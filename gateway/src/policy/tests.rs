@@ -264,6 +264,22 @@ fn publish_and_rollback_switch_versions() {
 }
 
 #[test]
+fn the_host_parses_numbers_for_policies() {
+    use super::bindings::switchyard::policy::config::Host;
+    let config: toml::Table =
+        toml::from_str("float = 1.5\nint = 2\ntext = ' 3.5 '\nflag = true\nword = 'x'").expect("toml");
+    let limits = wasmtime::StoreLimitsBuilder::new().build();
+    let mut state = super::host::HostState::new(Arc::new(config), limits);
+    assert_eq!(state.get_f64("float".into()), Some(1.5));
+    assert_eq!(state.get_f64("int".into()), Some(2.0));
+    assert_eq!(state.get_f64("text".into()), Some(3.5));
+    assert_eq!(state.get_f64("flag".into()), None);
+    assert_eq!(state.get_f64("word".into()), None);
+    assert_eq!(state.get_f64("missing".into()), None);
+    assert_eq!(state.get("text".into()).as_deref(), Some(" 3.5 "));
+}
+
+#[test]
 fn the_deadline_counts_cpu_time_not_time_spent_preempted() {
     use std::time::{Duration, Instant};
     let limits = wasmtime::StoreLimitsBuilder::new().build();

@@ -71,53 +71,49 @@ pub mod log {
 
 /// The policy's own configuration table.
 ///
-/// A version's configuration never changes, so in a component each key is fetched from the
+/// A version's configuration never changes, so in a component each number is fetched from the
 /// host once per instance and answered from memory afterwards: a policy may read its settings
-/// on every call without paying a host call each time.
+/// on every call without paying a host call each time. Numbers are parsed by the host, so a
+/// policy carries no number parser (about 20 KiB of code, which every publish would hash,
+/// load and map).
 pub mod config {
     use alloc::string::String;
 
-    /// The value of `key`, rendered as TOML (strings unquoted).
+    /// The value of `key`, rendered as TOML (strings unquoted); asks the host each time.
     pub fn get(key: &str) -> Option<String> {
-        with(key, |value| value.map(String::from))
+        #[cfg(target_arch = "wasm32")]
+        return crate::router_world::switchyard::policy::config::get(key).map(|value| String::from(value.as_str()));
+        #[cfg(not(target_arch = "wasm32"))]
+        return crate::testing::config_value(key);
     }
 
-    /// The value of `key` parsed as a number, or `default`.
+    /// The value of `key` as a number (a TOML float or integer, or a string that parses as
+    /// one), or `default`.
     pub fn get_f64(key: &str, default: f64) -> f64 {
-        with(key, |value| {
-            value.and_then(|v| v.trim().parse().ok()).unwrap_or(default)
-        })
-    }
-
-    #[cfg(target_arch = "wasm32")]
-    fn with<T>(key: &str, read: impl FnOnce(Option<&str>) -> T) -> T {
-        cache::with(key, || crate::router_world::switchyard::policy::config::get(key), read)
-    }
-
-    #[cfg(not(target_arch = "wasm32"))]
-    fn with<T>(key: &str, read: impl FnOnce(Option<&str>) -> T) -> T {
-        read(crate::testing::config_value(key).as_deref())
+        #[cfg(target_arch = "wasm32")]
+        return cache::number(key, || crate::router_world::switchyard::policy::config::get_f64(key)).unwrap_or(default);
+        #[cfg(not(target_arch = "wasm32"))]
+        return crate::testing::config_value(key)
+            .and_then(|value| value.trim().parse().ok())
+            .unwrap_or(default);
     }
 
     #[cfg(target_arch = "wasm32")]
     mod cache {
-        use alloc::string::String;
         use core::cell::UnsafeCell;
 
         /// Keys remembered per instance; more are fetched from the host each time.
         const ENTRIES: usize = 16;
-        /// Longest key or value remembered, in bytes.
-        const MAX_BYTES: usize = 40;
+        /// Longest key remembered, in bytes.
+        const MAX_KEY: usize = 48;
 
         /// One key and the host's answer, held inline: the cache allocates nothing, so
         /// reading a setting never grows the instance's memory.
         #[derive(Clone, Copy)]
         struct Entry {
-            key: [u8; MAX_BYTES],
+            key: [u8; MAX_KEY],
             key_len: u8,
-            value: [u8; MAX_BYTES],
-            /// `None` when the host had no value for the key.
-            value_len: Option<u8>,
+            value: Option<f64>,
         }
 
         struct Cache(UnsafeCell<([Entry; ENTRIES], usize)>);
@@ -127,46 +123,36 @@ pub mod config {
         unsafe impl Sync for Cache {}
 
         const EMPTY: Entry = Entry {
-            key: [0; MAX_BYTES],
+            key: [0; MAX_KEY],
             key_len: 0,
-            value: [0; MAX_BYTES],
-            value_len: None,
+            value: None,
         };
 
         static CACHE: Cache = Cache(UnsafeCell::new(([EMPTY; ENTRIES], 0)));
 
-        /// `read` of the value of `key`, fetched from the host unless remembered.
-        pub(super) fn with<T>(
-            key: &str,
-            fetch: impl FnOnce() -> Option<String>,
-            read: impl FnOnce(Option<&str>) -> T,
-        ) -> T {
+        /// The number under `key`, fetched from the host unless remembered.
+        pub(super) fn number(key: &str, fetch: impl FnOnce() -> Option<f64>) -> Option<f64> {
             // SAFETY: single-threaded (see `Sync` above); each reference lives within one
             // block that neither re-enters this function nor calls the host.
             let (entries, used) = unsafe { &*CACHE.0.get() };
-            if let Some(entry) = entries[..*used]
+            let remembered = entries[..*used]
                 .iter()
-                .find(|e| same(&e.key[..usize::from(e.key_len)], key.as_bytes()))
-            {
-                let value = entry.value_len.map(|len| &entry.value[..usize::from(len)]);
-                return read(value.and_then(|bytes| core::str::from_utf8(bytes).ok()));
+                .find(|entry| same(&entry.key[..usize::from(entry.key_len)], key.as_bytes()));
+            if let Some(entry) = remembered {
+                return entry.value;
             }
             let value = fetch();
             // SAFETY: as above.
             let (entries, used) = unsafe { &mut *CACHE.0.get() };
-            let fits = |text: &str| text.len() <= MAX_BYTES;
-            if *used < ENTRIES && fits(key) && value.as_deref().is_none_or(fits) {
+            if *used < ENTRIES && key.len() <= MAX_KEY {
                 let mut entry = EMPTY;
                 entry.key[..key.len()].copy_from_slice(key.as_bytes());
                 entry.key_len = key.len() as u8;
-                if let Some(value) = &value {
-                    entry.value[..value.len()].copy_from_slice(value.as_bytes());
-                    entry.value_len = Some(value.len() as u8);
-                }
+                entry.value = value;
                 entries[*used] = entry;
                 *used += 1;
             }
-            read(value.as_deref())
+            value
         }
 
         /// Byte equality without `memcmp`, which a component without libc does not have.
