@@ -197,13 +197,13 @@ impl PolicyRuntime {
             );
         }
         let mut policy = RouterPolicy {
-            initial_memory_bytes,
             name: name.to_string(),
             sha256,
             pre,
             config: Arc::new(policy_config),
             runtime: self.clone(),
             columns: table::Columns::empty(),
+            initial_memory_bytes,
         };
         let mut instance = policy.instantiate()?;
         policy.columns = instance.columns;
