@@ -1,10 +1,11 @@
 //! The packed worker table handed to router policies, and the native fallback over it.
 //!
-//! A [`WorkerTable`] holds the columns some policy reads (`present`), packed one after another
-//! in the contract's column order (`flags columns` in `wit/policy.wit`: the k-th column has
-//! bit k), each one value per worker. The gateway builds one per request with the columns the
-//! policies in charge declared at `init` plus the ones its own fallback reads, so a call copies
-//! only what is read.
+//! A [`WorkerTable`] holds the columns some policy reads (`present`): the u32 ones packed one
+//! after another in `data` in the contract's column order (`flags columns` in
+//! `wit/policy.wit`: the k-th column has bit k), the f32 `cost` column in a list of its own,
+//! each one value per worker. The gateway builds one per request with the columns the policies
+//! in charge declared at `init` plus the ones its own fallback reads, so a call copies only
+//! what is read.
 
 pub use crate::policy::bindings::switchyard::policy::types::{Columns, RequestInfo, WorkerTable};
 
@@ -12,8 +13,8 @@ use crate::config::Role;
 use crate::kv::{Load, Overlap};
 use crate::workers::Worker;
 
-/// The contract's columns in order: the k-th has bit k.
-const ORDER: [Columns; 11] = [
+/// The contract's u32 columns in order: the k-th has bit k (`cost`, bit 10, is apart).
+const ORDER: [Columns; 10] = [
     Columns::IDS,
     Columns::ROLES,
     Columns::CAPABILITIES,
@@ -24,7 +25,6 @@ const ORDER: [Columns; 11] = [
     Columns::ACTIVE_REQUESTS,
     Columns::CAPACITY_BLOCKS,
     Columns::BLOCK_SIZE,
-    Columns::COST,
 ];
 
 /// Role values of the `roles` column.
@@ -38,7 +38,7 @@ pub fn fallback_columns() -> Columns {
 
 /// Every column of the contract. (`Columns::all()` sets bits beyond the eleven columns.)
 pub fn all_columns() -> Columns {
-    ORDER.iter().fold(Columns::empty(), |all, &column| all | column)
+    ORDER.iter().fold(Columns::COST, |all, &column| all | column)
 }
 
 fn bits(columns: Columns) -> u32 {
@@ -48,10 +48,13 @@ fn bits(columns: Columns) -> u32 {
 impl WorkerTable {
     /// A table of `count` workers whose `present` columns are all zero.
     pub fn zeroed(count: usize, present: Columns) -> WorkerTable {
+        let u32_columns = bits(present & !Columns::COST & all_columns()).count_ones() as usize;
+        let cost = if present.contains(Columns::COST) { count } else { 0 };
         WorkerTable {
             count: u32::try_from(count).unwrap_or(u32::MAX),
             present,
-            data: vec![0; bits(present).count_ones() as usize * count],
+            data: vec![0; u32_columns * count],
+            cost: vec![0.0; cost],
         }
     }
 
@@ -65,22 +68,22 @@ impl WorkerTable {
         self.count == 0
     }
 
-    /// Where `column` (one column) starts in `data`, if present.
+    /// Where `column` (one u32 column) starts in `data`, if present.
     fn offset(&self, column: Columns) -> Option<usize> {
         let bit = bits(column);
-        if bit.count_ones() != 1 || !self.present.contains(column) {
+        if bit.count_ones() != 1 || column == Columns::COST || !self.present.contains(column) {
             return None;
         }
         Some((bits(self.present) & (bit - 1)).count_ones() as usize * self.len())
     }
 
-    /// The values of `column` (one column), if present.
+    /// The values of `column` (one u32 column), if present.
     pub fn column(&self, column: Columns) -> Option<&[u32]> {
         let start = self.offset(column)?;
         self.data.get(start..start + self.len())
     }
 
-    /// The values of `column` (one column) to change, if present.
+    /// The values of `column` (one u32 column) to change, if present.
     pub fn column_mut(&mut self, column: Columns) -> Option<&mut [u32]> {
         let start = self.offset(column)?;
         let end = start + self.len();
@@ -90,19 +93,17 @@ impl WorkerTable {
     /// A copy holding only `columns` (those of them present).
     pub fn select(&self, columns: Columns) -> WorkerTable {
         let present = self.present & columns;
-        let mut data = Vec::with_capacity(bits(present).count_ones() as usize * self.len());
+        let mut table = WorkerTable::zeroed(self.len(), present);
+        table.data.clear();
         for column in ORDER {
-            if present.contains(column)
-                && let Some(values) = self.column(column)
-            {
-                data.extend_from_slice(values);
+            if let Some(values) = self.column(column).filter(|_| present.contains(column)) {
+                table.data.extend_from_slice(values);
             }
         }
-        WorkerTable {
-            count: self.count,
-            present,
-            data,
+        if present.contains(Columns::COST) {
+            table.cost.clone_from(&self.cost);
         }
+        table
     }
 }
 
@@ -133,7 +134,7 @@ pub fn build(
         let load = loads.get(index).copied().unwrap_or_default();
         // This gateway's in-flight count covers requests the tracker does not (e.g. retries).
         let local = u64::try_from(worker.in_flight().max(0)).unwrap_or(0);
-        let row: [u32; 11] = [
+        let row: [u32; 10] = [
             worker.kv_id,
             match worker.role {
                 Role::Llm => ROLE_LLM,
@@ -148,10 +149,12 @@ pub fn build(
             saturate(u64::from(load.requests).max(local)),
             saturate(worker.capacity_blocks),
             saturate(worker.block_size as u64),
-            (worker.cost as f32).to_bits(),
         ];
         for &(k, start) in &slots {
             table.data[start + index] = row[k];
+        }
+        if let Some(cost) = table.cost.get_mut(index) {
+            *cost = worker.cost as f32;
         }
     }
     table
@@ -226,7 +229,7 @@ pub fn synthetic(n: usize) -> WorkerTable {
     fill(Columns::ACTIVE_REQUESTS, &|i| (i * 13) % 17);
     fill(Columns::CAPACITY_BLOCKS, &|_| 16_384);
     fill(Columns::BLOCK_SIZE, &|_| 64);
-    fill(Columns::COST, &|_| 1.0f32.to_bits());
+    table.cost.fill(1.0);
     table
 }
 
@@ -250,13 +253,14 @@ mod tests {
     #[test]
     fn columns_sit_in_contract_order_and_select_keeps_them() {
         let table = synthetic(5);
-        assert_eq!(table.data.len(), 55);
+        assert_eq!((table.data.len(), table.cost.len()), (50, 5));
         assert_eq!(table.column(Columns::IDS), Some(&[0, 1, 2, 3, 4][..]));
         assert_eq!(&table.data[..5], &[0, 1, 2, 3, 4]);
-        assert_eq!(table.column(Columns::COST).map(|c| f32::from_bits(c[0])), Some(1.0));
-        assert_eq!(&table.data[50..], &[1.0f32.to_bits(); 5]);
+        assert_eq!(&table.data[45..], &[64; 5], "block sizes last");
+        assert_eq!(table.column(Columns::COST), None, "cost is not a u32 column");
+        assert_eq!(table.cost, [1.0; 5]);
         let picked = table.select(Columns::PREFILL_TOKENS | Columns::IDS | Columns::BLOCK_SIZE);
-        assert_eq!(picked.data.len(), 15);
+        assert_eq!((picked.data.len(), picked.cost.len()), (15, 0));
         assert_eq!(&picked.data[..5], &[0, 1, 2, 3, 4]);
         assert_eq!(&picked.data[5..10], &[0, 101, 202, 303, 404]);
         assert_eq!(&picked.data[10..], &[64; 5]);

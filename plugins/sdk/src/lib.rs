@@ -247,8 +247,8 @@ pub mod testing {
     /// a column it did not declare fails here too (it sees an empty column).
     pub fn route<P: Router>(req: &RequestInfo, table: &Table) -> Result<Decision, PolicyError> {
         P::init()?;
-        let (count, data) = table.pack(P::COLUMNS);
-        let view = WorkerTable::from_packed(count, P::COLUMNS, &data, P::COLUMNS)?;
+        let (count, data, cost) = table.pack(P::COLUMNS);
+        let view = WorkerTable::from_packed(count, P::COLUMNS, &data, &cost, P::COLUMNS)?;
         P::route(req, &view)
     }
 
@@ -380,7 +380,13 @@ macro_rules! router {
                 workers: $crate::router_world::switchyard::policy::types::WorkerTable,
             ) -> Result<$crate::Decision, $crate::PolicyError> {
                 let columns = <$policy as $crate::Router>::COLUMNS;
-                let decision = $crate::WorkerTable::from_packed(workers.count, workers.present, &workers.data, columns)
+                let decision = $crate::WorkerTable::from_packed(
+                    workers.count,
+                    workers.present,
+                    &workers.data,
+                    &workers.cost,
+                    columns,
+                )
                     .and_then(|view| <$policy as $crate::Router>::route(&req, &view));
                 $crate::__end_of_call();
                 decision

@@ -1,8 +1,9 @@
 //! The worker table as a policy reads it: typed slices over the packed columns the host sent.
 //!
-//! The host sends the columns a policy named in [`crate::Router::COLUMNS`] (and possibly more)
-//! packed one after another in a single list, in the order `wit/policy.wit` declares them.
-//! [`WorkerTable::from_packed`] splits that list into one slice per column without copying;
+//! The host sends the columns a policy named in [`crate::Router::COLUMNS`] (and possibly more):
+//! the u32 ones packed one after another in a single list, in the order `wit/policy.wit`
+//! declares them, and the f32 `cost` column in a list of its own.
+//! [`WorkerTable::from_packed`] splits them into one slice per column without copying;
 //! columns the policy did not name are empty, so reading one fails the same way every time
 //! instead of working only when another policy happened to ask for it. [`Table`] is the owned
 //! form tests build and pack.
@@ -13,8 +14,9 @@ use alloc::vec::Vec;
 
 use crate::{Columns, PolicyError, role};
 
-/// Number of columns in the contract (`flags columns` in `wit/policy.wit`).
-const COLUMN_COUNT: usize = 11;
+/// Number of u32 columns in the contract (`flags columns` in `wit/policy.wit`, all but the
+/// last, `cost`).
+const U32_COLUMNS: usize = 10;
 
 /// Every candidate worker: element `i` of each column describes worker `i`. Decisions name
 /// workers by that index. Columns the policy did not declare are empty slices.
@@ -46,17 +48,18 @@ pub struct WorkerTable<'a> {
 }
 
 impl<'a> WorkerTable<'a> {
-    /// The view of `count` workers whose `present` columns are packed in `data`, exposing the
-    /// `wanted` ones.
+    /// The view of `count` workers whose `present` u32 columns are packed in `data` (and whose
+    /// cost column, if present, is `cost`), exposing the `wanted` ones.
     ///
     /// # Errors
     ///
-    /// A [`PolicyError`] if a wanted column is not present or `data` is not `count` values per
+    /// A [`PolicyError`] if a wanted column is not present or a list is not `count` values per
     /// present column (the host broke the contract; the request goes to its fallback).
     pub fn from_packed(
         count: u32,
         present: Columns,
         data: &'a [u32],
+        cost: &'a [f32],
         wanted: Columns,
     ) -> Result<WorkerTable<'a>, PolicyError> {
         let count = count as usize;
@@ -72,12 +75,14 @@ impl<'a> WorkerTable<'a> {
             }
             return Err(PolicyError { message });
         }
-        if data.len() != present.bits().count_ones() as usize * count {
+        let u32_columns = present.difference(Columns::COST).bits().count_ones() as usize;
+        let cost_len = if present.contains(Columns::COST) { count } else { 0 };
+        if data.len() != u32_columns * count || cost.len() != cost_len {
             return Err(PolicyError::new(
-                "the worker table's length is not its worker count times its column count",
+                "the worker table's lists are not its worker count times its column count",
             ));
         }
-        let mut columns: [&[u32]; COLUMN_COUNT] = [&[]; COLUMN_COUNT];
+        let mut columns: [&[u32]; U32_COLUMNS] = [&[]; U32_COLUMNS];
         let mut rest = data;
         for (bit, column) in columns.iter_mut().enumerate() {
             let flag = Columns::from_bits_retain(1 << bit);
@@ -100,7 +105,6 @@ impl<'a> WorkerTable<'a> {
             active_requests,
             capacity_blocks,
             block_size,
-            cost,
         ] = columns;
         Ok(WorkerTable {
             count,
@@ -114,7 +118,7 @@ impl<'a> WorkerTable<'a> {
             active_requests,
             capacity_blocks,
             block_size,
-            cost: bytemuck::cast_slice(cost),
+            cost: if wanted.contains(Columns::COST) { cost } else { &[] },
         })
     }
 
@@ -186,15 +190,15 @@ impl Table {
         }
     }
 
-    /// The worker count and the `columns` packed as the host sends them.
+    /// The worker count, the u32 `columns` packed and the cost column (if among `columns`), as
+    /// the host sends them.
     ///
     /// # Panics
     ///
     /// If the columns are not all as long as `ids`.
-    pub fn pack(&self, columns: Columns) -> (u32, Vec<u32>) {
+    pub fn pack(&self, columns: Columns) -> (u32, Vec<u32>, Vec<f32>) {
         let count = self.ids.len();
-        let cost: Vec<u32> = self.cost.iter().map(|value| value.to_bits()).collect();
-        let all: [&[u32]; COLUMN_COUNT] = [
+        let all: [&[u32]; U32_COLUMNS] = [
             &self.ids,
             &self.roles,
             &self.capabilities,
@@ -205,9 +209,8 @@ impl Table {
             &self.active_requests,
             &self.capacity_blocks,
             &self.block_size,
-            &cost,
         ];
-        let mut data = Vec::with_capacity(count * COLUMN_COUNT);
+        let mut data = Vec::with_capacity(count * U32_COLUMNS);
         for (bit, column) in all.iter().enumerate() {
             assert_eq!(
                 column.len(),
@@ -218,7 +221,17 @@ impl Table {
                 data.extend_from_slice(column);
             }
         }
-        (count as u32, data)
+        assert_eq!(
+            self.cost.len(),
+            count,
+            "the test table's cost column has the wrong length"
+        );
+        let cost = if columns.contains(Columns::COST) {
+            self.cost.clone()
+        } else {
+            Vec::new()
+        };
+        (count as u32, data, cost)
     }
 }
 
@@ -245,8 +258,9 @@ mod tests {
     #[test]
     fn every_column_comes_back_in_place() {
         let table = sample();
-        let (count, data) = table.pack(Columns::all());
-        let view = WorkerTable::from_packed(count, Columns::all(), &data, Columns::all()).expect("a view");
+        let (count, data, cost) = table.pack(Columns::all());
+        assert_eq!(data.len(), 30);
+        let view = WorkerTable::from_packed(count, Columns::all(), &data, &cost, Columns::all()).expect("a view");
         assert_eq!(view.len(), 3);
         assert_eq!(view.ids, &table.ids[..]);
         assert_eq!(view.roles, &table.roles[..]);
@@ -267,9 +281,9 @@ mod tests {
         let table = sample();
         let sent = Columns::ROLES | Columns::PREFILL_TOKENS | Columns::ACTIVE_REQUESTS | Columns::COST;
         let wanted = Columns::ACTIVE_REQUESTS | Columns::COST;
-        let (count, data) = table.pack(sent);
-        assert_eq!(data.len(), 12);
-        let view = WorkerTable::from_packed(count, sent, &data, wanted).expect("a view");
+        let (count, data, cost) = table.pack(sent);
+        assert_eq!((data.len(), cost.len()), (9, 3));
+        let view = WorkerTable::from_packed(count, sent, &data, &cost, wanted).expect("a view");
         assert_eq!(view.active_requests, [15, 16, 17]);
         assert_eq!(view.cost, [0.5, 1.5, 2.5]);
         assert!(view.roles.is_empty() && view.prefill_tokens.is_empty() && view.ids.is_empty());
@@ -279,11 +293,13 @@ mod tests {
     #[test]
     fn a_broken_table_is_an_error_not_a_panic() {
         let table = sample();
-        let (count, data) = table.pack(Columns::ROLES);
-        let missing = WorkerTable::from_packed(count, Columns::ROLES, &data, Columns::ACTIVE_BLOCKS);
+        let (count, data, cost) = table.pack(Columns::ROLES);
+        let missing = WorkerTable::from_packed(count, Columns::ROLES, &data, &cost, Columns::ACTIVE_BLOCKS);
         let missing = missing.expect_err("missing column").message;
         assert_eq!(missing, "the host sent no ACTIVE_BLOCKS");
-        let short = WorkerTable::from_packed(count + 1, Columns::ROLES, &data, Columns::ROLES);
-        assert!(short.expect_err("short data").message.contains("length"));
+        let short = WorkerTable::from_packed(count + 1, Columns::ROLES, &data, &cost, Columns::ROLES);
+        assert!(short.expect_err("short data").message.contains("lists"));
+        let stray_cost = WorkerTable::from_packed(count, Columns::ROLES, &data, &[1.0; 3], Columns::ROLES);
+        assert!(stray_cost.is_err(), "a cost column that was not announced");
     }
 }
