@@ -243,8 +243,9 @@ pub mod testing {
     }
 
     /// Routes `req` over `table` with policy `P` the way the gateway does: `init` first, then
-    /// `route` over the table packed as the host sends it, holding only the columns `P::COLUMNS` names, so a policy that reads
-    /// a column it did not declare fails here too (it sees an empty column).
+    /// `route` over the table packed as the host sends it, holding only the columns
+    /// `P::COLUMNS` names, so a policy that reads a column it did not declare fails here too
+    /// (it sees an empty column).
     pub fn route<P: Router>(req: &RequestInfo, table: &Table) -> Result<Decision, PolicyError> {
         P::init()?;
         let (count, data, cost) = table.pack(P::COLUMNS);
@@ -380,13 +381,8 @@ macro_rules! router {
                 workers: $crate::router_world::switchyard::policy::types::WorkerTable,
             ) -> Result<$crate::Decision, $crate::PolicyError> {
                 let columns = <$policy as $crate::Router>::COLUMNS;
-                let decision = $crate::WorkerTable::from_packed(
-                    workers.count,
-                    workers.present,
-                    &workers.data,
-                    &workers.cost,
-                    columns,
-                )
+                let (count, present) = (workers.count, workers.present);
+                let decision = $crate::WorkerTable::from_packed(count, present, &workers.data, &workers.cost, columns)
                     .and_then(|view| <$policy as $crate::Router>::route(&req, &view));
                 $crate::__end_of_call();
                 decision
