@@ -93,17 +93,24 @@ impl WorkerTable {
     /// A copy holding only `columns` (those of them present).
     pub fn select(&self, columns: Columns) -> WorkerTable {
         let present = self.present & columns;
-        let mut table = WorkerTable::zeroed(self.len(), present);
-        table.data.clear();
-        for column in ORDER {
-            if let Some(values) = self.column(column).filter(|_| present.contains(column)) {
-                table.data.extend_from_slice(values);
-            }
+        let data = ORDER
+            .iter()
+            .filter(|&&column| present.contains(column))
+            .filter_map(|&column| self.column(column))
+            .flatten()
+            .copied()
+            .collect();
+        let cost = if present.contains(Columns::COST) {
+            self.cost.clone()
+        } else {
+            Vec::new()
+        };
+        WorkerTable {
+            count: self.count,
+            present,
+            data,
+            cost,
         }
-        if present.contains(Columns::COST) {
-            table.cost.clone_from(&self.cost);
-        }
-        table
     }
 }
 
