@@ -189,13 +189,6 @@ impl PolicyRuntime {
             .resources_required()
             .and_then(|resources| resources.max_initial_memory_size)
             .map_or(0, |pages| pages.saturating_mul(WASM_PAGE_BYTES));
-        if initial_memory_bytes > LINEAR_MEMORY_KEEP_RESIDENT as u64 {
-            tracing::info!(
-                policy = name,
-                initial_memory_bytes,
-                "policy starts with more memory than is reset in place; re-instantiating it page-faults (build it with a smaller stack, see plugins/.cargo/config.toml)"
-            );
-        }
         let mut policy = RouterPolicy {
             name: name.to_string(),
             sha256,
@@ -205,6 +198,13 @@ impl PolicyRuntime {
             columns: table::Columns::empty(),
             initial_memory_bytes,
         };
+        if !policy.fits_resident_memory() {
+            tracing::info!(
+                policy = name,
+                initial_memory_bytes,
+                "policy starts with more memory than is reset in place; re-instantiating it page-faults (build it with a smaller stack, see plugins/.cargo/config.toml)"
+            );
+        }
         let mut instance = policy.instantiate()?;
         policy.columns = instance.columns;
         // The self-test table holds what a live one would: the declared and the fallback's columns.
