@@ -22,8 +22,9 @@ pub(crate) fn guest_target_dir(name: &str) -> PathBuf {
         .join(name)
 }
 
-/// Runs `cargo build --release --target wasm32-wasip2` in `workspace`.
-pub(crate) fn build_guests(workspace: &Path, target_dir: &Path) {
+/// Runs `cargo build --release --locked --target wasm32-wasip2` in `workspace`, with `-p NAME`
+/// for each of `packages`, or for every member of the workspace when `packages` is empty.
+pub(crate) fn build_guests(workspace: &Path, target_dir: &Path, packages: &[&str]) {
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let mut command = Command::new(cargo);
     command
@@ -37,6 +38,9 @@ pub(crate) fn build_guests(workspace: &Path, target_dir: &Path) {
             "--target-dir",
         ])
         .arg(target_dir);
+    for package in packages {
+        command.args(["-p", package]);
+    }
     // The outer build's settings (clippy's wrapper, host RUSTFLAGS) must not leak into the guests.
     for variable in [
         "RUSTC_WORKSPACE_WRAPPER",

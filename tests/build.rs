@@ -11,7 +11,8 @@ fn main() {
     println!("cargo:rerun-if-changed={}", guests.display());
     println!("cargo:rerun-if-changed={}", root.join("plugins/sdk").display());
     println!("cargo:rerun-if-changed={}", root.join("wit").display());
-    build_guests::build_guests(&guests, &target_dir);
+    // Every guest in the workspace (no `-p`): each is a test's subject.
+    build_guests::build_guests(&guests, &target_dir, &[]);
     println!(
         "cargo:rustc-env=SWITCHYARD_GUESTS_DIR={}",
         target_dir.join("wasm32-wasip2/release").display()

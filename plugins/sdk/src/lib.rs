@@ -1,9 +1,12 @@
 //! The Switchyard policy SDK: write a routing or batching policy as plain Rust.
 //!
-//! This crate owns the guest side of the `switchyard:policy@0.1.0` contract (`wit/policy.wit`):
-//! the generated bindings, the [`Router`] and [`Batcher`] traits a policy implements, helpers
-//! over the flat worker table, and the runtime a `no_std` component needs (an allocator and a
-//! panic handler that traps, so a policy imports nothing but the host world). A policy is:
+//! This crate owns the guest side of the `switchyard:policy@0.1.0` contract: the generated
+//! bindings, the [`Router`] and [`Batcher`] traits a policy implements, helpers over the flat
+//! worker table, and the runtime a `no_std` component needs (an allocator and a panic handler
+//! that traps, so a policy imports nothing but the host world). The bindings come from the
+//! crate's own copy of the contract, `wit/policy.wit` here, byte-identical to the repository's
+//! `wit/policy.wit`, so a policy crate outside the repository builds with nothing but a path or
+//! git dependency on this crate. A policy is:
 //!
 //! ```ignore
 //! struct Mine;
@@ -29,7 +32,7 @@ use alloc::vec::Vec;
 #[allow(missing_docs, clippy::too_many_arguments)]
 pub mod router_world {
     wit_bindgen::generate!({
-        path: "../../wit",
+        path: "wit",
         world: "switchyard:policy/router",
         pub_export_macro: true,
         export_macro_name: "export_router_world",
@@ -41,7 +44,7 @@ pub mod router_world {
 #[allow(missing_docs, clippy::too_many_arguments)]
 pub mod batcher_world {
     wit_bindgen::generate!({
-        path: "../../wit",
+        path: "wit",
         world: "switchyard:policy/batcher",
         pub_export_macro: true,
         export_macro_name: "export_batcher_world",
@@ -245,7 +248,8 @@ pub mod testing {
     /// Routes `req` over `table` with policy `P` the way the gateway does: `init` first, then
     /// `route` over the table packed as the host sends it, holding only the columns
     /// `P::COLUMNS` names, so a policy that reads a column it did not declare fails here too
-    /// (it sees an empty column).
+    /// (a checked read such as `workers.active_requests()?` answers an error naming the
+    /// column; an unchecked one sees an empty slice and panics when indexed).
     pub fn route<P: Router>(req: &RequestInfo, table: &Table) -> Result<Decision, PolicyError> {
         P::init()?;
         let (count, data, cost) = table.pack(P::COLUMNS);
@@ -342,8 +346,10 @@ pub fn pack(order: impl IntoIterator<Item = usize>, tokens: &[u32], budget: &Bud
 /// A routing policy.
 pub trait Router {
     /// The worker-table columns `route` reads. The host sends only what policies ask for, so
-    /// naming fewer columns makes each call cheaper; columns not named here are empty in the
-    /// [`WorkerTable`] `route` sees. Every column by default.
+    /// naming fewer columns makes each call cheaper; in the [`WorkerTable`] `route` sees,
+    /// columns not named here are empty slices, and their checked accessors
+    /// ([`WorkerTable::column`], `workers.active_requests()`, ...) answer an error naming them.
+    /// Every column by default.
     const COLUMNS: Columns = Columns::all();
 
     /// Called once per instance before any route; an error refuses the policy.

@@ -4,9 +4,9 @@
 //! the u32 ones packed one after another in a single list, in the order `wit/policy.wit`
 //! declares them, and the f32 `cost` column in a list of its own.
 //! [`WorkerTable::from_packed`] splits them into one slice per column without copying;
-//! columns the policy did not name are empty, so reading one fails the same way every time
+//! columns the policy did not name are hidden, so reading one fails the same way every time
 //! instead of working only when another policy happened to ask for it. [`Table`] is the owned
-//! form tests build and pack.
+//! form tests build and pack. [`WorkerTable`] explains its checked and unchecked reads.
 
 use alloc::string::String;
 #[cfg(not(target_arch = "wasm32"))]
@@ -19,10 +19,29 @@ use crate::{Columns, PolicyError, role};
 const U32_COLUMNS: usize = 10;
 
 /// Every candidate worker: element `i` of each column describes worker `i`. Decisions name
-/// workers by that index. Columns the policy did not declare are empty slices.
-#[derive(Debug, Clone, Copy, Default)]
+/// workers by that index.
+///
+/// A column can be read two ways:
+/// - checked: [`WorkerTable::column`] or the method named after the column
+///   (`workers.active_requests()?`) answers the slice, or, for a column the policy did not
+///   declare, a [`PolicyError`] that names it and says to add it to [`crate::Router::COLUMNS`],
+///   which the policy returns with `?`;
+/// - unchecked, the fast path: the public fields (`workers.active_requests[i]`). An undeclared
+///   column is an empty slice there, so indexing it panics, which in a component is a bare
+///   trap (`unreachable`) that says nothing about why.
+///
+/// Either way the call fails: the request goes to the gateway's fallback and the failure counts
+/// towards rolling the policy back; the host's self-test call at `switchyard policy check` and
+/// at push time refuses such a policy. The checked read makes the reason (in that refusal and
+/// in the gateway's log) name the column.
+///
+/// Take the checked slices once per call, before the loop over workers: the check is one test
+/// per call, and the loop then indexes plain slices.
+#[derive(Debug, Clone, Copy)]
 pub struct WorkerTable<'a> {
     count: usize,
+    /// The columns this view exposes: those the policy declared.
+    declared: Columns,
     /// Stable worker ids (for logging; decisions use indices).
     pub ids: &'a [u32],
     /// Worker roles (see [`crate::role`]).
@@ -108,6 +127,7 @@ impl<'a> WorkerTable<'a> {
         ] = columns;
         Ok(WorkerTable {
             count,
+            declared: wanted & Columns::all(),
             ids,
             roles,
             capabilities,
@@ -139,6 +159,127 @@ impl<'a> WorkerTable<'a> {
             .enumerate()
             .filter(|(_, role)| **role == role::LLM)
             .map(|(i, _)| i)
+    }
+
+    /// The columns this view exposes: the ones the policy declared in
+    /// [`crate::Router::COLUMNS`] (every column in a test's [`Table::view`]).
+    pub fn columns(&self) -> Columns {
+        self.declared
+    }
+
+    /// The u32 column `column` (one flag, any but [`Columns::COST`], which the `cost` method
+    /// reads), `len()` values long.
+    ///
+    /// # Errors
+    ///
+    /// A [`PolicyError`] naming the column if the policy did not declare it in
+    /// [`crate::Router::COLUMNS`], or if `column` is not exactly one u32 column.
+    pub fn column(&self, column: Columns) -> Result<&'a [u32], PolicyError> {
+        let bits = column.bits();
+        let bit = bits.trailing_zeros() as usize;
+        if bits.count_ones() != 1 || bit >= U32_COLUMNS {
+            return Err(PolicyError::new(
+                "WorkerTable::column takes exactly one u32 column (read COST with WorkerTable::cost())",
+            ));
+        }
+        let columns = [
+            self.ids,
+            self.roles,
+            self.capabilities,
+            self.overlap_device_blocks,
+            self.overlap_host_blocks,
+            self.active_blocks,
+            self.prefill_tokens,
+            self.active_requests,
+            self.capacity_blocks,
+            self.block_size,
+        ];
+        self.checked(column, columns[bit])
+    }
+
+    /// `values`, if the policy declared `column`.
+    fn checked<T>(&self, column: Columns, values: &'a [T]) -> Result<&'a [T], PolicyError> {
+        if self.declared.contains(column) {
+            Ok(values)
+        } else {
+            Err(undeclared(column))
+        }
+    }
+}
+
+/// The error for reading `column` without declaring it, built without `core::fmt` (which would
+/// double the size of a small policy).
+#[cold]
+fn undeclared(column: Columns) -> PolicyError {
+    let mut names = String::new();
+    for (name, _) in column.iter_names() {
+        if !names.is_empty() {
+            names.push_str(" | ");
+        }
+        names.push_str("Columns::");
+        names.push_str(name);
+    }
+    let mut message = String::from("the policy reads ");
+    message.push_str(&names);
+    message.push_str(" but did not declare it: add it to Router::COLUMNS");
+    PolicyError { message }
+}
+
+/// The checked accessor of each column, named after it.
+macro_rules! checked_columns {
+    ($($name:ident: $value:ty = $flag:ident;)*) => {
+        impl<'a> WorkerTable<'a> {
+            $(
+                #[doc = concat!(
+                    "The `", stringify!($name), "` column, checked: `len()` values, or a ",
+                    "[`PolicyError`] naming it if the policy did not declare [`Columns::", stringify!($flag),
+                    "`] in [`crate::Router::COLUMNS`]. The `", stringify!($name), "` field is the same ",
+                    "slice unchecked (empty when undeclared)."
+                )]
+                ///
+                /// # Errors
+                ///
+                /// If the column was not declared.
+                pub fn $name(&self) -> Result<&'a [$value], PolicyError> {
+                    self.checked(Columns::$flag, self.$name)
+                }
+            )*
+        }
+    };
+}
+
+checked_columns! {
+    ids: u32 = IDS;
+    roles: u32 = ROLES;
+    capabilities: u32 = CAPABILITIES;
+    overlap_device_blocks: u32 = OVERLAP_DEVICE_BLOCKS;
+    overlap_host_blocks: u32 = OVERLAP_HOST_BLOCKS;
+    active_blocks: u32 = ACTIVE_BLOCKS;
+    prefill_tokens: u32 = PREFILL_TOKENS;
+    active_requests: u32 = ACTIVE_REQUESTS;
+    capacity_blocks: u32 = CAPACITY_BLOCKS;
+    block_size: u32 = BLOCK_SIZE;
+    cost: f32 = COST;
+}
+
+/// No workers, every column declared (and empty).
+impl Default for WorkerTable<'_> {
+    fn default() -> Self {
+        WorkerTable {
+            count: 0,
+            declared: Columns::all(),
+            ids: &[],
+            roles: &[],
+            capabilities: &[],
+            overlap_device_blocks: &[],
+            overlap_host_blocks: &[],
+            active_blocks: &[],
+            prefill_tokens: &[],
+            active_requests: &[],
+            capacity_blocks: &[],
+            block_size: &[],
+            cost: &[],
+        }
     }
 }
 
@@ -176,6 +317,7 @@ impl Table {
     pub fn view(&self) -> WorkerTable<'_> {
         WorkerTable {
             count: self.ids.len(),
+            declared: Columns::all(),
             ids: &self.ids,
             roles: &self.roles,
             capabilities: &self.capabilities,
@@ -288,6 +430,80 @@ mod tests {
         assert_eq!(view.cost, [0.5, 1.5, 2.5]);
         assert!(view.roles.is_empty() && view.prefill_tokens.is_empty() && view.ids.is_empty());
         assert_eq!(view.len(), 3);
+        assert_eq!(view.columns(), wanted);
+        assert_eq!(view.active_requests().expect("declared"), [15, 16, 17]);
+        assert_eq!(view.column(Columns::ACTIVE_REQUESTS).expect("declared"), [15, 16, 17]);
+        assert_eq!(view.cost().expect("declared"), [0.5, 1.5, 2.5]);
+    }
+
+    #[test]
+    fn an_undeclared_column_is_a_named_error_not_a_panic() {
+        let table = sample();
+        let sent = Columns::all();
+        let wanted = Columns::ROLES | Columns::ACTIVE_REQUESTS;
+        let (count, data, cost) = table.pack(sent);
+        let view = WorkerTable::from_packed(count, sent, &data, &cost, wanted).expect("a view");
+        let expected = "the policy reads Columns::PREFILL_TOKENS but did not declare it: add it to Router::COLUMNS";
+        assert_eq!(view.prefill_tokens().expect_err("undeclared").message, expected);
+        let by_flag = view.column(Columns::PREFILL_TOKENS).expect_err("undeclared");
+        assert_eq!(by_flag.message, expected);
+        // Sent by the host (for another policy), but not declared: still an error, every time.
+        assert!(view.prefill_tokens.is_empty());
+        let cost = view.cost().expect_err("undeclared").message;
+        assert_eq!(
+            cost,
+            "the policy reads Columns::COST but did not declare it: add it to Router::COLUMNS"
+        );
+        let checked = [
+            (view.ids(), "IDS"),
+            (view.capabilities(), "CAPABILITIES"),
+            (view.overlap_device_blocks(), "OVERLAP_DEVICE_BLOCKS"),
+            (view.overlap_host_blocks(), "OVERLAP_HOST_BLOCKS"),
+            (view.active_blocks(), "ACTIVE_BLOCKS"),
+            (view.capacity_blocks(), "CAPACITY_BLOCKS"),
+            (view.block_size(), "BLOCK_SIZE"),
+        ];
+        for (read, name) in checked {
+            let message = read.expect_err(name).message;
+            assert!(message.contains(&alloc::format!("Columns::{name} ")), "{message}");
+            assert!(message.contains("Router::COLUMNS"), "{message}");
+        }
+        assert_eq!(view.roles().expect("declared"), [0, 1, 0]);
+    }
+
+    #[test]
+    fn column_takes_one_u32_column() {
+        let table = sample();
+        let view = table.view();
+        assert_eq!(view.columns(), Columns::all());
+        assert_eq!(view.column(Columns::BLOCK_SIZE).expect("a column"), [21, 22, 23]);
+        assert_eq!(view.column(Columns::IDS).expect("a column"), [10, 11, 12]);
+        for not_one in [Columns::COST, Columns::IDS | Columns::ROLES, Columns::empty()] {
+            let message = view.column(not_one).expect_err("not one u32 column").message;
+            assert!(message.contains("exactly one u32 column"), "{message}");
+        }
+        assert_eq!(WorkerTable::default().roles().expect("declared"), [0u32; 0]);
+    }
+
+    #[test]
+    fn a_policy_reading_an_undeclared_column_fails_with_its_name_under_test() {
+        struct Forgetful;
+        impl crate::Router for Forgetful {
+            const COLUMNS: Columns = Columns::ROLES;
+            fn route(_req: &crate::RequestInfo, workers: &WorkerTable<'_>) -> Result<crate::Decision, PolicyError> {
+                let active = workers.active_requests()?;
+                let least = workers.llm_indices().min_by_key(|&i| active[i]);
+                least
+                    .map(crate::Decision::to)
+                    .ok_or_else(|| PolicyError::new("no worker"))
+            }
+        }
+        let err = crate::testing::route::<Forgetful>(&crate::testing::request(1, 64), &crate::testing::table(4))
+            .expect_err("ACTIVE_REQUESTS was not declared");
+        assert_eq!(
+            err.message,
+            "the policy reads Columns::ACTIVE_REQUESTS but did not declare it: add it to Router::COLUMNS"
+        );
     }
 
     #[test]

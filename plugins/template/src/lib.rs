@@ -1,41 +1,52 @@
 //! A policy to copy: send a request where most of its prompt is cached, unless that worker is
 //! already `slack` requests busier than the least busy one (then take the least busy).
 //!
-//! Copy this folder, rename the package, add it to `plugins/Cargo.toml`, then:
-//! `cargo test -p NAME --lib` (offline, natively), `cargo build --release --target
-//! wasm32-wasip2 -p NAME`, and `switchyard policy push NAME target/wasm32-wasip2/release/NAME.wasm
-//! --activate --admin URL --token TOKEN`.
+//! This folder is a package of its own (its own `[workspace]`, `Cargo.lock`, release profile
+//! and `.cargo/config.toml`), so it builds wherever it is copied:
+//!
+//! 1. Copy the folder anywhere and rename the package in `Cargo.toml`.
+//! 2. Point the `switchyard-policy-sdk` dependency at the SDK: a git dependency on the
+//!    Switchyard repository, or a path to a checkout's `plugins/sdk`.
+//! 3. Test it natively, offline: `cargo test --lib`.
+//! 4. Build the component: `cargo build --release --target wasm32-wasip2`. Cargo names the
+//!    file after the package with `-` changed to `_`: this one is
+//!    `target/wasm32-wasip2/release/policy_template.wasm`.
+//! 5. Check it as the gateway would: `switchyard policy check
+//!    target/wasm32-wasip2/release/NAME_WITH_UNDERSCORES.wasm [--config policy.toml]`.
+//! 6. Push it: `switchyard policy push NAME target/wasm32-wasip2/release/NAME_WITH_UNDERSCORES.wasm
+//!    --activate --admin URL --token TOKEN`.
 
 #![cfg_attr(not(test), no_std)]
 
-use switchyard_policy_sdk::{Columns, Decision, PolicyError, RequestInfo, Router, WorkerTable, config};
+use switchyard_policy_sdk::{Columns, Decision, PolicyError, RequestInfo, Router, WorkerTable, config, role};
 
 /// The policy.
 pub struct PrefixAffinity;
 
 impl Router for PrefixAffinity {
     // The columns `route` reads: the host sends only what policies ask for, so each call is
-    // cheaper than with every column (the default). A column left out reads as empty.
+    // cheaper than with every column (the default).
     const COLUMNS: Columns = Columns::ROLES
         .union(Columns::ACTIVE_REQUESTS)
         .union(Columns::OVERLAP_DEVICE_BLOCKS);
 
     fn route(_req: &RequestInfo, workers: &WorkerTable) -> Result<Decision, PolicyError> {
         let slack = config::get_f64("slack", 4.0) as u32;
-        let least_busy = workers
-            .llm_indices()
-            .min_by_key(|&i| workers.active_requests[i])
+        // Checked reads, once per call: a column missing from `COLUMNS` answers an error that
+        // names it (shown by `switchyard policy check` and in the gateway's log), where
+        // indexing the raw field (`workers.active_requests[i]`, the unchecked fast path) would
+        // trap without saying why.
+        let roles = workers.roles()?;
+        let active = workers.active_requests()?;
+        let cached = workers.overlap_device_blocks()?;
+        let llm = || (0..workers.len()).filter(|&i| roles[i] == role::LLM);
+        let least_busy = llm()
+            .min_by_key(|&i| active[i])
             .ok_or_else(|| PolicyError::new("no LLM worker in the table"))?;
-        let floor = workers.active_requests[least_busy];
-        let best_cached = workers
-            .llm_indices()
-            .filter(|&i| workers.active_requests[i] <= floor.saturating_add(slack))
-            .max_by_key(|&i| {
-                (
-                    workers.overlap_device_blocks[i],
-                    core::cmp::Reverse(workers.active_requests[i]),
-                )
-            })
+        let floor = active[least_busy];
+        let best_cached = llm()
+            .filter(|&i| active[i] <= floor.saturating_add(slack))
+            .max_by_key(|&i| (cached[i], core::cmp::Reverse(active[i])))
             .unwrap_or(least_busy);
         Ok(Decision::to(best_cached))
     }
