@@ -10,7 +10,7 @@
 //! - The trace is replayed `REPLAYS` times. Hash id 0 (the 512-token prefix every request starts
 //!   with) stays shared across replays; every other id is offset per replay, so each replay brings
 //!   fresh conversations. Each hash id becomes a local hash (xxh3 of its little-endian bytes, seed
-//!   1337) and sequence hashes are chained with `switchyard_workers::blocks::chain_hash`.
+//!   1337) and sequence hashes are chained with `switchyard_protocol::block_hash::chain_hash`.
 //! - Per request: a lookup of all its blocks; then routing to a worker: if some worker holds two
 //!   or more leading blocks (more than the shared first block), one of the deepest holders, picked
 //!   by a hash of the request number; otherwise a hash of the request number modulo W; then a
@@ -36,9 +36,9 @@ use dynamo_kv_router::protocols::{
 };
 use dynamo_kv_router::{ConcurrentRadixTreeCompressed, RadixTree};
 use parking_lot::RwLock;
-use switchyard::kv::index::{KvIndex, Overlap};
-use switchyard_workers::blocks::{HASH_SEED, chain_hash};
-use switchyard_workers::kv_events::{KvEvent, StorageTier, StoredBlock};
+use switchyard::bench::{KvIndex, Overlap};
+use switchyard_protocol::block_hash::{HASH_SEED, chain_hash};
+use switchyard_protocol::kv_events::{KvEvent, StorageTier, StoredBlock};
 use xxhash_rust::xxh3::xxh3_64_with_seed;
 
 // ------------------------------------------------------------------ counting allocator
@@ -52,8 +52,8 @@ use counting_alloc::live;
 
 /// Blocks each simulated worker caches (512 tokens each: 262,144 tokens per worker).
 const CAPACITY: usize = 512;
-/// Events per write-lock hold in the concurrency section (as `kv::sync::MAX_BATCH`).
-const BATCH: usize = switchyard::kv::sync::MAX_BATCH;
+/// Events per write-lock hold in the concurrency section (as `events::applier::MAX_BATCH`).
+const BATCH: usize = switchyard::bench::MAX_BATCH;
 /// Offset added to every hash id but 0 on each replay (the trace's ids are below 182,790).
 const REPLAY_ID_STRIDE: u64 = 1 << 32;
 

@@ -16,9 +16,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use criterion::{BenchmarkId, Criterion};
-use switchyard::policy::runtime::{PolicyRuntime, RuntimeConfig};
-use switchyard::policy::switch::{PolicySwitch, SwitchConfig};
-use switchyard::policy::{built_in_router, table};
+use switchyard::bench::{PolicyRuntime, RuntimeConfig};
+use switchyard::bench::{PolicySwitch, SwitchConfig};
+use switchyard::bench::{built_in_router, table};
 
 const SIZES: [usize; 4] = [8, 64, 1024, 4096];
 

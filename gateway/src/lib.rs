@@ -1,37 +1,62 @@
 //! Switchyard: a TLS gateway that speaks the OpenAI API and routes each request to a worker.
 //!
-//! [`Gateway::start`] takes a validated [`Config`](config::Config), starts any embedded mockers,
-//! the health checker and the client listener, and returns a handle that keeps them running.
-//! The modules follow the request: [`server`] (connections, TLS, handlers, relay) →
-//! [`workers`] (registry, health, client) with [`metrics`] on the side and [`config`] at the
-//! start.
+//! The public API is small: [`Gateway::start`] takes a [`Config`] (loaded and validated from
+//! TOML), starts any embedded mockers, the event applier, the health checker and the
+//! listeners, and returns a handle that keeps them running; [`check_policy`] validates a
+//! policy component offline; [`Error`] says why either failed.
+//!
+//! Inside, the modules follow the request: `server` (connections, TLS, handlers, relay) →
+//! `routing` (the routing core: pool, KV state and policy answer where a request goes, and a
+//! lease holds the worker until the answer ends) → `workers` (registry, health, client).
+//! `kv` holds the prefix index, the active sequences and prompt hashing; `events` keeps them
+//! and the pool in step with what workers announce; `policy` is the only module that knows
+//! wasmtime; `admin` serves the admin API; `config` and `metrics` sit on the side. [`bench`]
+//! exposes what the benchmarks and soak tests drive directly; it is not a stable API.
 
 #![deny(missing_docs, missing_debug_implementations, unsafe_op_in_unsafe_fn)]
-#![warn(unreachable_pub)]
 
-pub mod admin;
-pub mod config;
-pub mod kv;
-pub mod metrics;
-pub mod policy;
-pub mod server;
-pub mod state;
-pub mod workers;
+mod admin;
+mod config;
+mod events;
+mod kv;
+mod metrics;
+mod policy;
+mod routing;
+mod server;
+mod state;
+mod workers;
+
+pub use config::{Config, ConfigError};
+pub use kv::KvSetupError;
+pub use policy::PolicyError;
+pub use policy::check::{PolicyCheck, check_policy};
+pub use policy::runtime::RuntimeConfig as PolicySandbox;
+pub use server::tls::TlsError;
+
+/// What the benchmarks and soak tests drive directly: the KV index and the policy runtime.
+/// Not a stable API.
+#[doc(hidden)]
+pub mod bench {
+    pub use crate::events::applier::MAX_BATCH;
+    pub use crate::kv::index::{IndexSize, KvIndex, Overlap};
+    pub use crate::policy::runtime::{PolicyRuntime, RuntimeConfig};
+    pub use crate::policy::switch::{PolicySwitch, SwitchConfig};
+    pub use crate::policy::{built_in_router, table};
+}
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use switchyard_workers::mocker::WorkerServer;
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 
-use crate::config::{Config, Mode};
+use crate::config::Mode;
 use crate::metrics::Metrics;
 use crate::state::AppState;
 use crate::workers::WorkerPool;
 use crate::workers::client::WorkerClient;
 
-/// Why the gateway could not start.
+/// Why the gateway could not start, or a policy could not be checked.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
@@ -74,6 +99,9 @@ pub enum Error {
         /// Why.
         reason: String,
     },
+    /// No admin token is configured and none could be generated (no OS randomness).
+    #[error("cannot generate an admin token (no OS randomness); set `admin.token`")]
+    AdminToken,
     /// A worker URL did not parse.
     #[error("invalid worker URL: {0}")]
     WorkerUrl(#[from] http::uri::InvalidUri),
@@ -84,10 +112,12 @@ pub enum Error {
 pub struct Gateway {
     addr: SocketAddr,
     admin_addr: Option<SocketAddr>,
+    admin_token: Option<String>,
     tls: Option<server::tls::Tls>,
     state: Arc<AppState>,
     tasks: Vec<JoinHandle<()>>,
-    mockers: Vec<WorkerServer>,
+    #[cfg(feature = "embedded-mockers")]
+    mockers: Vec<switchyard_workers::mocker::WorkerServer>,
 }
 
 impl Gateway {
@@ -97,6 +127,10 @@ impl Gateway {
     ///
     /// Returns [`Error`] if the configuration is invalid, TLS cannot be set up, the listen
     /// address cannot be bound, or embedded mockers cannot start.
+    #[cfg_attr(
+        not(feature = "embedded-mockers"),
+        allow(unused_mut, reason = "embedded mockers add their workers to the configuration")
+    )]
     pub async fn start(mut config: Config) -> Result<Gateway, Error> {
         config.validate(std::path::Path::new("<config>"))?;
         let tls = match (&config.server.tls, config.server.plaintext) {
@@ -111,7 +145,9 @@ impl Gateway {
         if let Some(tls) = &tls {
             tracing::info!(fingerprint = %tls.fingerprint, self_signed = tls.self_signed, "TLS certificate (SHA-256)");
         }
+        #[cfg(feature = "embedded-mockers")]
         let mut mockers = Vec::new();
+        #[cfg(feature = "embedded-mockers")]
         if let Some(embedded) = config.embedded_mockers.as_ref().filter(|m| m.count > 0) {
             let (fleet, entries) = workers::embedded::start(embedded).await.map_err(Error::Mockers)?;
             mockers = fleet;
@@ -123,9 +159,9 @@ impl Gateway {
             cache_dir: config.policy.cache_dir.clone(),
             ..policy::runtime::RuntimeConfig::default()
         })?);
-        let router = load_router(&policy_runtime, &config.policy.router, config.policy.config.clone())?;
+        let router_policy = load_router(&policy_runtime, &config.policy.router, config.policy.config.clone())?;
         let switch = Arc::new(policy::switch::PolicySwitch::new(
-            router,
+            router_policy,
             policy::switch::SwitchConfig {
                 max_failures: config.policy.max_failures,
                 ..Default::default()
@@ -138,19 +174,22 @@ impl Gateway {
         let metrics = Arc::new(metrics);
         let pool = Arc::new(WorkerPool::new(&config.workers, metrics.clone())?);
         for worker in pool.workers().iter() {
-            kv.check_block_size(worker);
+            kv.check_block_size(&worker.name, &worker.model, worker.block_size);
         }
-        let (inbound, applier) = kv::sync::spawn(
+        let (inbound, applier) = events::applier::spawn(
             kv.clone(),
             pool.clone(),
-            kv::sync::SyncConfig {
+            events::applier::SyncConfig {
                 heartbeat_misses: config.kv.heartbeat_misses,
                 resync_buffer: config.kv.resync_buffer,
                 resync_timeout: std::time::Duration::from_millis(config.kv.resync_timeout_ms),
             },
         );
+        let router = Arc::new(routing::Router::new(pool.clone(), kv.clone(), switch, inbound.clone()));
+        #[allow(unused_mut, reason = "only embedded mockers add tasks here")]
         let mut tasks = vec![applier];
-        tasks.extend(kv::bus::connect(
+        #[cfg(feature = "embedded-mockers")]
+        tasks.extend(events::bus::connect(
             mockers
                 .iter()
                 .enumerate()
@@ -170,13 +209,13 @@ impl Gateway {
             source,
         })?;
         if let Some(url) = &config.kv.nats_url {
-            let client = kv::nats::connect(url).await.map_err(|reason| Error::Nats {
+            let client = events::nats::connect(url).await.map_err(|reason| Error::Nats {
                 url: url.clone(),
                 reason,
             })?;
-            let subjects = switchyard_workers::kv_events::Subjects::new(config.kv.subject_prefix.clone());
+            let subjects = switchyard_protocol::kv_events::Subjects::new(config.kv.subject_prefix.clone());
             tasks.extend(
-                kv::nats::start(client, subjects, config.kv.replica_sync, kv.clone(), inbound.clone())
+                events::nats::start(client, subjects, config.kv.replica_sync, kv.clone(), inbound.clone())
                     .await
                     .map_err(|reason| Error::Nats {
                         url: url.clone(),
@@ -190,31 +229,31 @@ impl Gateway {
                 .iter()
                 .find(|w| w.display_name() == vllm.worker)
                 .map_or(64, |w| w.block_size);
-            tasks.push(kv::vllm::spawn(vllm.clone(), block_size, kv.clone(), inbound.clone()));
+            tasks.push(events::vllm::spawn(
+                vllm.clone(),
+                block_size,
+                kv.clone(),
+                inbound.clone(),
+            ));
         }
-        let health = workers::health::spawn(pool.clone(), client.clone(), config.health.clone(), kv.clone());
-        let state = Arc::new(AppState {
-            config,
-            pool,
-            client,
-            metrics,
-            policy: switch,
-            policy_runtime,
-            kv,
-            kv_inbound: inbound.clone(),
-            next_request: std::sync::atomic::AtomicU64::new(1_000),
-        });
-        let mut admin_addr = None;
+        let health = {
+            let router = router.clone();
+            workers::health::spawn(pool.clone(), client.clone(), config.health.clone(), move |worker| {
+                router.worker_lost(worker)
+            })
+        };
         tasks.push(health);
-        if let Some(dir) = &state.config.policy.watch_dir {
+        if let Some(dir) = &config.policy.watch_dir {
             tasks.push(policy::watch::spawn(
                 dir,
-                state.policy_runtime.clone(),
-                state.policy.clone(),
-                state.config.policy.config.clone(),
+                policy_runtime.clone(),
+                router.policy().clone(),
+                config.policy.config.clone(),
             )?);
         }
-        if let Some(admin) = state.config.admin.clone() {
+        let mut admin_addr = None;
+        let mut admin_token = None;
+        if let Some(admin) = config.admin.clone() {
             let listener = TcpListener::bind(admin.listen).await.map_err(|source| Error::Bind {
                 addr: admin.listen,
                 source,
@@ -223,18 +262,39 @@ impl Gateway {
                 addr: admin.listen,
                 source,
             })?);
-            tasks.push(tokio::spawn(admin::serve(listener, admin.token, state.clone())));
+            let token = match admin.token {
+                Some(token) => token,
+                None => admin::generate_token().ok_or(Error::AdminToken)?,
+            };
+            let admin_state = Arc::new(state::AdminState {
+                router: router.clone(),
+                runtime: policy_runtime.clone(),
+                policy_config: config.policy.config.clone(),
+                events: inbound.clone(),
+                client: client.clone(),
+            });
+            tasks.push(tokio::spawn(admin::serve(listener, token.clone(), admin_state)));
+            admin_token = Some(token);
         }
+        let state = Arc::new(AppState {
+            server: config.server.clone(),
+            forwarding: config.forwarding.clone(),
+            router,
+            client,
+            metrics,
+        });
         let accept = tokio::spawn(server::conn::accept_loop(listener, tls.clone(), state.clone()));
         Ok(Gateway {
             addr,
             tls,
             state,
             admin_addr,
+            admin_token,
             tasks: {
                 tasks.push(accept);
                 tasks
             },
+            #[cfg(feature = "embedded-mockers")]
             mockers,
         })
     }
@@ -247,6 +307,9 @@ impl Gateway {
     /// The name and loopback address of each embedded mocker, in pool order (their own
     /// `/metrics` show engine internals such as preemptions and KV usage).
     pub fn embedded_mockers(&self) -> Vec<(String, SocketAddr)> {
+        #[cfg(not(feature = "embedded-mockers"))]
+        return Vec::new();
+        #[cfg(feature = "embedded-mockers")]
         self.mockers
             .iter()
             .enumerate()
@@ -270,10 +333,27 @@ impl Gateway {
         self.tls.as_ref().map(|tls| tls.fingerprint.as_str())
     }
 
-    /// The shared state (workers, metrics, configuration).
-    pub fn state(&self) -> &Arc<AppState> {
-        &self.state
+    /// The admin API's bearer token (the configured one, or the one generated at start when
+    /// `[admin]` names none), if the admin API is configured.
+    pub fn admin_token(&self) -> Option<&str> {
+        self.admin_token.as_deref()
     }
+
+    /// The models served by the workers now in the pool.
+    pub fn models(&self) -> Vec<String> {
+        self.state.router.pool().models()
+    }
+
+    /// How many workers are in the pool now.
+    pub fn worker_count(&self) -> usize {
+        self.state.router.pool().workers().len()
+    }
+}
+
+/// The component of built-in router `name` (`round-robin`, `least-load`, `kv-aware`,
+/// `predicted-ttft`), as embedded in this binary.
+pub fn built_in_policy(name: &str) -> Option<&'static [u8]> {
+    policy::built_in_router(name).ok()
 }
 
 /// Loads the router named in the configuration: a built-in name or a `.wasm` path.
@@ -310,6 +390,7 @@ mod tests {
     fn shared_handles_are_send_and_sync() {
         assert_send_sync::<crate::Gateway>();
         assert_send_sync::<crate::state::AppState>();
+        assert_send_sync::<crate::routing::Router>();
         assert_send_sync::<crate::workers::WorkerPool>();
     }
 }

@@ -5,8 +5,8 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use clap::Parser;
+use switchyard::Config;
 use switchyard::Gateway;
-use switchyard::config::Config;
 
 /// A TLS gateway that speaks the OpenAI API and routes each request to a worker.
 #[derive(Debug, Parser)]
@@ -71,6 +71,21 @@ enum PolicyAction {
         #[command(flatten)]
         admin: AdminArgs,
     },
+    /// Validates a router component offline, as a gateway would on upload (imports, `init`, a
+    /// self-test call, resident-memory fit), and times its calls at 8, 64 and 1,024 workers.
+    Check {
+        /// The component (.wasm).
+        file: PathBuf,
+        /// A TOML file: the policy's own config table.
+        #[arg(long, value_name = "FILE.toml")]
+        config: Option<PathBuf>,
+        /// The CPU deadline per call, as `policy.deadline_ms`.
+        #[arg(long, default_value_t = 1, value_name = "MS")]
+        deadline_ms: u64,
+        /// The memory cap, as `policy.memory_limit_mib`.
+        #[arg(long, default_value_t = 32, value_name = "MIB")]
+        memory_limit_mib: usize,
+    },
 }
 
 /// Options of the gateway itself.
@@ -82,6 +97,9 @@ struct ServeArgs {
     /// Overrides `server.listen`.
     #[arg(long, value_name = "HOST:PORT")]
     listen: Option<SocketAddr>,
+    /// Overrides `admin.listen` (when the configuration has an `[admin]` table).
+    #[arg(long, value_name = "HOST:PORT")]
+    admin_listen: Option<SocketAddr>,
     /// Overrides `embedded_mockers.count` (0 turns embedded mockers off).
     #[arg(long, value_name = "N")]
     mockers: Option<usize>,
@@ -104,6 +122,18 @@ fn main() -> std::process::ExitCode {
 }
 
 fn start(args: Args) -> anyhow::Result<()> {
+    if let Some(Command::Policy {
+        action:
+            PolicyAction::Check {
+                file,
+                config,
+                deadline_ms,
+                memory_limit_mib,
+            },
+    }) = args.command
+    {
+        return check(&file, config.as_deref(), deadline_ms, memory_limit_mib);
+    }
     if let Some(Command::Policy { action }) = args.command {
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -127,6 +157,9 @@ fn start(args: Args) -> anyhow::Result<()> {
     if let Some(listen) = args.listen {
         config.server.listen = listen;
     }
+    if let (Some(listen), Some(admin)) = (args.admin_listen, config.admin.as_mut()) {
+        admin.listen = listen;
+    }
     if let Some(count) = args.mockers {
         config.embedded_mockers.get_or_insert_with(Default::default).count = count;
     }
@@ -144,31 +177,96 @@ fn start(args: Args) -> anyhow::Result<()> {
 async fn run(config: Config) -> anyhow::Result<()> {
     let gateway = Gateway::start(config).await?;
     let url = gateway.url();
-    let models = gateway.state().pool.models().join(", ");
-    let workers = gateway.state().pool.workers().len();
-    let model = gateway
-        .state()
-        .pool
-        .models()
-        .first()
-        .cloned()
-        .unwrap_or_else(|| "mock".into());
-    println!("switchyard listening on {url} (models: {models}; {workers} workers)");
-    if let Some(admin) = gateway.admin_addr() {
-        println!("admin API listening on http://{admin}");
-    }
+    let models = gateway.models();
+    let model = models.first().cloned().unwrap_or_else(|| "mock".into());
+    println!(
+        "switchyard listening on {url} (models: {}; {} workers)",
+        models.join(", "),
+        gateway.worker_count()
+    );
     if let Some(fingerprint) = gateway.fingerprint() {
         println!("certificate SHA-256: {fingerprint}");
     }
     for (name, addr) in gateway.embedded_mockers() {
         println!("embedded mocker {name} at http://{addr}");
     }
+    if let (Some(admin), Some(token)) = (gateway.admin_addr(), gateway.admin_token()) {
+        println!("admin API listening on http://{admin} (token {token})");
+        println!("swap the router live: {}", push_example(admin, token));
+    }
     let insecure = if url.starts_with("https") { "-k " } else { "" };
     println!(
         "try: curl -N {insecure}{url}/v1/chat/completions -H 'content-type: application/json' -d '{{\"model\":\"{model}\",\"messages\":[{{\"role\":\"user\",\"content\":\"hi\"}}],\"stream\":true}}'"
     );
-    tokio::signal::ctrl_c().await.context("waiting for ctrl-c")?;
+    shutdown_signal().await?;
     tracing::info!("shutting down");
+    Ok(())
+}
+
+/// A `switchyard policy push` command that works as printed: this binary, the built-in
+/// `least-load` component where the build left it (or, where the build's output is not on
+/// this machine, a copy of the embedded one written to the temporary folder), this admin
+/// listener and token.
+fn push_example(admin: SocketAddr, token: &str) -> String {
+    let binary = std::env::current_exe()
+        .map(|path| path.display().to_string())
+        .unwrap_or_else(|_| "switchyard".into());
+    let built = option_env!("SWITCHYARD_BUILT_IN_POLICY_DIR")
+        .map(|dir| std::path::Path::new(dir).join("least_load.wasm"))
+        .filter(|path| path.is_file());
+    let file = built.or_else(|| {
+        let copy = std::env::temp_dir().join(format!("switchyard-{}-least_load.wasm", std::process::id()));
+        let wasm = switchyard::built_in_policy("least-load")?;
+        std::fs::write(&copy, wasm).ok().map(|()| copy)
+    });
+    match file {
+        Some(file) => format!(
+            "{binary} policy push least-load {} --activate --admin http://{admin} --token {token}",
+            file.display()
+        ),
+        None => format!("{binary} policy push NAME FILE.wasm --activate --admin http://{admin} --token {token}"),
+    }
+}
+
+/// Waits for SIGINT (ctrl-c) or, on Unix, SIGTERM.
+async fn shutdown_signal() -> anyhow::Result<()> {
+    #[cfg(unix)]
+    {
+        let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .context("listening for SIGTERM")?;
+        tokio::select! {
+            result = tokio::signal::ctrl_c() => result.context("waiting for ctrl-c"),
+            _ = terminate.recv() => Ok(()),
+        }
+    }
+    #[cfg(not(unix))]
+    tokio::signal::ctrl_c().await.context("waiting for ctrl-c")
+}
+
+/// `switchyard policy check`: validates and times a component offline.
+fn check(
+    file: &std::path::Path,
+    config: Option<&std::path::Path>,
+    deadline_ms: u64,
+    memory_limit_mib: usize,
+) -> anyhow::Result<()> {
+    let wasm = std::fs::read(file).with_context(|| format!("reading {}", file.display()))?;
+    let config = match config {
+        Some(path) => {
+            let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+            text.parse::<toml::Table>()
+                .with_context(|| format!("{} is not a TOML table", path.display()))?
+        }
+        None => toml::Table::new(),
+    };
+    let sandbox = switchyard::PolicySandbox {
+        deadline: std::time::Duration::from_millis(deadline_ms),
+        memory_limit_bytes: memory_limit_mib << 20,
+        ..switchyard::PolicySandbox::default()
+    };
+    let report = switchyard::check_policy(&wasm, config, sandbox)
+        .with_context(|| format!("{} would be refused", file.display()))?;
+    print!("{report}");
     Ok(())
 }
 
@@ -208,6 +306,7 @@ async fn policy_command(action: PolicyAction) -> anyhow::Result<()> {
             admin,
         ),
         PolicyAction::List { admin } => (http::Method::GET, "/admin/policies".to_string(), Vec::new(), admin),
+        PolicyAction::Check { .. } => anyhow::bail!("`policy check` runs offline"),
     };
     let body = admin_request(&admin, method, &path, body).await?;
     println!("{body}");

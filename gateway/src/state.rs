@@ -1,32 +1,44 @@
-//! What every request handler shares: configuration, workers, the worker client, metrics.
+//! What the listeners share: the client listener's [`AppState`] and the admin API's
+//! [`AdminState`]. Both are assembled by `Gateway::start` and private to the crate; handlers
+//! reach workers only through the routing core ([`Router`]) and the worker client.
 
 use std::sync::Arc;
 
-use crate::config::Config;
+use tokio::sync::mpsc;
+
+use crate::config::{ForwardingConfig, ServerConfig};
+use crate::events::applier::Inbound;
 use crate::metrics::Metrics;
-use crate::policy::switch::PolicySwitch;
-use crate::workers::WorkerPool;
+use crate::policy::runtime::PolicyRuntime;
+use crate::routing::Router;
 use crate::workers::client::WorkerClient;
 
-/// State shared by every connection and request.
+/// State shared by every client connection and request.
 #[derive(Debug)]
-pub struct AppState {
-    /// The validated configuration.
-    pub config: Config,
-    /// The workers.
-    pub pool: Arc<WorkerPool>,
-    /// The client that reaches them.
-    pub client: WorkerClient,
+pub(crate) struct AppState {
+    /// The client listener's limits.
+    pub(crate) server: ServerConfig,
+    /// Retries and timeouts towards workers.
+    pub(crate) forwarding: ForwardingConfig,
+    /// Where requests go.
+    pub(crate) router: Arc<Router>,
+    /// The client that reaches workers.
+    pub(crate) client: WorkerClient,
     /// Exported metrics.
-    pub metrics: Arc<Metrics>,
-    /// The live router policy.
-    pub policy: Arc<PolicySwitch>,
+    pub(crate) metrics: Arc<Metrics>,
+}
+
+/// State of the admin API: policies, worker registrations, KV inspection.
+#[derive(Debug)]
+pub(crate) struct AdminState {
+    /// The routing core (pool, KV state, live policy).
+    pub(crate) router: Arc<Router>,
     /// Compiles and validates new policy versions.
-    pub policy_runtime: Arc<crate::policy::runtime::PolicyRuntime>,
-    /// KV-aware routing state: prefix index, active sequences, prompt hashing.
-    pub kv: Arc<crate::kv::KvState>,
-    /// Where KV events and registrations that arrive over the admin API go (the applier).
-    pub kv_inbound: tokio::sync::mpsc::UnboundedSender<crate::kv::sync::Inbound>,
-    /// Numbers requests for policies.
-    pub next_request: std::sync::atomic::AtomicU64,
+    pub(crate) runtime: Arc<PolicyRuntime>,
+    /// The configured policy settings, for versions uploaded without their own.
+    pub(crate) policy_config: toml::Table,
+    /// Where registrations and KV events posted by workers go (the applier).
+    pub(crate) events: mpsc::UnboundedSender<Inbound>,
+    /// The client that fetches dumps from workers.
+    pub(crate) client: WorkerClient,
 }

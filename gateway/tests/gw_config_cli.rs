@@ -61,23 +61,63 @@ fn the_embedded_default_prints_a_ready_line_with_a_working_curl() {
     use std::io::{BufRead, BufReader};
     let config = concat!(env!("CARGO_MANIFEST_DIR"), "/../config/dev.toml");
     let mut child = Command::new(env!("CARGO_BIN_EXE_switchyard"))
-        .args(["--config", config, "--listen", "127.0.0.1:0", "--log", "warn"])
+        .args([
+            "--config",
+            config,
+            "--listen",
+            "127.0.0.1:0",
+            "--admin-listen",
+            "127.0.0.1:0",
+            "--log",
+            "warn",
+        ])
         .stdout(std::process::Stdio::piped())
         .spawn()
         .expect("run switchyard");
     let stdout = child.stdout.take().expect("stdout");
     let mut lines = BufReader::new(stdout).lines();
     let ready = lines.next().and_then(Result::ok).unwrap_or_default();
-    // Then the certificate's fingerprint and the embedded mockers' addresses, then the example.
+    // Then the certificate's fingerprint, the embedded mockers' addresses, the admin listener
+    // with its generated token and a push command, then the example request.
     let mut mockers = 0;
+    let mut admin = String::new();
+    let mut push = String::new();
     let curl = lines
         .by_ref()
         .map_while(Result::ok)
-        .inspect(|line| mockers += usize::from(line.starts_with("embedded mocker ")))
+        .inspect(|line| {
+            mockers += usize::from(line.starts_with("embedded mocker "));
+            if line.starts_with("admin API listening on http://127.0.0.1:") {
+                admin = line.clone();
+            }
+            if let Some(command) = line.strip_prefix("swap the router live: ") {
+                push = command.to_string();
+            }
+        })
         .find(|line| line.starts_with("try: "))
         .unwrap_or_default();
+    // The push command works as printed: the active router becomes least-load.
+    let words: Vec<&str> = push.split_whitespace().collect();
+    let pushed = match words.split_first() {
+        Some((program, args)) => Command::new(program).args(args).output().expect("run the push"),
+        None => panic!("no push example among the ready lines (admin line: {admin:?})"),
+    };
+    let list = Command::new(env!("CARGO_BIN_EXE_switchyard"))
+        .args(["policy", "list"])
+        .args(&words[words.len() - 4..])
+        .output()
+        .expect("run policy list");
     let _ = child.kill();
     let _ = child.wait();
+    assert!(admin.contains("(token "), "{admin}");
+    assert!(
+        pushed.status.success(),
+        "{push}: {}",
+        String::from_utf8_lossy(&pushed.stderr)
+    );
+    let list = String::from_utf8_lossy(&list.stdout);
+    let listed: serde_json::Value = serde_json::from_str(&list).expect("policy list is JSON");
+    assert_eq!(listed["active"]["name"], "least-load", "{list}");
     assert!(ready.contains("listening on https://127.0.0.1:"), "{ready}");
     assert!(ready.contains("4 workers"), "{ready}");
     assert_eq!(mockers, 4, "one address line per embedded mocker");

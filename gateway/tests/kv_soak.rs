@@ -22,9 +22,9 @@ mod counting_alloc;
 
 use counting_alloc::live;
 
-use switchyard::kv::index::{IndexSize, KvIndex};
-use switchyard_workers::blocks::{HASH_SEED, chain_hash};
-use switchyard_workers::kv_events::{KvEvent, StorageTier, StoredBlock};
+use switchyard::bench::{IndexSize, KvIndex};
+use switchyard_protocol::block_hash::{HASH_SEED, chain_hash};
+use switchyard_protocol::kv_events::{KvEvent, StorageTier, StoredBlock};
 use xxhash_rust::xxh3::xxh3_64_with_seed;
 
 const EVENTS: u64 = 10_000_000;

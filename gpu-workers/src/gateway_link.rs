@@ -18,7 +18,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use tokio::sync::mpsc;
 
-use crate::kv_events::{EventLog, KvEvent, Registration};
+use switchyard_protocol::kv_events::{EventLog, KvEvent, Registration};
 
 /// Most events posted in one batch.
 const MAX_BATCH: usize = 1024;
@@ -78,7 +78,7 @@ pub async fn run(
         authorization: format!("Bearer {}", config.token),
     };
     let worker = config.registration.worker.clone();
-    let events_path = format!("/admin/workers/{worker}/events");
+    let events_path = switchyard_protocol::paths::admin_worker_events(&worker);
     let mut registration = config.registration.clone();
     let mut ticker = tokio::time::interval(Duration::from_millis(registration.heartbeat_ms.max(1)));
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -105,7 +105,11 @@ pub async fn run(
         }
     }
     if let Err(err) = caller
-        .call(http::Method::DELETE, &format!("/admin/workers/{worker}"), Vec::new())
+        .call(
+            http::Method::DELETE,
+            &switchyard_protocol::paths::admin_worker(&worker),
+            Vec::new(),
+        )
         .await
     {
         tracing::warn!(error = %err, "cannot leave the gateway");
@@ -117,7 +121,7 @@ fn number(
     log: &Mutex<EventLog>,
     first: KvEvent,
     events: &mut mpsc::UnboundedReceiver<KvEvent>,
-) -> Option<Vec<crate::kv_events::WorkerEvent>> {
+) -> Option<Vec<switchyard_protocol::kv_events::WorkerEvent>> {
     let mut log = log.lock().ok()?;
     let mut batch = vec![log.record(first)];
     while batch.len() < MAX_BATCH {
@@ -133,7 +137,10 @@ async fn beat(caller: &Caller, log: &Mutex<EventLog>, registration: &mut Registr
     registration.last_event_id = log.lock().map(|log| log.last_event_id()).unwrap_or(0);
     match serde_json::to_vec(&registration) {
         Ok(body) => {
-            if let Err(err) = caller.call(http::Method::POST, "/admin/workers", body).await {
+            if let Err(err) = caller
+                .call(http::Method::POST, switchyard_protocol::paths::ADMIN_WORKERS, body)
+                .await
+            {
                 tracing::warn!(error = %err, "cannot register with the gateway");
             }
         }

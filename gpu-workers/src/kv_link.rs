@@ -12,7 +12,7 @@ use std::time::Duration;
 use futures_util::StreamExt;
 use tokio::sync::mpsc;
 
-use crate::kv_events::{EventLog, KvEvent, Registration, Subjects};
+use switchyard_protocol::kv_events::{EventLog, KvEvent, Registration, Subjects};
 
 /// Why the link stopped.
 #[derive(Debug, thiserror::Error)]

@@ -1,29 +1,21 @@
-//! Switchyard's workers.
+//! Switchyard's worker core.
 //!
-//! The crate owns everything that runs behind the gateway: the OpenAI wire format both sides
-//! speak ([`api`], [`respond`]), tokenizers and chat templates ([`tokenize`]), Dynamo-compatible
-//! KV block hashing ([`blocks`]), the KV event protocol ([`kv_events`]) and its links to the
-//! routing layer (NATS: [`kv_link`]; one gateway over HTTP: [`gateway_link`]), the engine core
-//! every LLM worker shares ([`engine`]: scheduler, KV block pool, sampling), the worker HTTP
-//! server ([`server`], with [`stop`] strings, on [`serve`]'s accept loop), the simulated engine
-//! ([`mocker`]) and the native transformer ([`llm`]).
+//! The crate owns what every LLM worker behind the gateway shares: the engine core ([`engine`]:
+//! scheduler, KV block pool, sampling), the worker HTTP server ([`server`], with [`stop`]
+//! strings), the links that tell the routing layer about a worker's cache (NATS: [`kv_link`];
+//! one gateway over HTTP: [`gateway_link`]) and the simulated engine ([`mocker`]). What it
+//! speaks to gateways is `switchyard-protocol`; how it tokenizes is `switchyard-tokenize`; the
+//! native transformer is `switchyard-llm`, which builds on this crate's engine.
 
 #![deny(missing_docs, missing_debug_implementations, unsafe_op_in_unsafe_fn)]
 #![warn(unreachable_pub)]
 
-pub mod api;
-pub mod blocks;
 pub mod engine;
 pub mod gateway_link;
-pub mod kv_events;
 pub mod kv_link;
-pub mod llm;
 pub mod mocker;
-pub mod respond;
-pub mod serve;
 pub mod server;
 pub mod stop;
-pub mod tokenize;
 
 #[cfg(test)]
 mod tests {

@@ -5,7 +5,7 @@
 //! answer), `GET /v1/models`, `GET /healthz`, `GET /metrics` (Prometheus text),
 //! `POST /kv/reset` (drop the prefix cache's unreferenced blocks, announced as KV events) and,
 //! for workers linked to a gateway over HTTP, `GET /kv/dump` (the KV cache for a resync). It parses
-//! requests with [`crate::api`], tokenizes them with the worker's [`TextCodec`] (the mocker's
+//! requests with [`switchyard_protocol::api`], tokenizes them with the worker's [`TextCodec`] (the mocker's
 //! byte-level prompts and made-up words, or a model's tokenizer), and turns the engine's
 //! outputs into OpenAI responses chunk by chunk as the engine produces them. A server counts
 //! the requests it is answering, so [`WorkerServer::shutdown`] can stop taking new connections
@@ -30,14 +30,15 @@ use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
-use crate::api::{self, ApiError, Endpoint, GenerateRequest, ModelList, StopStrings};
 use crate::engine::{EngineHandle, Output, SamplingParams, SubmitError};
-use crate::kv_events::EventLog;
 use crate::mocker::engine::token_text;
-use crate::respond::{self, Body};
 use crate::stop::{MAX_STOP_BYTES, MAX_STOP_STRINGS, StopMatcher};
-use crate::tokenize::{self, PromptEncoder, StreamDecoder};
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use switchyard_protocol::api::{self, ApiError, Endpoint, GenerateRequest, ModelList, StopStrings};
+use switchyard_protocol::kv_events::EventLog;
+use switchyard_protocol::paths::{HEALTHZ, KV_DUMP, KV_RESET, METRICS};
+use switchyard_protocol::respond::{self, Body};
+use switchyard_tokenize::{PromptEncoder, StreamDecoder};
 
 /// How a worker turns requests into token ids and generated ids into text.
 #[derive(Debug, Clone, Default)]
@@ -222,7 +223,7 @@ impl Drop for InFlight {
 }
 
 async fn accept_loop(listener: TcpListener, state: Arc<State>) {
-    crate::serve::serve_http(listener, "worker", move |request| handle(state.clone(), request)).await;
+    switchyard_protocol::serve::serve_http(listener, "worker", move |request| handle(state.clone(), request)).await;
 }
 
 async fn handle(state: Arc<State>, request: Request<Incoming>) -> Response<Body> {
@@ -237,28 +238,20 @@ async fn handle(state: Arc<State>, request: Request<Incoming>) -> Response<Body>
             StatusCode::OK,
             &ModelList::new([state.config.model.as_str()], &state.config.owner),
         )),
-        (Method::GET, "/healthz") if draining => Err(shutting_down()),
-        (Method::GET, "/healthz") => Ok(respond::text(StatusCode::OK, "text/plain", "ok\n")),
-        (Method::GET, "/metrics") => Ok(metrics(&state)),
-        (Method::GET, DUMP_PATH) => dump(&state),
-        (Method::POST, RESET_PATH) => reset(&state).await,
+        (Method::GET, HEALTHZ) if draining => Err(shutting_down()),
+        (Method::GET, HEALTHZ) => Ok(respond::text(StatusCode::OK, "text/plain", "ok\n")),
+        (Method::GET, METRICS) => Ok(metrics(&state)),
+        (Method::GET, KV_DUMP) => dump(&state),
+        (Method::POST, KV_RESET) => reset(&state).await,
         (_, api::CHAT_COMPLETIONS_PATH | api::COMPLETIONS_PATH) => {
             Err(respond::method_not_allowed(&method, &path, "POST"))
         }
-        (_, api::MODELS_PATH | "/healthz" | "/metrics" | DUMP_PATH) => {
-            Err(respond::method_not_allowed(&method, &path, "GET"))
-        }
-        (_, RESET_PATH) => Err(respond::method_not_allowed(&method, &path, "POST")),
+        (_, api::MODELS_PATH | HEALTHZ | METRICS | KV_DUMP) => Err(respond::method_not_allowed(&method, &path, "GET")),
+        (_, KV_RESET) => Err(respond::method_not_allowed(&method, &path, "POST")),
         _ => Err(respond::not_found(&path)),
     };
     result.unwrap_or_else(|err| respond::error(&err))
 }
-
-/// Where a worker that publishes KV events over HTTP serves its whole cache for a resync.
-pub const DUMP_PATH: &str = "/kv/dump";
-
-/// Where an operator drops a worker's prefix cache (the blocks no running request holds).
-pub const RESET_PATH: &str = "/kv/reset";
 
 async fn reset(state: &State) -> Result<Response<Body>, ApiError> {
     let dropped = state.engine.clear_prefix_cache().await.map_err(|err| {
@@ -321,7 +314,7 @@ async fn generate(state: &State, endpoint: Endpoint, request: Request<Incoming>)
         .with_param(Some("model".into())));
     }
     let prompt = match &state.config.codec {
-        TextCodec::MockWords => tokenize::prompt_tokens(&request),
+        TextCodec::MockWords => switchyard_tokenize::prompt_tokens(&request),
         TextCodec::Model(encoder) => encoder
             .prompt_tokens(&request)
             .map_err(|err| ApiError::invalid_request("tokenization_failed", err.to_string()))?,

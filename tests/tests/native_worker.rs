@@ -16,7 +16,7 @@ use switchyard_e2e::{Admin, Client, Gateway, NativeWorker, NatsServer, cached_bl
 const TOKEN: &str = "native-worker-admin-token";
 
 fn fixture() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../gpu-workers/tests/fixtures/tiny-llama")
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../gpu-workers/llm/tests/fixtures/tiny-llama")
 }
 
 fn chat(user: &str) -> serde_json::Value {

@@ -107,11 +107,11 @@ async fn vllm_kv_events_drive_kv_aware_routing() -> anyhow::Result<()> {
 
     // The prompt as the gateway tokenizes it (byte-level fallback, default chat template).
     let content = "Explain the difference between paged attention and prefix caching. ".repeat(6);
-    let messages = vec![switchyard_workers::api::ChatMessage {
+    let messages = vec![switchyard_protocol::api::ChatMessage {
         role: "user".into(),
-        content: Some(switchyard_workers::api::MessageContent::Text(content.clone())),
+        content: Some(switchyard_protocol::api::MessageContent::Text(content.clone())),
     }];
-    let tokens = switchyard_workers::tokenize::byte_tokens(&switchyard_workers::tokenize::render_chat(&messages));
+    let tokens = switchyard_tokenize::byte_tokens(&switchyard_tokenize::render_chat(&messages));
     let blocks = tokens.len() / BLOCK;
     assert!(blocks >= 20);
     // vLLM's own hashes: opaque to the gateway, which recomputes its own from the tokens.

@@ -16,7 +16,7 @@
 //! its cached blocks, block-size agreement and live load. Workers without NATS register and
 //! heartbeat with `POST /admin/workers`, post their KV events to
 //! `POST /admin/workers/{name}/events` and leave with `DELETE /admin/workers/{name}` (see
-//! [`crate::kv::http`]).
+//! [`crate::events::http`]).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -24,15 +24,15 @@ use std::sync::{Arc, Mutex};
 use http::{Method, Request, Response, StatusCode};
 use hyper::body::Incoming;
 use serde_json::json;
-use switchyard_workers::api::ApiError;
-use switchyard_workers::respond::{self, Body};
+use switchyard_protocol::api::ApiError;
+use switchyard_protocol::respond::{self, Body};
 use tokio::net::TcpListener;
 
-use crate::kv::http as kv_http;
-use crate::kv::sync::{DumpSource, Inbound};
+use crate::events::applier::{DumpSource, Inbound};
+use crate::events::http as kv_http;
 use crate::policy::runtime::RouterPolicy;
 use crate::policy::switch::{Rollout, RolloutMode};
-use crate::state::AppState;
+use crate::state::AdminState;
 
 /// Largest policy upload accepted.
 const MAX_POLICY_BYTES: usize = 16 << 20;
@@ -47,11 +47,22 @@ pub struct Candidates {
     configs: Mutex<HashMap<String, toml::Table>>,
 }
 
+/// A fresh admin token: 128 random bits from the TLS stack's secure random source, as 32 hex
+/// digits (what `[admin]` without a `token` gets in dev mode); `None` without OS randomness.
+pub fn generate_token() -> Option<String> {
+    let mut bytes = [0u8; 16];
+    rustls::crypto::ring::default_provider()
+        .secure_random
+        .fill(&mut bytes)
+        .ok()?;
+    Some(bytes.iter().map(|byte| format!("{byte:02x}")).collect())
+}
+
 /// Serves the admin API on `listener` until the task is aborted.
-pub async fn serve(listener: TcpListener, token: String, state: Arc<AppState>) {
+pub async fn serve(listener: TcpListener, token: String, state: Arc<AdminState>) {
     let candidates = Arc::new(Candidates::default());
     let token = Arc::new(token);
-    switchyard_workers::serve::serve_http(listener, "admin", move |request| {
+    switchyard_protocol::serve::serve_http(listener, "admin", move |request| {
         let (state, token, candidates) = (state.clone(), token.clone(), candidates.clone());
         async move {
             match authorize(&request, &token) {
@@ -92,7 +103,7 @@ fn authorize(request: &Request<Incoming>, token: &str) -> Result<(), ApiError> {
 }
 
 async fn handle(
-    state: &AppState,
+    state: &AdminState,
     candidates: &Candidates,
     request: Request<Incoming>,
 ) -> Result<Response<Body>, ApiError> {
@@ -101,7 +112,7 @@ async fn handle(
     let segments: Vec<&str> = path.trim_matches('/').split('/').collect();
     match (request.method().clone(), segments.as_slice()) {
         (Method::GET, ["admin", "policies"]) => Ok(list(state, candidates)),
-        (Method::GET, ["admin", "kv"]) => Ok(respond::json(StatusCode::OK, &state.kv.summary(&state.pool.workers()))),
+        (Method::GET, ["admin", "kv"]) => Ok(respond::json(StatusCode::OK, &state.router.kv_summary())),
         (Method::PUT, ["admin", "policies", name, "config"]) => {
             let name = valid_name(name)?;
             let (parts, body) = request.into_parts();
@@ -131,8 +142,8 @@ async fn handle(
                 .lock()
                 .ok()
                 .and_then(|configs| configs.get(&name).cloned())
-                .unwrap_or_else(|| state.config.policy.config.clone());
-            let runtime = state.policy_runtime.clone();
+                .unwrap_or_else(|| state.policy_config.clone());
+            let runtime = state.runtime.clone();
             let loaded = tokio::task::spawn_blocking(move || runtime.load_router(&name, &wasm, config))
                 .await
                 .map_err(|err| internal(format!("validation task failed: {err}")))?
@@ -149,7 +160,7 @@ async fn handle(
                 .split('&')
                 .any(|pair| pair == "activate=true" || pair == "activate=1");
             let body = if activate {
-                let version = state.policy.publish(policy.clone());
+                let version = state.router.policy().publish(policy.clone());
                 json!({"name": policy.name, "sha256": policy.sha256, "active": true, "generation": version.generation})
             } else {
                 lock(candidates)?.insert(policy.name.clone(), policy.clone());
@@ -159,13 +170,13 @@ async fn handle(
         }
         (Method::POST, ["admin", "policies", name, "activate"]) => {
             let policy = lock(candidates)?.remove(*name).ok_or_else(|| not_uploaded(name))?;
-            let version = state.policy.publish(policy.clone());
+            let version = state.router.policy().publish(policy.clone());
             Ok(respond::json(
                 StatusCode::OK,
                 &json!({"name": policy.name, "sha256": policy.sha256, "generation": version.generation}),
             ))
         }
-        (Method::POST, ["admin", "policies", _name, "rollback"]) => match state.policy.rollback() {
+        (Method::POST, ["admin", "policies", _name, "rollback"]) => match state.router.policy().rollback() {
             Some(version) => Ok(respond::json(
                 StatusCode::OK,
                 &json!({"name": version.policy.name, "sha256": version.policy.sha256, "generation": version.generation}),
@@ -208,7 +219,7 @@ async fn handle(
                 }
                 (RolloutMode::Split { percent }, key)
             };
-            let rollout = state.policy.start_rollout(policy.clone(), mode, key);
+            let rollout = state.router.policy().start_rollout(policy.clone(), mode, key);
             Ok(respond::json(StatusCode::OK, &rollout_json(&rollout)))
         }
         (Method::POST, ["admin", "workers"]) => {
@@ -222,7 +233,7 @@ async fn handle(
         }
         (Method::POST, ["admin", "workers", name, "events"]) => {
             let name = name.to_string();
-            let Some(worker) = state.pool.workers().iter().find(|w| w.name == name).cloned() else {
+            let Some(worker) = state.router.pool().workers().iter().find(|w| w.name == name).cloned() else {
                 return Err(ApiError::new(
                     StatusCode::CONFLICT,
                     "invalid_request_error",
@@ -246,22 +257,22 @@ async fn handle(
             Ok(respond::json(StatusCode::OK, &json!({"left": name})))
         }
         (Method::DELETE, ["admin", "rollout"]) => {
-            state.policy.stop_rollout();
+            state.router.policy().stop_rollout();
             Ok(respond::json(StatusCode::OK, &json!({"rollout": null})))
         }
         _ => Err(respond::not_found(&path)),
     }
 }
 
-fn send_inbound(state: &AppState, message: Inbound) -> Result<(), ApiError> {
+fn send_inbound(state: &AdminState, message: Inbound) -> Result<(), ApiError> {
     state
-        .kv_inbound
+        .events
         .send(message)
         .map_err(|_| internal("the KV event applier has stopped".into()))
 }
 
-fn list(state: &AppState, candidates: &Candidates) -> Response<Body> {
-    let active = state.policy.active();
+fn list(state: &AdminState, candidates: &Candidates) -> Response<Body> {
+    let active = state.router.policy().active();
     let candidates: Vec<_> = candidates
         .by_name
         .lock()
@@ -280,11 +291,11 @@ fn list(state: &AppState, candidates: &Candidates) -> Response<Body> {
                 "generation": active.generation,
                 "failures": active.failures(),
             },
-            "previous": state.policy.previous().iter().map(|v| json!({
+            "previous": state.router.policy().previous().iter().map(|v| json!({
                 "name": v.policy.name, "sha256": v.policy.sha256, "generation": v.generation,
             })).collect::<Vec<_>>(),
             "candidates": candidates,
-            "rollout": state.policy.rollout().map(|rollout| rollout_json(&rollout)),
+            "rollout": state.router.policy().rollout().map(|rollout| rollout_json(&rollout)),
         }),
     )
 }

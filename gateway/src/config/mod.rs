@@ -105,7 +105,7 @@ pub struct ModelConfig {
     /// A Hugging Face `tokenizer.json`; the byte-level fallback when absent.
     #[serde(default)]
     pub tokenizer: Option<PathBuf>,
-    /// The chat template (see `switchyard_workers::tokenize::ChatTemplate`).
+    /// The chat template (see `switchyard_tokenize::ChatTemplate`).
     #[serde(default)]
     pub chat_template: Option<ChatTemplateConfig>,
     /// A LoRA adapter name that salts the model's block hashes.
@@ -217,8 +217,10 @@ impl Default for PolicyConfig {
 pub struct AdminConfig {
     /// Address of the admin listener (plain HTTP; keep it on a private interface).
     pub listen: SocketAddr,
-    /// Bearer token every admin request must carry.
-    pub token: String,
+    /// Bearer token every admin request must carry; absent (dev mode only), one is generated
+    /// at start and printed with the ready line.
+    #[serde(default)]
+    pub token: Option<String>,
 }
 
 /// `[server]`: the client-facing listener and its limits.
@@ -355,18 +357,7 @@ impl Default for EmbeddedMockers {
     }
 }
 
-/// What a worker does.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
-#[serde(rename_all = "lowercase")]
-pub enum Role {
-    /// Generates tokens (prefill and decode).
-    #[default]
-    Llm,
-    /// Encodes images or video frames.
-    Vision,
-    /// Encodes audio.
-    Audio,
-}
+pub use switchyard_protocol::Role;
 
 /// `[[workers]]`: one worker reachable over HTTP.
 #[derive(Debug, Clone, Deserialize)]
@@ -494,6 +485,14 @@ impl Config {
                 "must be at least 8192 (hyper's minimum read buffer)".into(),
             ));
         }
+        #[cfg(not(feature = "embedded-mockers"))]
+        if self.embedded_mockers.as_ref().is_some_and(|m| m.count > 0) {
+            return Err(invalid(
+                "embedded_mockers.count",
+                "this gateway was built without the `embedded-mockers` feature; set `count = 0` or rebuild with it"
+                    .into(),
+            ));
+        }
         if let Some(mockers) = &self.embedded_mockers {
             if mockers.model.is_empty() {
                 return Err(invalid("embedded_mockers.model", "must not be empty".into()));
@@ -542,10 +541,20 @@ impl Config {
                 format!("`{}` is not a directory", dir.display()),
             ));
         }
-        if let Some(admin) = &self.admin
-            && admin.token.len() < 16
-        {
-            return Err(invalid("admin.token", "must be at least 16 characters".into()));
+        if let Some(admin) = &self.admin {
+            match &admin.token {
+                Some(token) if token.len() < 16 => {
+                    return Err(invalid("admin.token", "must be at least 16 characters".into()));
+                }
+                None if self.mode != Mode::Dev => {
+                    return Err(invalid(
+                        "admin.token",
+                        "is required outside `mode = \"dev\"` (in dev mode one is generated at start and printed)"
+                            .into(),
+                    ));
+                }
+                _ => {}
+            }
         }
         let mut names = std::collections::HashSet::new();
         for (index, worker) in self.workers.iter().enumerate() {
@@ -627,7 +636,7 @@ impl Config {
                         ));
                     }
                     (None, Some(path)) => {
-                        if let Err(err) = switchyard_workers::tokenize::JinjaTemplate::from_file(path) {
+                        if let Err(err) = switchyard_tokenize::JinjaTemplate::from_file(path) {
                             return Err(invalid(&key("chat_template.file"), err.to_string()));
                         }
                     }
@@ -648,7 +657,7 @@ impl Config {
             || kv
                 .subject_prefix
                 .split('.')
-                .any(|token| !switchyard_workers::kv_events::valid_worker_name(token))
+                .any(|token| !switchyard_protocol::kv_events::valid_worker_name(token))
         {
             return Err(invalid(
                 "kv.subject_prefix",

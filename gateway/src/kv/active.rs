@@ -4,7 +4,7 @@
 //! share a prefix count its blocks once), the prompt tokens still to be prefilled (dropped when
 //! the first token comes back), and the active requests. The gateway updates it itself at
 //! route, first token and end, so no worker event is needed; replicas may share their updates
-//! (`crate::kv::sync`), and each request is keyed by `(origin gateway, request id)` so that
+//! (`crate::events::applier`), and each request is keyed by `(origin gateway, request id)` so that
 //! entries from several gateways never collide. Entries from other gateways expire after a
 //! while in case their `free` is lost with their gateway.
 

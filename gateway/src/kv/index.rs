@@ -2,7 +2,7 @@
 //!
 //! A radix tree over blocks in which a node's identity is its whole path: nodes are keyed by
 //! the block's *sequence* hash, which already chains every block before it (see
-//! `switchyard_workers::blocks`), so the tree is stored flat in one hash map and a child is
+//! `switchyard_protocol::block_hash`), so the tree is stored flat in one hash map and a child is
 //! found from its parent by the request's next sequence hash, with no per-node child map. Each
 //! node holds a sorted list of holders, `worker << 1 | tier` (tier 0 device, 1 host), mostly
 //! inline. A lookup walks the request's sequence hashes from the root, carrying the workers
@@ -19,8 +19,8 @@ use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 
 use smallvec::SmallVec;
-use switchyard_workers::blocks::chain_hash;
-use switchyard_workers::kv_events::{DumpBlock, KvEvent, StorageTier};
+use switchyard_protocol::block_hash::chain_hash;
+use switchyard_protocol::kv_events::{DumpBlock, KvEvent, StorageTier};
 
 /// A worker's id in the index (the pool's `kv_id`).
 pub type WorkerId = u32;
@@ -349,8 +349,8 @@ fn extend(overlap: &mut Overlap, on_device: &mut bool, device: bool) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use switchyard_workers::blocks::block_hashes;
-    use switchyard_workers::kv_events::StoredBlock;
+    use switchyard_protocol::block_hash::block_hashes;
+    use switchyard_protocol::kv_events::StoredBlock;
 
     fn chain(tokens: &[u32]) -> Vec<StoredBlock> {
         block_hashes(tokens, 2)

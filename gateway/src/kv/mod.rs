@@ -5,23 +5,18 @@
 //! the index sits behind one `parking_lot::RwLock`. Lookups take the read lock for one walk
 //! (microseconds, measured by the `kv_index` bench and the `switchyard_kv_lookup_seconds`
 //! histogram); the single applier task takes the write lock for a batch of at most
-//! [`sync::MAX_BATCH`] events, so a lookup waits at most one bounded batch and the applier at
+//! `events::applier::MAX_BATCH` events, so a lookup waits at most one bounded batch and the applier at
 //! most the lookups in progress (the lock is fair: a waiting writer stops new readers). The
 //! node table is split in 64 tables so that a rehash, the one long operation under the write
 //! lock, moves 1/64 of the index. The active-sequence tracker is a separate mutex touched at
 //! route, first token and end.
 //!
-//! Events reach the applier from transports: the in-process bus of embedded mockers
-//! ([`bus`]), NATS for workers and replicas elsewhere ([`nats`]), and vLLM's ZMQ publisher
-//! ([`vllm`]).
+//! Workers are named here by their [`WorkerId`] alone: this module knows nothing of the worker
+//! registry, and the event applier (`crate::events`) that keeps the index in step with workers'
+//! event streams sits above both.
 
 pub mod active;
-pub mod bus;
-pub mod http;
 pub mod index;
-pub mod nats;
-pub mod sync;
-pub mod vllm;
 
 use std::collections::HashMap;
 use std::sync::{Arc, OnceLock};
@@ -33,14 +28,13 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use serde::{Deserialize, Serialize};
-use switchyard_workers::api::GenerateRequest;
-use switchyard_workers::blocks::block_hashes_for;
-use switchyard_workers::tokenize::{ChatTemplate, JinjaTemplate, PromptEncoder, TokenizeError, Tokenizer};
+use switchyard_protocol::api::GenerateRequest;
+use switchyard_protocol::block_hash::block_hashes_for;
+use switchyard_tokenize::{ChatTemplate, JinjaTemplate, PromptEncoder, TokenizeError, Tokenizer};
 use tokio::sync::mpsc;
 
 use crate::config::{ChatTemplateConfig, Config, ModelConfig};
 use crate::metrics::Labels;
-use crate::workers::Worker;
 
 pub use active::{ActiveSequences, Load};
 pub use index::{IndexSize, KvIndex, Overlap, WorkerId};
@@ -231,6 +225,21 @@ pub struct WorkerKvSummary {
     pub load: Load,
 }
 
+/// What [`KvState::summary`] reports of one worker besides its cache and load.
+#[derive(Debug, Clone, Copy)]
+pub struct SummaryWorker<'a> {
+    /// Its name.
+    pub name: &'a str,
+    /// Its id in the index.
+    pub kv_id: WorkerId,
+    /// Its model.
+    pub model: &'a str,
+    /// Its tokens per block.
+    pub block_size: usize,
+    /// Whether it is in rotation.
+    pub healthy: bool,
+}
+
 /// Shared KV routing state.
 #[derive(Debug)]
 pub struct KvState {
@@ -239,7 +248,6 @@ pub struct KvState {
     models: RwLock<HashMap<String, Arc<ModelKv>>>,
     origin: u64,
     replica_out: OnceLock<mpsc::UnboundedSender<ActiveUpdate>>,
-    inbound: OnceLock<mpsc::UnboundedSender<sync::Inbound>>,
     /// The metrics.
     pub metrics: KvMetrics,
 }
@@ -281,7 +289,6 @@ impl KvState {
             models: RwLock::new(models),
             origin,
             replica_out: OnceLock::new(),
-            inbound: OnceLock::new(),
             metrics: KvMetrics::new(),
         })
     }
@@ -311,18 +318,18 @@ impl KvState {
 
     /// Whether `worker`'s block size agrees with its model's; a mismatch is logged and
     /// exported (once per worker), and the worker's events must not be indexed.
-    pub fn check_block_size(&self, worker: &Worker) -> bool {
-        let model = self.model(&worker.model, worker.block_size);
-        let ok = model.block_size == worker.block_size;
+    pub fn check_block_size(&self, worker: &str, worker_model: &str, worker_block_size: usize) -> bool {
+        let model = self.model(worker_model, worker_block_size);
+        let ok = model.block_size == worker_block_size;
         let gauge = self
             .metrics
             .block_size_mismatch
-            .get_or_create(&vec![("worker", worker.name.clone())]);
+            .get_or_create(&vec![("worker", worker.to_string())]);
         if !ok && gauge.set(1) == 0 {
             tracing::error!(
-                worker = %worker.name,
-                worker_block_size = worker.block_size,
-                model = %worker.model,
+                worker = %worker,
+                worker_block_size,
+                model = %worker_model,
                 model_block_size = model.block_size,
                 "worker block size differs from its model's: its KV events are not indexed and it gets no cache affinity"
             );
@@ -368,16 +375,17 @@ impl KvState {
     }
 
     /// The live load of each worker in `workers`.
-    pub fn loads(&self, workers: &[Arc<Worker>]) -> Vec<Load> {
+    pub fn loads(&self, workers: impl IntoIterator<Item = WorkerId>) -> Vec<Load> {
         let active = self.active.lock();
-        workers.iter().map(|w| active.load(w.kv_id)).collect()
+        workers.into_iter().map(|worker| active.load(worker)).collect()
     }
 
-    /// Starts tracking request `request` on `worker`.
+    /// Starts tracking request `request` on `worker` (named `worker_name` to other replicas).
     pub fn begin(
         self: &Arc<KvState>,
         request: u64,
-        worker: &Worker,
+        worker: WorkerId,
+        worker_name: &str,
         hashes: Vec<u64>,
         prefill_tokens: u64,
     ) -> ActiveGuard {
@@ -386,18 +394,18 @@ impl KvState {
             let _ = out.send(ActiveUpdate {
                 origin: self.origin,
                 request,
-                worker: worker.name.clone(),
+                worker: worker_name.to_string(),
                 op: ActiveOp::Add {
                     hashes: hashes.clone(),
                     prefill_tokens,
                 },
             });
         }
-        self.active.lock().add(key, worker.kv_id, hashes, prefill_tokens);
+        self.active.lock().add(key, worker, hashes, prefill_tokens);
         ActiveGuard {
             state: self.clone(),
             request,
-            worker: worker.name.clone(),
+            worker: worker_name.to_string(),
             prefill_pending: true,
         }
     }
@@ -424,15 +432,6 @@ impl KvState {
         let _ = self.replica_out.set(out);
     }
 
-    /// A worker stopped answering: its cached blocks leave the index until it is resynced.
-    pub fn worker_lost(&self, worker: &Worker) {
-        if let Some(inbound) = self.inbound.get() {
-            let _ = inbound.send(sync::Inbound::Lost(worker.name.clone()));
-        } else {
-            self.forget(worker.kv_id);
-        }
-    }
-
     /// Drops everything known about a worker.
     pub fn forget(&self, worker: WorkerId) {
         self.index.write().remove_worker(worker);
@@ -445,10 +444,6 @@ impl KvState {
         self.index.write()
     }
 
-    pub(crate) fn set_inbound(&self, inbound: mpsc::UnboundedSender<sync::Inbound>) {
-        let _ = self.inbound.set(inbound);
-    }
-
     /// Updates the index size gauges.
     pub fn refresh_size(&self) {
         let size = self.index.read().size();
@@ -457,7 +452,7 @@ impl KvState {
     }
 
     /// A summary for `GET /admin/kv`.
-    pub fn summary(&self, workers: &[Arc<Worker>]) -> KvSummary {
+    pub fn summary<'w>(&self, workers: impl IntoIterator<Item = SummaryWorker<'w>>) -> KvSummary {
         let index = self.index.read();
         let active = self.active.lock();
         KvSummary {
@@ -465,17 +460,17 @@ impl KvState {
             index_heap_bytes: index.heap_bytes(),
             active_requests: active.requests(),
             workers: workers
-                .iter()
+                .into_iter()
                 .map(|w| WorkerKvSummary {
-                    name: w.name.clone(),
+                    name: w.name.to_string(),
                     kv_id: w.kv_id,
-                    model: w.model.clone(),
-                    healthy: w.is_healthy(),
+                    model: w.model.to_string(),
+                    healthy: w.healthy,
                     cached_blocks: index.worker_blocks(w.kv_id),
                     block_size_ok: self
                         .models
                         .read()
-                        .get(&w.model)
+                        .get(w.model)
                         .is_none_or(|m| m.block_size == w.block_size),
                     load: active.load(w.kv_id),
                 })

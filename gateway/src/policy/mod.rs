@@ -3,10 +3,11 @@
 //! This module owns everything that knows about wasmtime: the engine and sandbox
 //! ([`runtime`]), the host world's imports ([`host`]), the flat worker table ([`table`]), and
 //! the live switch between policy versions with fallback and automatic rollback
-//! ([`switch`]). Nothing outside it touches wasmtime; the server asks [`switch::PolicySwitch`]
+//! ([`switch`]), and the offline check of a component ([`check`]). Nothing outside it touches wasmtime; the server asks [`switch::PolicySwitch`]
 //! for a worker index and gets one in every case, from the policy or from the native fallback.
 
 mod bindings;
+pub mod check;
 pub mod host;
 pub mod runtime;
 pub mod switch;

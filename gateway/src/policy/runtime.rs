@@ -210,7 +210,7 @@ impl PolicyRuntime {
         // The self-test table holds what a live one would: the declared and the fallback's columns.
         let table = table::synthetic(8).select(policy.columns | table::fallback_columns());
         let request = table::synthetic_request();
-        let decision = instance.route(&request, &table)?;
+        let decision = instance.route(&request, &table)?.worker;
         if decision as usize >= table.len() {
             return Err(PolicyError::Invalid(format!(
                 "self-test answered worker {decision} of {}",
@@ -379,8 +379,9 @@ impl std::fmt::Debug for RouterInstance {
 }
 
 impl RouterInstance {
-    /// Calls `route` under the deadline and returns the chosen worker index, checked against
-    /// the table's size.
+    /// Calls `route` under the deadline and returns the chosen worker and its ranked
+    /// fallbacks, checked against the table's size (repeated fallbacks and the chosen worker
+    /// itself are dropped from the list).
     ///
     /// # Errors
     ///
@@ -388,7 +389,7 @@ impl RouterInstance {
     /// [`PolicyError::Refused`] for an error result, or [`PolicyError::InvalidAnswer`] (also
     /// when this instance's `init` asked for columns the table, built for what the policy
     /// declared at load, does not hold).
-    pub fn route(&mut self, request: &table::RequestInfo, workers: &table::WorkerTable) -> Result<u32, PolicyError> {
+    pub fn route(&mut self, request: &table::RequestInfo, workers: &table::WorkerTable) -> Result<Pick, PolicyError> {
         if !workers.present.contains(self.columns) {
             return Err(PolicyError::InvalidAnswer(format!(
                 "init asked for the columns {:?}; the table holds {:?}",
@@ -421,7 +422,35 @@ impl RouterInstance {
                 decision.fallbacks.len()
             )));
         }
-        Ok(decision.worker)
+        Ok(Pick::new(decision.worker, decision.fallbacks))
+    }
+}
+
+/// A router's answer: the worker to send the request to, then the ones to try, in order, if
+/// it fails before its first byte (before the policy is asked again).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Pick {
+    /// Index of the chosen worker in the table.
+    pub worker: u32,
+    /// Indices to try next, best first; never the chosen worker, never one twice.
+    pub fallbacks: Vec<u32>,
+}
+
+impl Pick {
+    /// `worker` with `fallbacks` (in range, checked by the caller) cleaned of repeats.
+    pub fn new(worker: u32, mut fallbacks: Vec<u32>) -> Pick {
+        let mut seen = std::collections::HashSet::with_capacity(fallbacks.len() + 1);
+        seen.insert(worker);
+        fallbacks.retain(|&index| seen.insert(index));
+        Pick { worker, fallbacks }
+    }
+
+    /// `worker` alone, without fallbacks.
+    pub fn only(worker: u32) -> Pick {
+        Pick {
+            worker,
+            fallbacks: Vec::new(),
+        }
     }
 }
 

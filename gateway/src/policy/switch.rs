@@ -21,7 +21,7 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 
 use crate::policy::PolicyError;
-use crate::policy::runtime::{RouterInstance, RouterPolicy};
+use crate::policy::runtime::{Pick, RouterInstance, RouterPolicy};
 use crate::policy::table::{self, Columns, RequestInfo, WorkerTable};
 
 /// One published version of a policy.
@@ -58,6 +58,15 @@ impl Version {
     /// Failures counted against this version.
     pub fn failures(&self) -> u32 {
         self.failures.load(Ordering::Relaxed)
+    }
+}
+
+/// Where a request falls in a split rollout's 100 buckets: by its affinity key, so the same
+/// key always lands on the same side, or, without one (affinity 0), by a hash of its id.
+fn split_draw(request: &RequestInfo) -> u64 {
+    match request.affinity {
+        0 => xxhash_rust::xxh3::xxh3_64(&request.request_id.to_le_bytes()),
+        key => key,
     }
 }
 
@@ -276,7 +285,7 @@ impl PolicySwitch {
         &self,
         request: &RequestInfo,
         table: impl FnOnce(Columns) -> T,
-    ) -> (Option<u32>, Routed) {
+    ) -> (Option<Pick>, Routed) {
         let now_ms = self.started.elapsed().as_millis() as u64;
         let rollout = self.rollout.load();
         let version = match rollout.as_deref() {
@@ -284,7 +293,7 @@ impl PolicySwitch {
                 candidate,
                 mode: RolloutMode::Split { percent },
                 ..
-            }) if (request.affinity % 100) < u64::from(*percent) => Arc::clone(candidate),
+            }) if split_draw(request) % 100 < u64::from(*percent) => Arc::clone(candidate),
             _ => self.active.load_full(),
         };
         let mut columns = version.policy.columns();
@@ -315,17 +324,17 @@ impl PolicySwitch {
                 .inc();
         }
         match outcome {
-            Ok(index) => {
+            Ok(pick) => {
                 self.decisions
                     .get_or_create(&vec![("version", version.label()), ("outcome", "policy".into())])
                     .inc();
-                (Some(index), Routed::Policy(version))
+                (Some(pick), Routed::Policy(version))
             }
             Err(kind) => {
                 self.decisions
                     .get_or_create(&vec![("version", version.label()), ("outcome", "fallback".into())])
                     .inc();
-                (table::least_load(table), Routed::Fallback(kind))
+                (table::least_load(table).map(Pick::only), Routed::Fallback(kind))
             }
         }
     }
@@ -338,7 +347,7 @@ impl PolicySwitch {
         request: &RequestInfo,
         table: &WorkerTable,
         now_ms: u64,
-    ) -> Result<u32, &'static str> {
+    ) -> Result<Pick, &'static str> {
         let key = self as *const PolicySwitch as usize;
         let result = INSTANCES.with(|instances| {
             let mut instances = instances.borrow_mut();
@@ -366,7 +375,7 @@ impl PolicySwitch {
                 }
             };
             match instances[position].2.route(request, table) {
-                Ok(index) => Ok(index),
+                Ok(pick) => Ok(pick),
                 Err(err) => {
                     // A trapped instance cannot be entered again; drop it either way.
                     instances.remove(position);

@@ -41,7 +41,7 @@ fn built_in_routers_load_and_decide() {
     set(&mut table, Columns::PREFILL_TOKENS, &[0, 100, 0, 50]);
     let request = table::synthetic_request();
     let mut least = load(&runtime, "least-load").instantiate().expect("instance");
-    assert_eq!(least.route(&request, &table).expect("answer"), 3);
+    assert_eq!(least.route(&request, &table).expect("answer").worker, 3);
 
     let mut kv = load(&runtime, "kv-aware").instantiate().expect("instance");
     set(&mut table, Columns::ACTIVE_REQUESTS, &[0; 4]);
@@ -49,13 +49,15 @@ fn built_in_routers_load_and_decide() {
     set(&mut table, Columns::ACTIVE_BLOCKS, &[0; 4]);
     set(&mut table, Columns::OVERLAP_DEVICE_BLOCKS, &[0, 0, 16, 0]);
     assert_eq!(
-        kv.route(&request, &table).expect("answer"),
+        kv.route(&request, &table).expect("answer").worker,
         2,
         "the worker holding the prefix"
     );
 
     let mut rr = load(&runtime, "round-robin").instantiate().expect("instance");
-    let picks: Vec<u32> = (0..8).map(|_| rr.route(&request, &table).expect("answer")).collect();
+    let picks: Vec<u32> = (0..8)
+        .map(|_| rr.route(&request, &table).expect("answer").worker)
+        .collect();
     let mut distinct = picks.clone();
     distinct.sort_unstable();
     distinct.dedup();
@@ -84,8 +86,8 @@ fn policies_declare_their_columns_and_decide_the_same_on_just_those() {
                 ..request
             };
             assert_eq!(
-                on_full.route(&request, &full).expect("answer"),
-                on_just.route(&request, &just).expect("answer"),
+                on_full.route(&request, &full).expect("answer").worker,
+                on_just.route(&request, &just).expect("answer").worker,
                 "{name}, request {id}"
             );
         }
@@ -123,7 +125,11 @@ fn least_load_in_wasm_agrees_with_the_native_fallback() {
             set(&mut table, Columns::PREFILL_TOKENS, &prefill);
             let native = table::least_load(&table);
             match instance.route(&request, &table) {
-                Ok(index) => assert_eq!(Some(index), native, "{n} workers: {roles:?} {active:?} {prefill:?}"),
+                Ok(pick) => assert_eq!(
+                    Some(pick.worker),
+                    native,
+                    "{n} workers: {roles:?} {active:?} {prefill:?}"
+                ),
                 Err(PolicyError::Refused(_)) => assert_eq!(native, None, "{n} workers: {roles:?}"),
                 Err(err) => panic!("{err}"),
             }
@@ -178,7 +184,7 @@ fn kv_aware_reads_its_config_through_the_host() {
             request_id: id,
             ..table::synthetic_request()
         };
-        picks.insert(instance.route(&request, &table).expect("answer"));
+        picks.insert(instance.route(&request, &table).expect("answer").worker);
     }
     assert!(picks.len() > 1, "with temperature 1 the draw spreads: {picks:?}");
 }
@@ -195,13 +201,13 @@ fn predicted_ttft_weighs_queues_and_decoders_through_the_host() {
     // 1024 prompt tokens: idle, worker 1 prefills 256 of them and the others all 1024.
     let request = table::synthetic_request();
     assert_eq!(
-        instance.route(&request, &table).expect("answer"),
+        instance.route(&request, &table).expect("answer").worker,
         1,
         "the cached prefix"
     );
     // 16384 queued tokens make worker 1 wait two full steps (~340 ms) against one ~32 ms step.
     set(&mut table, Columns::PREFILL_TOKENS, &[0, 16_384, 0]);
-    let pick = instance.route(&request, &table).expect("answer");
+    let pick = instance.route(&request, &table).expect("answer").worker;
     assert!(pick == 0 || pick == 2, "away from the queue: {pick}");
 
     // 200 decoders on worker 0 against a 16384-token queue on worker 1: one mixed step wins,
@@ -211,7 +217,7 @@ fn predicted_ttft_weighs_queues_and_decoders_through_the_host() {
     set(&mut table, Columns::ACTIVE_REQUESTS, &[200, 4]);
     set(&mut table, Columns::ACTIVE_BLOCKS, &[4000, 64]);
     set(&mut table, Columns::PREFILL_TOKENS, &[0, 16_384]);
-    assert_eq!(instance.route(&request, &table).expect("answer"), 0);
+    assert_eq!(instance.route(&request, &table).expect("answer").worker, 0);
     let mut config = toml::Table::new();
     config.insert("interference_weight".into(), toml::Value::Float(0.1));
     let weighed = runtime
@@ -222,7 +228,7 @@ fn predicted_ttft_weighs_queues_and_decoders_through_the_host() {
         )
         .expect("loads");
     let mut weighed = weighed.instantiate().expect("instance");
-    assert_eq!(weighed.route(&request, &table).expect("answer"), 1);
+    assert_eq!(weighed.route(&request, &table).expect("answer").worker, 1);
 }
 
 #[test]
@@ -306,5 +312,15 @@ fn the_deadline_counts_cpu_time_not_time_spent_preempted() {
     assert!(
         state.check_deadline(3),
         "the cap on checks holds even for a preempted call"
+    );
+}
+
+#[test]
+fn the_sdk_carries_the_contract_byte_for_byte() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let read = |path: &str| std::fs::read_to_string(root.join(path)).unwrap_or_else(|err| panic!("{path}: {err}"));
+    assert!(
+        read("wit/policy.wit") == read("plugins/sdk/wit/policy.wit"),
+        "the SDK's copy of the contract differs from wit/policy.wit: cp wit/policy.wit plugins/sdk/wit/policy.wit"
     );
 }

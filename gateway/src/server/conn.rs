@@ -14,7 +14,7 @@ use bytes::{Bytes, BytesMut};
 use http::StatusCode;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use switchyard_workers::api::ApiError;
+use switchyard_protocol::api::ApiError;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpListener;
 
@@ -44,8 +44,7 @@ pub(crate) async fn accept_loop(listener: TcpListener, tls: Option<Tls>, state: 
             match tls {
                 Some(tls) => {
                     let handshake =
-                        tokio::time::timeout(state.config.server.tls_handshake_timeout(), tls.acceptor.accept(socket))
-                            .await;
+                        tokio::time::timeout(state.server.tls_handshake_timeout(), tls.acceptor.accept(socket)).await;
                     match handshake {
                         Ok(Ok(stream)) => {
                             let h2 = stream.get_ref().1.alpn_protocol() == Some(b"h2");
@@ -76,7 +75,7 @@ where
         let state = service_state.clone();
         async move { Ok::<_, Infallible>(routes::handle(state, request, Instant::now()).await) }
     });
-    let server = &state.config.server;
+    let server = &state.server;
     if h2 {
         let mut builder = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
         builder

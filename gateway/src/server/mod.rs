@@ -2,8 +2,9 @@
 //!
 //! This module owns everything between a client's socket and a worker request: accepting and
 //! limiting connections ([`conn`]), TLS ([`tls`]), dispatch by method and path ([`routes`]), and
-//! forwarding with retries and streaming relay ([`relay`]). It may call `workers` (to choose
-//! and reach a worker) and `metrics`; nothing below it knows about HTTP bodies.
+//! forwarding with retries and streaming relay ([`relay`]). It asks `routing` where a request
+//! goes (and holds the lease it gets while the answer streams), reaches the worker with the
+//! `workers` client, and records `metrics`; nothing below it knows about HTTP bodies.
 
 pub(crate) mod conn;
 pub mod relay;

@@ -3,8 +3,9 @@
 //! The body is read under the size limit and validated before any worker is chosen, so bad
 //! input never costs a worker anything. The request then goes to the chosen worker unchanged.
 //! A worker that cannot be reached, answers 5xx, or breaks off before its first body byte is
-//! left for another worker (up to `forwarding.retries` times); an unreachable one is also taken
-//! out of rotation at once. Streamed answers are relayed frame by frame as they arrive, with no
+//! left for another worker (up to `forwarding.retries` times: the policy's fallbacks first,
+//! then the policy again; see [`crate::routing`]); an unreachable one is also taken out of
+//! rotation at once. Streamed answers are relayed frame by frame as they arrive, with no
 //! buffering; if the worker fails mid-stream the client gets a final SSE error event and a
 //! clean end of stream. Whole answers are read to the end first, so a failure becomes a 502.
 
@@ -18,13 +19,13 @@ use http::{HeaderValue, Request, Response, StatusCode, header};
 use http_body::Frame;
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
-use switchyard_workers::api::{self, ApiError, Endpoint};
-use switchyard_workers::respond::{self, Body};
+use switchyard_protocol::api::{self, ApiError, Endpoint};
+use switchyard_protocol::respond::{self, Body};
 
 use crate::metrics::Metrics;
-use crate::policy::switch::Routed;
+use crate::routing::{self, Lease};
 use crate::state::AppState;
-use crate::workers::{InFlight, Worker};
+use crate::workers::Worker;
 
 /// Largest whole (non-streamed) answer accepted from a worker.
 const MAX_WORKER_RESPONSE_BYTES: usize = 64 << 20;
@@ -43,25 +44,27 @@ pub(crate) async fn generate(
     started: Instant,
 ) -> Result<Response<Body>, ApiError> {
     let (parts, body) = request.into_parts();
-    let body = respond::read_limited(&parts.headers, body, state.config.server.max_body_bytes).await?;
+    let body = respond::read_limited(&parts.headers, body, state.server.max_body_bytes).await?;
     let parsed = api::parse_generate_request(endpoint, &body)?;
     let model = parsed.model();
-    if !state.pool.serves(model) {
+    let router = &state.router;
+    let pool = router.pool();
+    if !pool.serves(model) {
         return Err(ApiError::new(
             StatusCode::NOT_FOUND,
             "invalid_request_error",
             "model_not_found",
             format!(
                 "model `{model}` does not exist; available models: {}",
-                state.pool.models().join(", ")
+                pool.models().join(", ")
             ),
         )
         .with_param(Some("model".into())));
     }
     let stream = parsed.is_stream();
-    let fallback_block_size = || state.pool.candidates(model, &[]).first().map_or(64, |w| w.block_size);
-    let prompt = state
-        .kv
+    let fallback_block_size = || pool.candidates(model, &[]).first().map_or(64, |w| w.block_size);
+    let prompt = router
+        .kv()
         .prompt_blocks(model, fallback_block_size, &parsed)
         .map_err(|err| {
             ApiError::new(
@@ -71,51 +74,37 @@ pub(crate) async fn generate(
                 err.to_string(),
             )
         })?;
-    let request_id = state.next_request.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let affinity = affinity(state, &parts.headers, request_id);
-    let mut tried: Vec<Arc<Worker>> = Vec::new();
+    let id = router.next_request_id();
+    let affinity = router.affinity(|header| parts.headers.get(header).map(|value| value.as_bytes().to_vec()));
+    let mut attempts = router.attempts(routing::Request {
+        id,
+        model,
+        prompt: &prompt,
+        max_tokens: parsed.token_limit(),
+        affinity,
+    });
     let mut last_failure: Option<String> = None;
-    for attempt in 0..=state.config.forwarding.retries {
-        let Some(chosen) = choose(
-            state,
-            model,
-            &tried,
-            request_id,
-            affinity,
-            &prompt,
-            parsed.token_limit(),
-        ) else {
+    for attempt in 0..=state.forwarding.retries {
+        let Some(mut lease) = attempts.next_lease() else {
             break;
         };
-        let Chosen {
-            worker,
-            routed,
-            overlap,
-        } = chosen;
         if attempt > 0 {
             state.metrics.retry();
         }
-        tried.push(worker.clone());
-        let cached_tokens = (overlap as usize * prompt.block_size).min(prompt.tokens);
-        let active = state.kv.begin(
-            request_id,
-            &worker,
-            prompt.hashes.clone(),
-            (prompt.tokens - cached_tokens) as u64,
-        );
-        let mut in_flight = InFlight::new(worker.clone(), Some(active));
+        let worker = lease.worker().clone();
         match attempt_on(state, &worker, endpoint, body.clone(), stream).await {
             Attempt::Answered(response) => {
-                in_flight.first_token();
+                lease.first_token();
                 if !prompt.hashes.is_empty() {
-                    state
-                        .kv
+                    router
+                        .kv()
                         .metrics
                         .overlap_ratio
-                        .observe(f64::from(overlap) / prompt.hashes.len() as f64);
+                        .observe(f64::from(lease.overlap()) / prompt.hashes.len() as f64);
                 }
-                let response = finish(state, endpoint, response, in_flight, started, stream).await;
-                return Ok(with_routing_headers(response, &worker.name, &routed));
+                let policy_label = lease.routed().label();
+                let response = finish(state, endpoint, response, lease, started, stream).await;
+                return Ok(with_routing_headers(response, &worker.name, policy_label));
             }
             Attempt::Failed(reason) => {
                 tracing::warn!(worker = %worker.name, %reason, "worker failed before its first byte");
@@ -136,67 +125,6 @@ pub(crate) async fn generate(
             "worker_unavailable",
             format!("every worker tried failed before answering; last: {reason}"),
         ),
-    })
-}
-
-/// The request's affinity key for policies: the hash of the header a split rollout is sticky
-/// by, when the request carries it; otherwise a hash of the request id (a uniform draw).
-fn affinity(state: &AppState, headers: &http::HeaderMap, request_id: u64) -> u64 {
-    let keyed = state
-        .policy
-        .rollout()
-        .and_then(|rollout| rollout.key_header.clone())
-        .and_then(|header| {
-            headers
-                .get(header.as_str())
-                .map(|value| xxhash_rust::xxh3::xxh3_64(value.as_bytes()))
-        });
-    keyed.unwrap_or_else(|| xxhash_rust::xxh3::xxh3_64(&request_id.to_le_bytes()))
-}
-
-/// The worker a policy chose, how, and its cached leading blocks of the prompt.
-struct Chosen {
-    worker: Arc<Worker>,
-    routed: Routed,
-    overlap: u32,
-}
-
-/// Asks the router policy for a worker among the healthy workers of `model` not yet tried.
-fn choose(
-    state: &AppState,
-    model: &str,
-    tried: &[Arc<Worker>],
-    request_id: u64,
-    affinity: u64,
-    prompt: &crate::kv::PromptBlocks,
-    max_tokens: Option<u32>,
-) -> Option<Chosen> {
-    let candidates = state.pool.candidates(model, tried);
-    if candidates.is_empty() {
-        return None;
-    }
-    let overlaps = state.kv.lookup(&prompt.hashes);
-    let loads = state.kv.loads(&candidates);
-    let request = crate::policy::table::RequestInfo {
-        request_id,
-        prompt_tokens: u32::try_from(prompt.tokens).unwrap_or(u32::MAX),
-        max_tokens: max_tokens.unwrap_or(0),
-        prompt_blocks: u32::try_from(prompt.hashes.len()).unwrap_or(u32::MAX),
-        media_tokens: 0,
-        affinity,
-        ttft_target_ms: 0.0,
-    };
-    let (index, routed) = state.policy.route(&request, |columns| {
-        crate::policy::table::build(&candidates, &overlaps, &loads, columns)
-    });
-    let worker = candidates.get(index? as usize)?.clone();
-    let overlap = overlaps
-        .binary_search_by_key(&worker.kv_id, |o| o.worker)
-        .map_or(0, |i| overlaps[i].device);
-    Some(Chosen {
-        worker,
-        routed,
-        overlap,
     })
 }
 
@@ -223,8 +151,8 @@ async fn attempt_on(state: &AppState, worker: &Worker, endpoint: Endpoint, body:
     let response = match state.client.send(request).await {
         Ok(response) => response,
         Err(err) => {
-            if err.is_connect() && worker.eject() {
-                state.kv.worker_lost(worker);
+            if err.is_connect() {
+                state.router.unreachable(worker);
             }
             return Attempt::Failed(err.to_string());
         }
@@ -279,7 +207,7 @@ async fn finish(
     state: &AppState,
     endpoint: Endpoint,
     answer: Answer,
-    in_flight: InFlight,
+    lease: Lease,
     started: Instant,
     stream: bool,
 ) -> Response<Body> {
@@ -295,7 +223,7 @@ async fn finish(
             first,
             inner: rest,
             done: false,
-            in_flight: Some(in_flight),
+            lease: Some(lease),
             metrics: state.metrics.clone(),
             label,
             started,
@@ -309,7 +237,7 @@ async fn finish(
         .await
     {
         Ok(collected) => {
-            drop(in_flight);
+            drop(lease);
             let elapsed = started.elapsed().as_secs_f64();
             state.metrics.time_to_first_byte(label, elapsed);
             state.metrics.request_duration(label, elapsed);
@@ -323,7 +251,7 @@ async fn finish(
             response
         }
         Err(err) => {
-            let worker = in_flight.worker().name.clone();
+            let worker = lease.worker().name.clone();
             let err = ApiError::new(
                 StatusCode::BAD_GATEWAY,
                 "server_error",
@@ -337,8 +265,8 @@ async fn finish(
 }
 
 /// Names the worker that served the request and the policy version (or fallback) that chose it.
-fn with_routing_headers(mut response: Response<Body>, worker: &str, routed: &Routed) -> Response<Body> {
-    for (name, value) in [(WORKER_HEADER, worker.to_string()), (POLICY_HEADER, routed.label())] {
+fn with_routing_headers(mut response: Response<Body>, worker: &str, policy: String) -> Response<Body> {
+    for (name, value) in [(WORKER_HEADER, worker.to_string()), (POLICY_HEADER, policy)] {
         if let Ok(value) = HeaderValue::from_str(&value) {
             response.headers_mut().insert(name, value);
         }
@@ -346,13 +274,13 @@ fn with_routing_headers(mut response: Response<Body>, worker: &str, routed: &Rou
     response
 }
 
-/// Relays a worker's SSE stream frame by frame and keeps the worker's in-flight count until
-/// the stream ends or the client goes away.
+/// Relays a worker's SSE stream frame by frame and holds the request's lease on the worker
+/// (its in-flight count and active sequence) until the stream ends or the client goes away.
 struct RelayBody {
     first: Option<Bytes>,
     inner: Incoming,
     done: bool,
-    in_flight: Option<InFlight>,
+    lease: Option<Lease>,
     metrics: Arc<Metrics>,
     label: &'static str,
     started: Instant,
@@ -361,7 +289,7 @@ struct RelayBody {
 impl RelayBody {
     fn end(&mut self) {
         self.done = true;
-        self.in_flight = None;
+        self.lease = None;
         self.metrics
             .request_duration(self.label, self.started.elapsed().as_secs_f64());
     }
@@ -391,9 +319,9 @@ impl http_body::Body for RelayBody {
             },
             Poll::Ready(Some(Err(err))) => {
                 let worker = this
-                    .in_flight
+                    .lease
                     .as_ref()
-                    .map(|f| f.worker().name.clone())
+                    .map(|lease| lease.worker().name.clone())
                     .unwrap_or_default();
                 let error = ApiError::new(
                     StatusCode::BAD_GATEWAY,

@@ -9,8 +9,9 @@ use std::time::Instant;
 
 use http::{Method, Request, Response, StatusCode};
 use hyper::body::Incoming;
-use switchyard_workers::api::{self, ApiError, Endpoint, ModelList};
-use switchyard_workers::respond::{self, Body};
+use switchyard_protocol::api::{self, ApiError, Endpoint, ModelList};
+use switchyard_protocol::paths;
+use switchyard_protocol::respond::{self, Body};
 
 use crate::server::relay;
 use crate::state::AppState;
@@ -31,12 +32,12 @@ pub(crate) async fn handle(state: Arc<AppState>, request: Request<Incoming>, sta
             "models",
             Ok(respond::json(
                 StatusCode::OK,
-                &ModelList::new(state.pool.models().iter().map(String::as_str), "switchyard"),
+                &ModelList::new(state.router.pool().models().iter().map(String::as_str), "switchyard"),
             )),
         ),
-        (&Method::GET, "/healthz") => ("healthz", Ok(respond::text(StatusCode::OK, "text/plain", "ok\n"))),
+        (&Method::GET, paths::HEALTHZ) => ("healthz", Ok(respond::text(StatusCode::OK, "text/plain", "ok\n"))),
         (&Method::GET, "/readyz") => ("readyz", ready(&state)),
-        (&Method::GET, "/metrics") => (
+        (&Method::GET, paths::METRICS) => (
             "metrics",
             Ok(respond::text(
                 StatusCode::OK,
@@ -47,7 +48,7 @@ pub(crate) async fn handle(state: Arc<AppState>, request: Request<Incoming>, sta
         (_, api::CHAT_COMPLETIONS_PATH | api::COMPLETIONS_PATH) => {
             ("other", Err(respond::method_not_allowed(&method, &path, "POST")))
         }
-        (_, api::MODELS_PATH | "/healthz" | "/readyz" | "/metrics") => {
+        (_, api::MODELS_PATH | paths::HEALTHZ | "/readyz" | paths::METRICS) => {
             ("other", Err(respond::method_not_allowed(&method, &path, "GET")))
         }
         _ => ("other", Err(respond::not_found(&path))),
@@ -61,7 +62,7 @@ pub(crate) async fn handle(state: Arc<AppState>, request: Request<Incoming>, sta
 }
 
 fn ready(state: &AppState) -> Result<Response<Body>, ApiError> {
-    if state.pool.any_healthy() {
+    if state.router.pool().any_healthy() {
         Ok(respond::text(StatusCode::OK, "text/plain", "ready\n"))
     } else {
         Err(ApiError::new(
@@ -70,7 +71,7 @@ fn ready(state: &AppState) -> Result<Response<Body>, ApiError> {
             "no_healthy_worker",
             format!(
                 "not ready: none of the {} configured workers is healthy",
-                state.pool.workers().len()
+                state.router.pool().workers().len()
             ),
         ))
     }

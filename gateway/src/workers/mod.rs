@@ -1,12 +1,15 @@
 //! Workers as the gateway sees them: who they are, whether they are healthy, how busy they are.
 //!
-//! This module owns the worker registry built from configuration ([`WorkerPool`]), the choice
-//! of a worker for a request (least requests in flight among healthy workers of the model,
-//! until the policy host takes over), passive and active health ([`health`]), the pooled HTTP
-//! client that reaches them ([`client`]), and simulated workers started in-process for the
-//! embedded default ([`embedded`]). It knows nothing about client connections or OpenAI bodies.
+//! This module owns the worker registry ([`WorkerPool`]: configured, embedded and registered
+//! workers, and the healthy candidates of a model), each worker's in-flight count
+//! ([`InFlight`]), passive and active health ([`health`], which reports ejections through a
+//! callback), the pooled HTTP client that reaches workers ([`client`]), and simulated workers
+//! started in-process for the embedded default (`embedded`, feature `embedded-mockers`). It
+//! knows nothing about client connections, OpenAI bodies, the KV index or policies: the
+//! routing core (`crate::routing`) puts them together.
 
 pub mod client;
+#[cfg(feature = "embedded-mockers")]
 pub mod embedded;
 pub mod health;
 mod registry;

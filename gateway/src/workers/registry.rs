@@ -115,31 +115,22 @@ impl Worker {
     }
 }
 
-/// Counts a request as in flight on a worker until dropped, and keeps its entry in the
-/// active-sequence tracker (if any) as long.
+/// Counts a request as in flight on a worker until dropped.
 #[derive(Debug)]
 pub struct InFlight {
     worker: Arc<Worker>,
-    active: Option<crate::kv::ActiveGuard>,
 }
 
 impl InFlight {
     /// Starts counting a request on `worker`.
-    pub fn new(worker: Arc<Worker>, active: Option<crate::kv::ActiveGuard>) -> InFlight {
+    pub fn new(worker: Arc<Worker>) -> InFlight {
         worker.in_flight.inc();
-        InFlight { worker, active }
+        InFlight { worker }
     }
 
     /// The worker.
     pub fn worker(&self) -> &Arc<Worker> {
         &self.worker
-    }
-
-    /// The request's first token came back: its prompt no longer counts as prefill work.
-    pub fn first_token(&mut self) {
-        if let Some(active) = &mut self.active {
-            active.first_token();
-        }
     }
 }
 
@@ -255,11 +246,11 @@ impl WorkerPool {
     }
 
     /// The healthy LLM workers of `model`, skipping those in `exclude`, in registration order.
-    pub fn candidates(&self, model: &str, exclude: &[Arc<Worker>]) -> Vec<Arc<Worker>> {
+    pub fn candidates(&self, model: &str, exclude: &[u32]) -> Vec<Arc<Worker>> {
         self.workers()
             .iter()
             .filter(|w| w.role == Role::Llm && w.model == model && w.is_healthy())
-            .filter(|w| !exclude.iter().any(|e| Arc::ptr_eq(e, w)))
+            .filter(|w| !exclude.contains(&w.kv_id))
             .cloned()
             .collect()
     }
@@ -294,7 +285,7 @@ mod tests {
         assert_eq!(names(pool.candidates("m", &[])), ["w0", "w1", "w2"]);
         pool.workers()[2].eject();
         assert_eq!(names(pool.candidates("m", &[])), ["w0", "w1"]);
-        assert_eq!(names(pool.candidates("m", &[pool.workers()[0].clone()])), ["w1"]);
+        assert_eq!(names(pool.candidates("m", &[pool.workers()[0].kv_id])), ["w1"]);
         assert!(pool.candidates("other", &[]).is_empty());
     }
 
@@ -332,7 +323,7 @@ mod tests {
     #[test]
     fn in_flight_is_counted_until_dropped() {
         let pool = pool(1);
-        let guard = InFlight::new(pool.workers()[0].clone(), None);
+        let guard = InFlight::new(pool.workers()[0].clone());
         assert_eq!(pool.workers()[0].in_flight(), 1);
         drop(guard);
         assert_eq!(pool.workers()[0].in_flight(), 0);

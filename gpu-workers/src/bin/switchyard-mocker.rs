@@ -4,8 +4,9 @@ use std::net::IpAddr;
 
 use anyhow::Context;
 use clap::Parser;
+use switchyard_protocol::kv_events;
+use switchyard_workers::kv_link;
 use switchyard_workers::mocker::{self, EngineConfig, ServerConfig};
-use switchyard_workers::{kv_events, kv_link};
 
 /// Simulated LLM workers speaking the OpenAI API (timing from Dynamo's fitted perf model).
 #[derive(Debug, Parser)]
@@ -141,7 +142,7 @@ async fn run() -> anyhow::Result<()> {
                     worker: name,
                     url: format!("http://{}", worker.addr()),
                     model: args.model.clone(),
-                    role: "llm".into(),
+                    role: switchyard_protocol::Role::Llm,
                     block_size: args.block_size,
                     capacity_blocks: args.num_gpu_blocks as u64,
                     capabilities: vec!["text".into()],

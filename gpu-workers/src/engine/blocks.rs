@@ -2,7 +2,7 @@
 //!
 //! Blocks are numbered `0..capacity`; a sequence's block table lists the numbers of its blocks,
 //! which index the real engine's paged cache (the simulated engine only counts them). Full
-//! blocks are named by their sequence hash (see [`crate::blocks`]) and are shared between
+//! blocks are named by their sequence hash (see [`switchyard_protocol::block_hash`]) and are shared between
 //! sequences by reference count. A full block whose count drops to zero stays cached in an LRU
 //! *inactive* pool, where a later request with the same prefix can take it back; a new
 //! allocation with no free block evicts the least recently used inactive one. Blocks that are
@@ -15,9 +15,9 @@ use std::collections::HashMap;
 
 use lru::LruCache;
 
-use crate::blocks::BlockHash;
+use switchyard_protocol::block_hash::BlockHash;
 
-pub use crate::kv_events::{KvEvent, StoredBlock};
+pub use switchyard_protocol::kv_events::{KvEvent, StoredBlock};
 
 /// A physical block number, `0..capacity`.
 pub type BlockId = u32;
@@ -219,7 +219,7 @@ impl BlockManager {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::blocks::block_hashes;
+    use switchyard_protocol::block_hash::block_hashes;
 
     fn hashes(tokens: &[u32]) -> Vec<BlockHash> {
         block_hashes(tokens, 2)

@@ -18,10 +18,10 @@ use std::time::Instant;
 use tokio::sync::mpsc;
 use tokio::sync::mpsc::error::TryRecvError;
 
-use crate::blocks::{BlockHash, block_hashes, chain_hash, local_hash};
 use crate::engine::blocks::{BlockId, BlockManager};
 use crate::engine::sampling::Sampler;
 use crate::engine::{EngineConfig, EngineStats, EventSink, Output, Submission};
+use switchyard_protocol::block_hash::{BlockHash, block_hashes, chain_hash, local_hash};
 
 /// Computes engine steps: the model (or a simulation of it) behind a scheduler.
 pub trait Executor {

@@ -1,0 +1,237 @@
+//! CPU throughput of the native LLM's forward pass against the memory-bandwidth roofline.
+//!
+//! `cargo bench -p switchyard-workers --bench llm_cpu` prints, for the tiny fixture model, a
+//! larger random-weight Llama written to a temporary directory as real safetensors, and (when
+//! `SWITCHYARD_SMOLLM2_GGUF` names it; see `scripts/fetch-smollm2.sh`) the real SmolLM2-135M:
+//! prefill tokens/s (one sequence, one chunk), decode tokens/s at batch 1, 8 and 32 (each
+//! sequence with a 128-token context), and the same model behind the engine (32 requests at
+//! once through the scheduler: continuous batching, sampling, token streams). The anchor is a
+//! STREAM-like copy in the same run: a decode step must read every weight once (weights are
+//! widened to f32 at load; the embedding table is read one row per token), so
+//! `bandwidth / bytes read` steps per second is the memory roofline, and batch B can at best
+//! make B tokens per such step. Figures are printed, never asserted.
+
+use std::hint::black_box;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+mod common;
+
+use common::{decode_bytes, write_random_llama};
+use switchyard_llm::{Chunk, Logits, Model, PagedKv, SequenceKv, spawn_cpu_engine};
+use switchyard_workers::engine::{EngineConfig, Output, SamplingParams};
+
+/// Bytes per second of a plain copy of a buffer much larger than the caches (read + write).
+fn copy_bandwidth() -> f64 {
+    let words = 64 << 20; // 256 MiB of f32 each way
+    let source: Vec<f32> = (0..words).map(|i| i as f32).collect();
+    let mut target = vec![0.0f32; words];
+    let mut best = f64::INFINITY;
+    for _ in 0..5 {
+        let start = Instant::now();
+        target.copy_from_slice(black_box(&source));
+        best = best.min(start.elapsed().as_secs_f64());
+        black_box(&mut target);
+    }
+    (2 * words * 4) as f64 / best
+}
+
+fn weight_bytes(dir: &Path) -> u64 {
+    std::fs::metadata(dir.join("model.safetensors")).map_or(0, |m| m.len())
+}
+
+/// Runs `f` until `budget` has passed (at least once); returns runs per second.
+fn rate(budget: Duration, mut f: impl FnMut()) -> f64 {
+    let start = Instant::now();
+    let mut runs = 0u32;
+    while runs == 0 || start.elapsed() < budget {
+        f();
+        runs += 1;
+    }
+    f64::from(runs) / start.elapsed().as_secs_f64()
+}
+
+fn measure(label: &str, path: &Path, prefill_tokens: usize, bandwidth: f64) {
+    let model = Model::load(path).expect("model loads");
+    let bytes = decode_bytes(model.config());
+    let vocab = model.config().vocab_size as u32;
+    let tokens: Vec<u32> = (0..prefill_tokens as u32).map(|i| (i * 7 + 3) % vocab).collect();
+    let block = 16;
+    let prefill_per_s = rate(Duration::from_secs(3), || {
+        let mut kv = PagedKv::new(model.config(), block, prefill_tokens.div_ceil(block));
+        let mut sequence = SequenceKv {
+            blocks: (0..prefill_tokens.div_ceil(block) as u32).collect(),
+            computed: 0,
+        };
+        black_box(
+            model
+                .forward_batch(
+                    &mut kv,
+                    &mut [Chunk {
+                        sequence: &mut sequence,
+                        tokens: &tokens,
+                    }],
+                    Logits::Last,
+                )
+                .expect("prefill"),
+        );
+    }) * prefill_tokens as f64;
+    let roofline_steps = bandwidth / bytes;
+    println!("| {label} | prefill ({prefill_tokens} tokens) | {prefill_per_s:.0} tok/s | | |");
+    let context: usize = 128;
+    for batch in [1usize, 8, 32] {
+        let blocks_each = (context + 64).div_ceil(block);
+        let mut kv = PagedKv::new(model.config(), block, batch * blocks_each);
+        let mut sequences: Vec<SequenceKv> = (0..batch)
+            .map(|b| SequenceKv {
+                blocks: (b * blocks_each..(b + 1) * blocks_each).map(|x| x as u32).collect(),
+                computed: 0,
+            })
+            .collect();
+        {
+            let mut chunks: Vec<Chunk<'_>> = sequences
+                .iter_mut()
+                .map(|sequence| Chunk {
+                    sequence,
+                    tokens: &tokens[..context],
+                })
+                .collect();
+            model
+                .forward_batch(&mut kv, &mut chunks, Logits::Last)
+                .expect("prefill contexts");
+        }
+        let next = vec![5u32; batch];
+        let mut steps = 0;
+        let steps_per_s = rate(Duration::from_secs(3), || {
+            if steps >= 60 {
+                // Stay inside the blocks: rewind and decode the same positions again.
+                for sequence in &mut sequences {
+                    sequence.computed = context;
+                }
+                steps = 0;
+            }
+            let mut chunks: Vec<Chunk<'_>> = sequences
+                .iter_mut()
+                .zip(&next)
+                .map(|(sequence, token)| Chunk {
+                    sequence,
+                    tokens: std::slice::from_ref(token),
+                })
+                .collect();
+            black_box(model.forward_batch(&mut kv, &mut chunks, Logits::Last).expect("decode"));
+            steps += 1;
+        });
+        let tokens_per_s = steps_per_s * batch as f64;
+        let roofline = roofline_steps * batch as f64;
+        println!(
+            "| {label} | decode, batch {batch} | {tokens_per_s:.0} tok/s | {roofline:.0} tok/s | {:.1} % |",
+            100.0 * tokens_per_s / roofline
+        );
+    }
+    engine(label, model, &tokens[..context], roofline_steps);
+}
+
+/// 32 requests of a 128-token prompt and 64 generated tokens each, all submitted at once to
+/// the engine; prints generated tokens per second of wall time (prefill included).
+fn engine(label: &str, model: Model, prompt: &[u32], roofline_steps: f64) {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let requests = 32;
+    let generate = 64;
+    let engine = spawn_cpu_engine(
+        model,
+        EngineConfig {
+            block_size: 16,
+            num_gpu_blocks: requests * (prompt.len() + generate).div_ceil(16) + 64,
+            max_num_batched_tokens: 2048,
+            max_num_seqs: requests,
+            ..EngineConfig::default()
+        },
+    )
+    .expect("engine");
+    let start = Instant::now();
+    let generated = runtime.block_on(async {
+        let receivers: Vec<_> = (0..requests)
+            .map(|r| {
+                // Distinct prompts: no prefix-cache hits between them.
+                let mut prompt = prompt.to_vec();
+                prompt[0] = r as u32;
+                engine
+                    .submit(
+                        prompt,
+                        SamplingParams {
+                            temperature: 0.0,
+                            max_tokens: generate,
+                            ..SamplingParams::default()
+                        },
+                    )
+                    .expect("accepted")
+            })
+            .collect();
+        let mut generated = 0usize;
+        for mut receiver in receivers {
+            while let Some(output) = receiver.recv().await {
+                match output {
+                    Output::Token(_) => generated += 1,
+                    Output::Finished { .. } => break,
+                    Output::Started { .. } => {}
+                    Output::Failed(reason) => panic!("{reason}"),
+                }
+            }
+        }
+        generated
+    });
+    let tokens_per_s = generated as f64 / start.elapsed().as_secs_f64();
+    let roofline = roofline_steps * requests as f64;
+    println!(
+        "| {label} | engine, {requests} requests × {} prompt + {generate} generated | {tokens_per_s:.0} tok/s | {roofline:.0} tok/s (decode, batch {requests}) | {:.1} % |",
+        prompt.len(),
+        100.0 * tokens_per_s / roofline
+    );
+}
+
+fn main() {
+    let bandwidth = copy_bandwidth();
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    println!("# Native LLM forward pass on the CPU");
+    println!(
+        "{threads} hardware threads; copy bandwidth {:.1} GB/s (read + write, 256 MiB buffers, best of 5)\n",
+        bandwidth / 1e9
+    );
+    println!(
+        "Roofline: a decode step reads every weight once (the untied embedding table one row per token), so at most bandwidth / bytes read steps per second; batch B makes B tokens per step.\n"
+    );
+    println!("| model | phase | measured | memory roofline | of roofline |");
+    println!("|---|---|---:|---:|---:|");
+    let tiny = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tiny-llama");
+    measure(
+        &format!("tiny-llama ({:.2} MB f32)", weight_bytes(&tiny) as f64 / 1e6),
+        &tiny,
+        192,
+        bandwidth,
+    );
+    let dir = tempfile::tempdir().expect("tempdir");
+    // ~110 M parameters: 8 layers, hidden 768, GQA 12/4 heads, MLP 2048, vocab 32000.
+    write_random_llama(dir.path(), 768, 8, 12, 4, 2048, 32_000);
+    measure(
+        &format!(
+            "random Llama 8×768 ({:.0} MB f32)",
+            weight_bytes(dir.path()) as f64 / 1e6
+        ),
+        dir.path(),
+        512,
+        bandwidth,
+    );
+    if let Some(gguf) = std::env::var_os("SWITCHYARD_SMOLLM2_GGUF") {
+        measure(
+            "SmolLM2-135M (Q4_1 GGUF, widened to f32)",
+            Path::new(&gguf),
+            512,
+            bandwidth,
+        );
+    } else {
+        println!("\n(SmolLM2-135M skipped: set SWITCHYARD_SMOLLM2_GGUF=$(scripts/fetch-smollm2.sh) to include it)");
+    }
+}

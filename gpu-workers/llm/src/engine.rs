@@ -1,0 +1,81 @@
+//! The native LLM engine: the shared scheduler driving the model on the CPU.
+//!
+//! [`CpuExecutor`] is the CPU backend behind the engine's [`Executor`] trait: it owns the
+//! model and its paged KV cache (one block of the cache per block number the scheduler hands
+//! out), runs each step as one [`Model::forward_batch`] over every scheduled chunk, and samples
+//! the sequences that reached their end. [`spawn_cpu_engine`] starts it on its own thread.
+
+use crate::model::{Chunk, Logits, Model, PagedKv, SequenceKv};
+use switchyard_workers::engine::{EngineConfig, EngineHandle, Executor, ModelLimits, StepItem, spawn_native};
+
+/// The CPU backend: the model and its KV cache.
+#[derive(Debug)]
+pub struct CpuExecutor {
+    model: Model,
+    kv: PagedKv,
+}
+
+impl CpuExecutor {
+    /// A backend for `model` with a cache of `num_blocks` blocks of `block_size` positions.
+    pub fn new(model: Model, block_size: usize, num_blocks: usize) -> CpuExecutor {
+        let kv = PagedKv::new(model.config(), block_size, num_blocks);
+        CpuExecutor { model, kv }
+    }
+
+    /// What the model accepts.
+    pub fn limits(&self) -> ModelLimits {
+        ModelLimits {
+            vocab_size: Some(self.model.config().vocab_size),
+            max_model_len: Some(self.model.config().max_position_embeddings),
+        }
+    }
+}
+
+impl Executor for CpuExecutor {
+    fn execute(&mut self, items: &mut [StepItem<'_>]) -> Result<(), String> {
+        let mut sequences: Vec<SequenceKv> = items
+            .iter()
+            .map(|item| SequenceKv {
+                blocks: item.blocks.to_vec(),
+                computed: item.start,
+            })
+            .collect();
+        let mut chunks: Vec<Chunk<'_>> = sequences
+            .iter_mut()
+            .zip(items.iter())
+            .map(|(sequence, item)| Chunk {
+                sequence,
+                tokens: item.new_tokens(),
+            })
+            .collect();
+        let logits = self
+            .model
+            .forward_batch(&mut self.kv, &mut chunks, Logits::Last)
+            .map_err(|err| err.to_string())?;
+        drop(chunks);
+        for (item, logits) in items.iter_mut().zip(logits) {
+            if item.samples() {
+                item.next_token = Some(item.sampler.sample(&logits).map_err(|err| err.to_string()));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Bytes of KV cache one block takes for `model` (keys and values of every layer, f32).
+pub fn kv_block_bytes(model: &Model, block_size: usize) -> usize {
+    let c = model.config();
+    2 * c.num_layers * block_size * c.num_kv_heads * c.head_dim * std::mem::size_of::<f32>()
+}
+
+/// Starts a native engine for `model` on the CPU, on a thread of its own; `config` sets the
+/// cache (`block_size`, `num_gpu_blocks`) and the scheduler.
+///
+/// # Errors
+///
+/// The I/O error if the engine thread cannot be spawned.
+pub fn spawn_cpu_engine(model: Model, config: EngineConfig) -> std::io::Result<EngineHandle> {
+    let executor = CpuExecutor::new(model, config.block_size, config.num_gpu_blocks);
+    let limits = executor.limits();
+    spawn_native(config, limits, executor, "switchyard-llm")
+}

@@ -1,0 +1,212 @@
+//! The CUDA backend (feature `cuda`): its kernels compile under NVRTC (no GPU needed), and on
+//! a machine with a GPU it computes what the CPU backend computes.
+//!
+//! Without NVRTC or a GPU these tests say so and pass, unless `SWITCHYARD_CUDA_TESTS` asks for
+//! them: `nvrtc` makes a missing NVRTC a failure (CI installs it from PyPI), `gpu` makes a
+//! missing GPU one too (run it on a GPU machine).
+#![cfg(feature = "cuda")]
+
+use std::path::{Path, PathBuf};
+
+use switchyard_llm::cuda::{self, CudaError, CudaExecutor, GpuChunk};
+use switchyard_llm::{Chunk, Logits, Model, PagedKv, SequenceKv, spawn_cpu_engine};
+use switchyard_workers::engine::{EngineConfig, Output, SamplingParams};
+
+fn required(level: &str) -> bool {
+    std::env::var("SWITCHYARD_CUDA_TESTS").is_ok_and(|value| value == level || value == "gpu")
+}
+
+/// The fixtures folder: `SWITCHYARD_FIXTURES_DIR` where the test binary runs away from its
+/// source tree (a GPU machine it was copied to), else the source tree's.
+fn fixtures() -> PathBuf {
+    std::env::var_os("SWITCHYARD_FIXTURES_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures"))
+}
+
+fn model(name: &str) -> Model {
+    Model::load(&fixtures().join(name)).expect("fixture loads")
+}
+
+#[test]
+fn kernels_compile_with_nvrtc() {
+    match cuda::compile_kernels() {
+        Ok(ptx) => {
+            let ptx = ptx.to_src();
+            for name in cuda::KERNEL_NAMES {
+                assert!(
+                    ptx.contains(&format!(".entry {name}(")),
+                    "no kernel `{name}` in the PTX"
+                );
+            }
+        }
+        Err(CudaError::NoNvrtc) if !required("nvrtc") => {
+            eprintln!("skipped: no libnvrtc here (SWITCHYARD_CUDA_TESTS=nvrtc makes this a failure)");
+        }
+        Err(err) => panic!("{err}"),
+    }
+}
+
+/// The backend on GPU 0, or `None` (with a note) where there is none and none is required.
+fn gpu(model: &Model, blocks: usize) -> Option<CudaExecutor> {
+    match CudaExecutor::new(model, 0, 4, blocks) {
+        Ok(executor) => Some(executor),
+        Err(err @ (CudaError::NoDriver | CudaError::NoDevice { .. } | CudaError::NoCublas)) if !required("gpu") => {
+            eprintln!("skipped: {err} (SWITCHYARD_CUDA_TESTS=gpu makes this a failure)");
+            None
+        }
+        Err(err) => panic!("{err}"),
+    }
+}
+
+#[test]
+fn asking_for_a_missing_device_is_a_clear_error() {
+    let model = model("tiny-llama");
+    match CudaExecutor::new(&model, 4096, 4, 8) {
+        Err(CudaError::NoDevice { ordinal: 4096, .. } | CudaError::NoDriver | CudaError::NoCublas) => {}
+        other => panic!("expected a missing-device error, got {other:?}"),
+    }
+}
+
+const PROMPT: [u32; 19] = [1, 17, 42, 99, 7, 256, 3, 3, 64, 200, 11, 5, 9, 9, 31, 140, 141, 2, 77];
+
+#[test]
+fn gpu_logits_match_the_cpu_backend() {
+    for name in ["tiny-llama", "tiny-qwen2"] {
+        let model = model(name);
+        let Some(mut gpu) = gpu(&model, 32) else { return };
+        // Two sequences in one step (a chunk of 11 and one of 19 tokens), then both decode one
+        // more token together: prefill, paged caches and batched decode all compared.
+        let a_blocks: Vec<u32> = vec![9, 2, 14, 0, 5, 11];
+        let b_blocks: Vec<u32> = vec![20, 21, 7, 30, 31, 8];
+        let mut kv = PagedKv::new(model.config(), 4, 32);
+        let mut a = SequenceKv {
+            blocks: a_blocks.clone(),
+            computed: 0,
+        };
+        let mut b = SequenceKv {
+            blocks: b_blocks.clone(),
+            computed: 0,
+        };
+        let cpu_first = model
+            .forward_batch(
+                &mut kv,
+                &mut [
+                    Chunk {
+                        sequence: &mut a,
+                        tokens: &PROMPT[..11],
+                    },
+                    Chunk {
+                        sequence: &mut b,
+                        tokens: &PROMPT,
+                    },
+                ],
+                Logits::Last,
+            )
+            .expect("cpu step");
+        let gpu_first = gpu
+            .forward(&[
+                GpuChunk {
+                    tokens: &PROMPT,
+                    start: 0,
+                    count: 11,
+                    blocks: &a_blocks,
+                },
+                GpuChunk {
+                    tokens: &PROMPT,
+                    start: 0,
+                    count: 19,
+                    blocks: &b_blocks,
+                },
+            ])
+            .expect("gpu step");
+        let mut longer = PROMPT.to_vec();
+        longer.push(123);
+        let cpu_second = model
+            .forward_batch(
+                &mut kv,
+                &mut [
+                    Chunk {
+                        sequence: &mut a,
+                        tokens: &PROMPT[11..12],
+                    },
+                    Chunk {
+                        sequence: &mut b,
+                        tokens: &longer[19..],
+                    },
+                ],
+                Logits::Last,
+            )
+            .expect("cpu step");
+        let gpu_second = gpu
+            .forward(&[
+                GpuChunk {
+                    tokens: &PROMPT,
+                    start: 11,
+                    count: 1,
+                    blocks: &a_blocks,
+                },
+                GpuChunk {
+                    tokens: &longer,
+                    start: 19,
+                    count: 1,
+                    blocks: &b_blocks,
+                },
+            ])
+            .expect("gpu step");
+        for (cpu, gpu) in cpu_first
+            .iter()
+            .chain(&cpu_second)
+            .zip(gpu_first.iter().chain(&gpu_second))
+        {
+            let difference = cpu.iter().zip(gpu).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max);
+            assert!(difference < 1e-3, "{name}: max |Δlogit| {difference}");
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_gpu_engine_generates_the_cpu_engines_tokens() {
+    let model = model("tiny-llama");
+    let config = EngineConfig {
+        block_size: 4,
+        num_gpu_blocks: 128,
+        max_num_batched_tokens: 16,
+        max_num_seqs: 8,
+        ..EngineConfig::default()
+    };
+    let Some(gpu) = gpu(&model, config.num_gpu_blocks) else {
+        return;
+    };
+    let limits = gpu.limits();
+    let gpu = switchyard_workers::engine::spawn_native(config.clone(), limits, gpu, "test-gpu").expect("starts");
+    let cpu = spawn_cpu_engine(model, config).expect("starts");
+    let prompts: Vec<Vec<u32>> = (0..6u32)
+        .map(|i| (i..i + 13 + 3 * i).map(|t| (t * 7) % 280).collect())
+        .collect();
+    let greedy = SamplingParams {
+        temperature: 0.0,
+        max_tokens: 12,
+        ..SamplingParams::default()
+    };
+    let run = |engine: &switchyard_workers::engine::EngineHandle| {
+        prompts
+            .iter()
+            .map(|prompt| engine.submit(prompt.clone(), greedy.clone()).expect("accepted"))
+            .collect::<Vec<_>>()
+    };
+    for (mut on_cpu, mut on_gpu) in run(&cpu).into_iter().zip(run(&gpu)) {
+        let mut tokens = (Vec::new(), Vec::new());
+        for (receiver, out) in [(&mut on_cpu, &mut tokens.0), (&mut on_gpu, &mut tokens.1)] {
+            while let Some(output) = receiver.recv().await {
+                match output {
+                    Output::Token(token) => out.push(token),
+                    Output::Finished { .. } => break,
+                    Output::Started { .. } => {}
+                    Output::Failed(reason) => panic!("{reason}"),
+                }
+            }
+        }
+        assert_eq!(tokens.0, tokens.1, "greedy tokens differ between the backends");
+    }
+}
