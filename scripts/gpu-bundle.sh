@@ -13,11 +13,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 grep -qxF '/.gpu/' .git/info/exclude 2>/dev/null || echo '/.gpu/' >> .git/info/exclude
 rm -rf .gpu && mkdir -p .gpu
-test_bin=$(cargo test --release -p switchyard-workers --features cuda --test cuda_backend --no-run --message-format=json 2>/dev/null |
+test_bin=$(cargo test --release -p switchyard-llm --features cuda --test cuda_backend --no-run --message-format=json 2>/dev/null |
     python3 -c 'import json,sys; print([m["executable"] for m in map(json.loads, sys.stdin) if m.get("executable") and "cuda_backend" in m["executable"]][-1])')
-bench_bin=$(cargo bench -p switchyard-workers --features cuda --bench llm_cuda --no-run --message-format=json 2>/dev/null |
+bench_bin=$(cargo bench -p switchyard-llm --features cuda --bench llm_cuda --no-run --message-format=json 2>/dev/null |
     python3 -c 'import json,sys; print([m["executable"] for m in map(json.loads, sys.stdin) if m.get("executable") and "llm_cuda" in m["executable"]][-1])')
 strip -o .gpu/cuda_backend "$test_bin"
 strip -o .gpu/llm_cuda "$bench_bin"
-cp -r gpu-workers/tests/fixtures .gpu/fixtures
+cp -r gpu-workers/llm/tests/fixtures .gpu/fixtures
 du -sh .gpu
