@@ -14,7 +14,10 @@ async fn a_failed_first_choice_is_retried_on_the_policys_first_fallback() -> any
     // A port nothing listens on: connecting to it fails at once.
     let dead = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
     let mut config = String::from(
-        "[server]\nplaintext = true\n[policy]\nrouter = \"least-load\"\n[health]\ninterval_ms = 60000\n[forwarding]\nretries = 1\n",
+        // A generous deadline (wall-clock time on two busy cores): this test is about what the
+        // host does with the policy's answer, which a fallback decision would not exercise.
+        "[server]\nplaintext = true\n[policy]\nrouter = \"least-load\"\ndeadline_ms = 100\n\
+         [health]\ninterval_ms = 60000\n[forwarding]\nretries = 1\n",
     );
     for (name, addr) in [("dead", dead), ("second", mockers.addrs[0]), ("last", mockers.addrs[1])] {
         config.push_str(&format!(

@@ -43,7 +43,15 @@ fn fixture(workers: usize, policy: &str) -> Fixture {
     .expect("valid");
     let kv = Arc::new(KvState::new(&config).expect("kv state"));
     let pool = Arc::new(WorkerPool::new(&configs, Arc::new(Metrics::new())).expect("valid urls"));
-    let runtime = Arc::new(PolicyRuntime::new(RuntimeConfig::default()).expect("engine"));
+    // A deadline generous enough that parallel tests on two busy cores do not interrupt
+    // well-behaved calls (it is wall-clock time).
+    let runtime = Arc::new(
+        PolicyRuntime::new(RuntimeConfig {
+            deadline: std::time::Duration::from_millis(200),
+            ..RuntimeConfig::default()
+        })
+        .expect("engine"),
+    );
     let wasm = crate::policy::built_in_router(policy).expect("built in");
     let policy = runtime.load_router(policy, wasm, toml::Table::new()).expect("loads");
     let switch = Arc::new(PolicySwitch::new(policy, SwitchConfig::default()));
