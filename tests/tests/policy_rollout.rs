@@ -124,9 +124,10 @@ async fn the_cli_pushes_a_policy_with_its_config_in_one_command() -> anyhow::Res
     let dir = tempfile::tempdir()?;
     let good = dir.path().join("good.toml");
     let bad = dir.path().join("bad.toml");
-    std::fs::write(&good, "slack = 2\n")?;
-    std::fs::write(&bad, "slack = \n")?;
-    let wasm = concat!(env!("SWITCHYARD_PLUGINS_DIR"), "/policy_template.wasm");
+    std::fs::write(&good, "active_request_weight = 2\n")?;
+    std::fs::write(&bad, "active_request_weight = \n")?;
+    // A built-in that reads its configuration; the template is built out of tree by CI instead.
+    let wasm = concat!(env!("SWITCHYARD_PLUGINS_DIR"), "/kv_aware.wasm");
     let cli = |args: &[&str]| -> anyhow::Result<std::process::Output> {
         Ok(std::process::Command::new(switchyard_e2e::binary("switchyard")?)
             .arg("policy")
@@ -162,7 +163,7 @@ async fn the_cli_pushes_a_policy_with_its_config_in_one_command() -> anyhow::Res
     let list: serde_json::Value = serde_json::from_slice(&listed.stdout)?;
     assert_eq!(list["active"]["name"], "affinity", "{list}");
     let reply = client
-        .post_json("/v1/chat/completions", &chat_body("mock", "via the template", 1, false))
+        .post_json("/v1/chat/completions", &chat_body("mock", "via the pushed policy", 1, false))
         .await?;
     assert_eq!(reply.status, 200);
     assert!(reply.headers["x-switchyard-policy"].to_str()?.starts_with("affinity@"));
