@@ -163,7 +163,10 @@ async fn the_cli_pushes_a_policy_with_its_config_in_one_command() -> anyhow::Res
     let list: serde_json::Value = serde_json::from_slice(&listed.stdout)?;
     assert_eq!(list["active"]["name"], "affinity", "{list}");
     let reply = client
-        .post_json("/v1/chat/completions", &chat_body("mock", "via the pushed policy", 1, false))
+        .post_json(
+            "/v1/chat/completions",
+            &chat_body("mock", "via the pushed policy", 1, false),
+        )
         .await?;
     assert_eq!(reply.status, 200);
     assert!(reply.headers["x-switchyard-policy"].to_str()?.starts_with("affinity@"));
