@@ -19,6 +19,7 @@ mod admin;
 mod config;
 mod events;
 mod kv;
+mod media;
 mod metrics;
 mod policy;
 mod routing;
@@ -282,6 +283,7 @@ impl Gateway {
             router,
             client,
             metrics,
+            media: media::MediaSettings::from_config(&config),
         });
         let accept = tokio::spawn(server::conn::accept_loop(listener, tls.clone(), state.clone()));
         Ok(Gateway {

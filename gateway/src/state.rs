@@ -8,6 +8,7 @@ use tokio::sync::mpsc;
 
 use crate::config::{ForwardingConfig, ServerConfig};
 use crate::events::applier::Inbound;
+use crate::media::MediaSettings;
 use crate::metrics::Metrics;
 use crate::policy::runtime::PolicyRuntime;
 use crate::routing::Router;
@@ -26,6 +27,8 @@ pub(crate) struct AppState {
     pub(crate) client: WorkerClient,
     /// Exported metrics.
     pub(crate) metrics: Arc<Metrics>,
+    /// Media limits and each model's media settings.
+    pub(crate) media: MediaSettings,
 }
 
 /// State of the admin API: policies, worker registrations, KV inspection.

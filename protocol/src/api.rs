@@ -108,26 +108,104 @@ pub enum MessageContent {
     Parts(Vec<ContentPart>),
 }
 
-/// One typed content part. Media parts are carried through; their decoding belongs to the
-/// modality-aware path.
+/// One typed content part: `text`, or a media part (`image_url`, `input_audio`, `video_url`)
+/// whose bytes the gateway inspects (headers only) and hands to an encoder.
 #[derive(Debug, Clone, Deserialize)]
 pub struct ContentPart {
-    /// The part type: `text`, `image_url`, `input_audio`, ...
+    /// The part type: `text`, `image_url`, `input_audio` or `video_url`.
     #[serde(rename = "type")]
     pub kind: String,
     /// The text of a `text` part.
     #[serde(default)]
     pub text: Option<String>,
+    /// The image of an `image_url` part.
+    #[serde(default)]
+    pub image_url: Option<MediaUrl>,
+    /// The audio of an `input_audio` part.
+    #[serde(default)]
+    pub input_audio: Option<InputAudio>,
+    /// The video of a `video_url` part.
+    #[serde(default)]
+    pub video_url: Option<MediaUrl>,
 }
+
+/// Where a media part's bytes are: a `data:` URL carrying them, or an `http(s)` URL.
+#[derive(Debug, Clone, Deserialize)]
+pub struct MediaUrl {
+    /// `data:<mime>;base64,<bytes>` or `http(s)://...`.
+    pub url: String,
+    /// OpenAI's `detail` hint (`auto`, `low`, `high`); carried, not acted on.
+    #[serde(default)]
+    pub detail: Option<String>,
+}
+
+/// The audio of an `input_audio` part.
+#[derive(Debug, Clone, Deserialize)]
+pub struct InputAudio {
+    /// The audio file, base64-encoded.
+    pub data: String,
+    /// Its format: `wav`, `mp3`, `flac` or `ogg`.
+    pub format: String,
+}
+
+/// Which kind of content a part holds, from its `type`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PartKind {
+    /// `text`.
+    Text,
+    /// `image_url`.
+    Image,
+    /// `input_audio`.
+    Audio,
+    /// `video_url`.
+    Video,
+}
+
+impl ContentPart {
+    /// The part's kind, or `None` for a type Switchyard does not know.
+    pub fn part_kind(&self) -> Option<PartKind> {
+        match self.kind.as_str() {
+            "text" => Some(PartKind::Text),
+            "image_url" => Some(PartKind::Image),
+            "input_audio" => Some(PartKind::Audio),
+            "video_url" => Some(PartKind::Video),
+            _ => None,
+        }
+    }
+}
+
+/// Stands for one media part in a prompt rendered with [`MessageContent::text_with_media_markers`]
+/// (U+FFFC OBJECT REPLACEMENT CHARACTER); the tokenizer puts the item's media tokens there.
+pub const MEDIA_MARKER: char = '\u{FFFC}';
 
 impl MessageContent {
     /// The text of this content: the string itself, or its text parts joined by newlines.
+    /// Media parts are left out (a text-only prompt).
     pub fn text(&self) -> String {
         match self {
             MessageContent::Text(text) => text.clone(),
             MessageContent::Parts(parts) => parts
                 .iter()
                 .filter_map(|part| part.text.as_deref())
+                .collect::<Vec<_>>()
+                .join("\n"),
+        }
+    }
+
+    /// Like [`text`](Self::text), with one [`MEDIA_MARKER`] in place of each media part, in
+    /// order. Markers a client wrote into its own text are removed, so the markers in the
+    /// result are exactly the media parts.
+    pub fn text_with_media_markers(&self) -> String {
+        let clean = |text: &str| text.replace(MEDIA_MARKER, "");
+        match self {
+            MessageContent::Text(text) => clean(text),
+            MessageContent::Parts(parts) => parts
+                .iter()
+                .filter_map(|part| match part.part_kind() {
+                    Some(PartKind::Text) => part.text.as_deref().map(clean),
+                    Some(PartKind::Image | PartKind::Audio | PartKind::Video) => Some(MEDIA_MARKER.to_string()),
+                    None => None,
+                })
                 .collect::<Vec<_>>()
                 .join("\n"),
         }
@@ -354,6 +432,9 @@ fn validate(request: &GenerateRequest) -> Result<(), ApiError> {
         )
         .with_param(Some("top_k".into())));
     }
+    if let GenerateRequest::Chat(req) = request {
+        validate_parts(&req.messages)?;
+    }
     match request {
         GenerateRequest::Chat(req) if req.messages.is_empty() => Err(ApiError::invalid_request(
             "invalid_value",
@@ -370,6 +451,45 @@ fn validate(request: &GenerateRequest) -> Result<(), ApiError> {
         .with_param(Some("prompt".into()))),
         _ => Ok(()),
     }
+}
+
+/// Every content part must be of a known type and carry the field its type names.
+fn validate_parts(messages: &[ChatMessage]) -> Result<(), ApiError> {
+    for (m, message) in messages.iter().enumerate() {
+        let Some(MessageContent::Parts(parts)) = &message.content else {
+            continue;
+        };
+        for (p, part) in parts.iter().enumerate() {
+            let path = format!("messages[{m}].content[{p}]");
+            let present = match part.part_kind() {
+                None => {
+                    return Err(ApiError::invalid_request(
+                        "unsupported_content_part",
+                        format!(
+                            "content part {p} of message {m} has type `{}`; supported types are text, image_url, input_audio and video_url",
+                            part.kind
+                        ),
+                    )
+                    .with_param(Some(format!("{path}.type"))));
+                }
+                Some(PartKind::Text) => part.text.is_some(),
+                Some(PartKind::Image) => part.image_url.is_some(),
+                Some(PartKind::Audio) => part.input_audio.is_some(),
+                Some(PartKind::Video) => part.video_url.is_some(),
+            };
+            if !present {
+                return Err(ApiError::invalid_request(
+                    "invalid_value",
+                    format!(
+                        "content part {p} of message {m} has type `{0}` but no `{0}` field",
+                        part.kind
+                    ),
+                )
+                .with_param(Some(format!("{path}.{}", part.kind))));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// The OpenAI error object: `{"error": {"message", "type", "param", "code"}}`.
@@ -428,6 +548,11 @@ impl ApiError {
     pub fn with_param(mut self, param: Option<String>) -> ApiError {
         self.body.error.param = param;
         self
+    }
+
+    /// The `param` field: the request field the error is about, if any.
+    pub fn param(&self) -> Option<&str> {
+        self.body.error.param.as_deref()
     }
 
     /// The stable code of this error (used as a metrics label).
@@ -550,6 +675,31 @@ mod tests {
             chat.messages[0].content.as_ref().map(MessageContent::text).as_deref(),
             Some("a\nb")
         );
+    }
+
+    #[test]
+    fn content_parts_of_unknown_or_incomplete_types_are_refused_by_index() {
+        let err = parse_err(
+            Endpoint::Chat,
+            r#"{"model":"m","messages":[{"role":"user","content":"hi"},{"role":"user","content":[{"type":"text","text":"a"},{"type":"file","file":{}}]}]}"#,
+        );
+        assert_eq!(err.code(), "unsupported_content_part");
+        assert_eq!(err.param(), Some("messages[1].content[1].type"));
+        let err = parse_err(
+            Endpoint::Chat,
+            r#"{"model":"m","messages":[{"role":"user","content":[{"type":"input_audio","text":"x"}]}]}"#,
+        );
+        assert_eq!(err.param(), Some("messages[0].content[0].input_audio"));
+        let ok = parse_generate_request(
+            Endpoint::Chat,
+            br#"{"model":"m","messages":[{"role":"user","content":[{"type":"video_url","video_url":{"url":"data:video/mp4;base64,AA=="}},{"type":"text","text":"x \ufffc"}]}]}"#,
+        )
+        .expect("valid");
+        let GenerateRequest::Chat(chat) = ok else {
+            panic!("chat expected")
+        };
+        let content = chat.messages[0].content.as_ref().expect("content");
+        assert_eq!(content.text_with_media_markers(), format!("{MEDIA_MARKER}\nx "));
     }
 
     #[test]

@@ -16,7 +16,7 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use switchyard_protocol::api::{ChatMessage, CompletionRequest, GenerateRequest, Prompt};
+use switchyard_protocol::api::{ChatMessage, CompletionRequest, GenerateRequest, MEDIA_MARKER, MessageContent, Prompt};
 
 /// Why a prompt could not be tokenized, or a tokenizer not loaded.
 #[derive(Debug, thiserror::Error)]
@@ -36,6 +36,66 @@ pub enum TokenizeError {
     /// A chat template could not be loaded, or refused to render the conversation.
     #[error("chat template: {0}")]
     Template(String),
+    /// The rendered prompt does not hold one media marker per media item (a template that
+    /// drops or repeats message content).
+    #[error("the chat template rendered {rendered} media parts where the request has {expected}")]
+    MediaMismatch {
+        /// Media items in the request.
+        expected: usize,
+        /// Markers in the rendered prompt.
+        rendered: usize,
+    },
+}
+
+/// One media item's place in a prompt: how many tokens it spends and the token id that
+/// stands for each of them (the same for every token of the item, derived from its media id,
+/// so equal media hash to equal KV blocks).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MediaSlot {
+    /// The token id repeated over the item's span.
+    pub token: u32,
+    /// The item's tokens.
+    pub tokens: u32,
+}
+
+/// A prompt with its media items in place: the merged token ids and each item's span.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct MediaPrompt {
+    /// Text tokens and media tokens in prompt order.
+    pub tokens: Vec<u32>,
+    /// Each media item's span `[start, end)` in `tokens`, in request order.
+    pub spans: Vec<std::ops::Range<u32>>,
+}
+
+impl MediaPrompt {
+    /// The same prompt with each media span refilled from `slots` (one per span, in order),
+    /// so sizes found after tokenizing (a video's frames, fitted to the text's length) need no
+    /// second tokenization. Spans past the end of `slots` are kept as they are.
+    pub fn with_slots(&self, slots: &[MediaSlot]) -> MediaPrompt {
+        let mut out = MediaPrompt::default();
+        let mut at = 0usize;
+        for (k, span) in self.spans.iter().enumerate() {
+            let (start, end) = (span.start as usize, span.end as usize);
+            out.tokens.extend_from_slice(&self.tokens[at..start]);
+            let new_start = out.tokens.len() as u32;
+            match slots.get(k) {
+                Some(slot) => out.tokens.extend(std::iter::repeat_n(slot.token, slot.tokens as usize)),
+                None => out.tokens.extend_from_slice(&self.tokens[start..end]),
+            }
+            out.spans.push(new_start..out.tokens.len() as u32);
+            at = end;
+        }
+        out.tokens.extend_from_slice(&self.tokens[at..]);
+        out
+    }
+}
+
+/// The token id standing for every token of a media item with this 128-bit media id: the id
+/// folded to 31 bits with the top bit set, above every vocabulary's ids, so a media span never
+/// equals text.
+pub fn media_token(media_id: u128) -> u32 {
+    let folded = (media_id as u64) ^ ((media_id >> 64) as u64);
+    0x8000_0000 | ((folded as u32) ^ ((folded >> 32) as u32)) & 0x7fff_ffff
 }
 
 /// A chat template: how a conversation becomes the prompt text.
@@ -75,20 +135,36 @@ impl ChatTemplate {
     /// [`TokenizeError::Template`] when a Jinja template fails (for instance through its own
     /// `raise_exception`, refusing a conversation it does not accept); simple ones cannot fail.
     pub fn render(&self, messages: &[ChatMessage]) -> Result<String, TokenizeError> {
+        self.render_with(messages, MessageContent::text)
+    }
+
+    /// Renders a conversation with a [`MEDIA_MARKER`] where each media part is, in order.
+    ///
+    /// # Errors
+    ///
+    /// As [`render`](Self::render).
+    pub fn render_with_media_markers(&self, messages: &[ChatMessage]) -> Result<String, TokenizeError> {
+        self.render_with(messages, MessageContent::text_with_media_markers)
+    }
+
+    fn render_with(&self, messages: &[ChatMessage], content: ContentText) -> Result<String, TokenizeError> {
         match self {
             ChatTemplate::Simple {
                 message,
                 generation_prompt,
-            } => Ok(render_simple(message, generation_prompt, messages)),
-            ChatTemplate::Jinja(template) => template.render(messages),
+            } => Ok(render_simple(message, generation_prompt, messages, content)),
+            ChatTemplate::Jinja(template) => template.render_with(messages, content),
         }
     }
 }
 
-fn render_simple(pattern: &str, generation_prompt: &str, messages: &[ChatMessage]) -> String {
+/// How a message's content becomes template text: text only, or with media markers.
+type ContentText = fn(&MessageContent) -> String;
+
+fn render_simple(pattern: &str, generation_prompt: &str, messages: &[ChatMessage], content: ContentText) -> String {
     let mut prompt = String::new();
     for message in messages {
-        let content = message.content.as_ref().map(|c| c.text()).unwrap_or_default();
+        let content = message.content.as_ref().map(content).unwrap_or_default();
         let mut rest = pattern;
         while let Some(open) = rest.find('{') {
             prompt.push_str(&rest[..open]);
@@ -208,6 +284,10 @@ impl JinjaTemplate {
     ///
     /// [`TokenizeError::Template`] when the template fails on it.
     pub fn render(&self, messages: &[ChatMessage]) -> Result<String, TokenizeError> {
+        self.render_with(messages, MessageContent::text)
+    }
+
+    fn render_with(&self, messages: &[ChatMessage], content: ContentText) -> Result<String, TokenizeError> {
         let messages: minijinja::Value = messages
             .iter()
             .map(|message| {
@@ -215,7 +295,7 @@ impl JinjaTemplate {
                     ("role", minijinja::Value::from(message.role.as_str())),
                     (
                         "content",
-                        minijinja::Value::from(message.content.as_ref().map(|c| c.text()).unwrap_or_default()),
+                        minijinja::Value::from(message.content.as_ref().map(content).unwrap_or_default()),
                     ),
                 ])
             })
@@ -379,10 +459,56 @@ impl PromptEncoder {
     }
 }
 
+impl PromptEncoder {
+    /// The prompt of a chat request with its media items in place: the conversation is
+    /// rendered with one marker per media part, the text between markers is tokenized piece by
+    /// piece, and each marker becomes `slots[k].tokens` copies of `slots[k].token`. Gateway
+    /// and workers both build prompts this way, so their token ids and block hashes agree.
+    ///
+    /// # Errors
+    ///
+    /// As [`prompt_tokens`](Self::prompt_tokens), and [`TokenizeError::MediaMismatch`] when the
+    /// template does not render exactly one marker per slot.
+    pub fn prompt_with_media(
+        &self,
+        request: &GenerateRequest,
+        slots: &[MediaSlot],
+    ) -> Result<MediaPrompt, TokenizeError> {
+        let GenerateRequest::Chat(chat) = request else {
+            return Ok(MediaPrompt {
+                tokens: self.prompt_tokens(request)?,
+                spans: Vec::new(),
+            });
+        };
+        let rendered = self.template.render_with_media_markers(&chat.messages)?;
+        let pieces: Vec<&str> = rendered.split(MEDIA_MARKER).collect();
+        if pieces.len() != slots.len() + 1 {
+            return Err(TokenizeError::MediaMismatch {
+                expected: slots.len(),
+                rendered: pieces.len() - 1,
+            });
+        }
+        let mut prompt = MediaPrompt::default();
+        for (k, piece) in pieces.iter().enumerate() {
+            if !piece.is_empty() {
+                prompt.tokens.extend(self.tokenizer.encode(piece)?);
+            }
+            if let Some(slot) = slots.get(k) {
+                let start = prompt.tokens.len() as u32;
+                prompt
+                    .tokens
+                    .extend(std::iter::repeat_n(slot.token, slot.tokens as usize));
+                prompt.spans.push(start..start + slot.tokens);
+            }
+        }
+        Ok(prompt)
+    }
+}
+
 /// Renders a conversation with the default chat template.
 pub fn render_chat(messages: &[ChatMessage]) -> String {
     let (message, generation_prompt) = ("<|{role}|>\n{content}\n", "<|assistant|>\n");
-    render_simple(message, generation_prompt, messages)
+    render_simple(message, generation_prompt, messages, MessageContent::text)
 }
 
 /// Tokenizes text with the byte-level fallback: each UTF-8 byte is one token.
@@ -551,5 +677,65 @@ mod tests {
     #[test]
     fn byte_tokens_are_utf8_bytes() {
         assert_eq!(byte_tokens("hé"), vec![104, 195, 169]);
+    }
+
+    #[test]
+    fn media_items_take_their_spans_in_order() {
+        let body = br#"{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"look \ufffc"},{"type":"image_url","image_url":{"url":"data:,"}},{"type":"text","text":"and"},{"type":"input_audio","input_audio":{"data":"","format":"wav"}}]}]}"#;
+        let request = switchyard_protocol::api::parse_generate_request(switchyard_protocol::api::Endpoint::Chat, body)
+            .expect("valid request");
+        let slots = [
+            MediaSlot {
+                token: media_token(7),
+                tokens: 5,
+            },
+            MediaSlot {
+                token: media_token(9),
+                tokens: 3,
+            },
+        ];
+        let encoder = PromptEncoder::default();
+        let prompt = encoder.prompt_with_media(&request, &slots).expect("renders");
+        assert_eq!(prompt.spans.len(), 2);
+        // Independently: the text-only prompt is what remains once the spans are cut out, and
+        // the merged length is the text length plus the media tokens.
+        let GenerateRequest::Chat(chat) = &request else {
+            unreachable!()
+        };
+        let text_only = encoder
+            .template
+            .render_with_media_markers(&chat.messages)
+            .expect("renders")
+            .replace(MEDIA_MARKER, "");
+        let mut cut = prompt.tokens.clone();
+        for (span, slot) in prompt.spans.iter().zip(&slots).rev() {
+            assert_eq!(span.end - span.start, slot.tokens);
+            assert!(
+                cut[span.start as usize..span.end as usize]
+                    .iter()
+                    .all(|&t| t == slot.token)
+            );
+            cut.drain(span.start as usize..span.end as usize);
+        }
+        assert_eq!(cut, byte_tokens(&text_only));
+        assert_eq!(prompt.tokens.len(), byte_tokens(&text_only).len() + 8);
+        assert!(prompt.spans[0].end <= prompt.spans[1].start);
+        assert!(media_token(7) >= 0x8000_0000 && media_token(7) != media_token(9));
+        let refilled = prompt.with_slots(&[slots[0], MediaSlot { token: 1, tokens: 10 }]);
+        assert_eq!(refilled.tokens.len(), prompt.tokens.len() + 7);
+        assert_eq!(refilled.spans[0], prompt.spans[0]);
+        assert_eq!(refilled.spans[1].end - refilled.spans[1].start, 10);
+        assert_eq!(
+            refilled.tokens[refilled.spans[1].end as usize..],
+            prompt.tokens[prompt.spans[1].end as usize..]
+        );
+        let too_few = encoder.prompt_with_media(&request, &slots[..1]);
+        assert!(matches!(
+            too_few,
+            Err(TokenizeError::MediaMismatch {
+                expected: 1,
+                rendered: 2
+            })
+        ));
     }
 }

@@ -88,6 +88,60 @@ pub struct Config {
     /// KV-aware routing: event transports, replicas, adapters.
     #[serde(default)]
     pub kv: KvConfig,
+    /// Media in requests: where it may come from and how large it may be.
+    #[serde(default)]
+    pub media: MediaConfig,
+}
+
+/// `[media]`: limits on the media parts of chat requests (images, audio, video), checked from
+/// their headers before any worker is involved.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct MediaConfig {
+    /// Fetch `http(s)` media URLs. Off by default: only `data:` URLs are accepted.
+    pub fetch: bool,
+    /// Hosts media may be fetched from when `fetch` is on (empty: none).
+    pub allow_hosts: Vec<String>,
+    /// Fetch from private, loopback and link-local addresses too.
+    pub allow_private: bool,
+    /// Largest media item, in bytes (after base64 decoding).
+    pub max_bytes: usize,
+    /// Largest image or video frame, in pixels.
+    pub max_pixels: u64,
+    /// Longest audio or video, in seconds.
+    pub max_duration_s: f64,
+    /// Most media items in one request.
+    pub max_items: usize,
+    /// How long one URL fetch may take.
+    pub fetch_timeout_ms: u64,
+}
+
+impl Default for MediaConfig {
+    fn default() -> MediaConfig {
+        let limits = switchyard_media::MediaLimits::default();
+        MediaConfig {
+            fetch: false,
+            allow_hosts: Vec::new(),
+            allow_private: false,
+            max_bytes: limits.max_bytes,
+            max_pixels: limits.max_pixels,
+            max_duration_s: limits.max_duration_s,
+            max_items: 16,
+            fetch_timeout_ms: 5_000,
+        }
+    }
+}
+
+impl MediaConfig {
+    /// The header limits these settings give.
+    pub fn limits(&self) -> switchyard_media::MediaLimits {
+        switchyard_media::MediaLimits {
+            max_bytes: self.max_bytes,
+            max_pixels: self.max_pixels,
+            max_duration_s: self.max_duration_s,
+            ..switchyard_media::MediaLimits::default()
+        }
+    }
 }
 
 /// `[[models]]`: how a model's prompts are tokenized and cut into KV blocks.
@@ -111,6 +165,13 @@ pub struct ModelConfig {
     /// A LoRA adapter name that salts the model's block hashes.
     #[serde(default)]
     pub lora: Option<String>,
+    /// The model's context length: prompt, media and answer together.
+    #[serde(default = "default_max_model_len")]
+    pub max_model_len: u32,
+    /// How the model turns media into tokens (`[models.media]`: patch size, merge factor,
+    /// frame sampling, budgets; see `switchyard_media::ModelMedia`).
+    #[serde(default)]
+    pub media: switchyard_media::ModelMedia,
 }
 
 /// `[models.chat_template]`: `message` with `{role}` and `{content}`, then `generation_prompt`;
@@ -391,6 +452,15 @@ fn default_block_size() -> usize {
     64
 }
 
+fn default_max_model_len() -> u32 {
+    ModelConfig::DEFAULT_MAX_MODEL_LEN
+}
+
+impl ModelConfig {
+    /// The context length of a model without `max_model_len`.
+    pub const DEFAULT_MAX_MODEL_LEN: u32 = 32_768;
+}
+
 fn default_capabilities() -> Vec<String> {
     vec!["text".into()]
 }
@@ -601,6 +671,27 @@ impl Config {
                 "no workers configured: add `[[workers]]` entries, `[embedded_mockers] count = N`, or, for workers that register themselves, `[kv] nats_url` or `[admin]`".into(),
             ));
         }
+        let media = &self.media;
+        if media.fetch {
+            return Err(invalid(
+                "media.fetch",
+                "fetching media from http(s) URLs is not implemented yet; leave `fetch` off and send media as data: URLs".into(),
+            ));
+        }
+        for (key, zero) in [
+            ("media.max_bytes", media.max_bytes == 0),
+            ("media.max_pixels", media.max_pixels == 0),
+            ("media.max_items", media.max_items == 0),
+            ("media.fetch_timeout_ms", media.fetch_timeout_ms == 0),
+            (
+                "media.max_duration_s",
+                !media.max_duration_s.is_finite() || media.max_duration_s <= 0.0,
+            ),
+        ] {
+            if zero {
+                return Err(invalid(key, "must be greater than 0".into()));
+            }
+        }
         let mut models = std::collections::HashSet::new();
         for (index, model) in self.models.iter().enumerate() {
             let key = |field: &str| format!("models[{index}].{field}");
@@ -612,6 +703,12 @@ impl Config {
             }
             if model.block_size == 0 {
                 return Err(invalid(&key("block_size"), "must be greater than 0".into()));
+            }
+            if model.max_model_len == 0 {
+                return Err(invalid(&key("max_model_len"), "must be greater than 0".into()));
+            }
+            if let Err(err) = model.media.validate() {
+                return Err(invalid(&key("media"), err.to_string()));
             }
             if let Some(path) = &model.tokenizer
                 && !path.is_file()

@@ -30,7 +30,9 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use serde::{Deserialize, Serialize};
 use switchyard_protocol::api::GenerateRequest;
 use switchyard_protocol::block_hash::block_hashes_for;
-use switchyard_tokenize::{ChatTemplate, JinjaTemplate, PromptEncoder, TokenizeError, Tokenizer};
+use switchyard_tokenize::{
+    ChatTemplate, JinjaTemplate, MediaPrompt, MediaSlot, PromptEncoder, TokenizeError, Tokenizer,
+};
 use tokio::sync::mpsc;
 
 use crate::config::{ChatTemplateConfig, Config, ModelConfig};
@@ -48,6 +50,22 @@ pub struct ModelKv {
     pub block_size: usize,
     /// LoRA adapter salting the hashes.
     pub lora: Option<String>,
+}
+
+impl ModelKv {
+    /// Hashes prompt tokens into the sequence hashes of their full blocks.
+    pub fn blocks(&self, tokens: &[u32]) -> PromptBlocks {
+        let block_size = self.block_size.max(1);
+        let hashes = block_hashes_for(tokens, block_size, self.lora.as_deref())
+            .into_iter()
+            .map(|h| h.sequence)
+            .collect();
+        PromptBlocks {
+            tokens: tokens.len(),
+            hashes,
+            block_size,
+        }
+    }
 }
 
 /// A prompt, tokenized and hashed.
@@ -353,16 +371,25 @@ impl KvState {
     ) -> Result<PromptBlocks, TokenizeError> {
         let settings = self.model_or(model, fallback_block_size);
         let tokens = settings.encoder.prompt_tokens(request)?;
-        let block_size = settings.block_size.max(1);
-        let hashes = block_hashes_for(&tokens, block_size, settings.lora.as_deref())
-            .into_iter()
-            .map(|h| h.sequence)
-            .collect();
-        Ok(PromptBlocks {
-            tokens: tokens.len(),
-            hashes,
-            block_size,
-        })
+        Ok(settings.blocks(&tokens))
+    }
+
+    /// Tokenizes a chat request's prompt for `model` with its media items in place (see
+    /// [`PromptEncoder::prompt_with_media`]), and the model's settings to hash it with
+    /// ([`ModelKv::blocks`]).
+    ///
+    /// # Errors
+    ///
+    /// Returns [`TokenizeError`] if the model tokenizer fails or its template drops media.
+    pub fn prompt_with_media(
+        &self,
+        model: &str,
+        fallback_block_size: impl FnOnce() -> usize,
+        request: &GenerateRequest,
+        slots: &[MediaSlot],
+    ) -> Result<(MediaPrompt, Arc<ModelKv>), TokenizeError> {
+        let settings = self.model_or(model, fallback_block_size);
+        Ok((settings.encoder.prompt_with_media(request, slots)?, settings))
     }
 
     /// The overlap of every worker with `hashes`, sorted by worker id.

@@ -27,6 +27,9 @@ pub struct Metrics {
     worker_in_flight: Family<Labels, Gauge>,
     worker_healthy: Family<Labels, Gauge>,
     retries: Counter,
+    media_items: Family<Labels, Counter>,
+    media_tokens: Family<Labels, Counter>,
+    media_text_only: Family<Labels, Counter>,
 }
 
 fn latency_histogram() -> Histogram {
@@ -47,6 +50,24 @@ impl Metrics {
         let worker_in_flight = Family::<Labels, Gauge>::default();
         let worker_healthy = Family::<Labels, Gauge>::default();
         let retries = Counter::default();
+        let media_items = Family::<Labels, Counter>::default();
+        let media_tokens = Family::<Labels, Counter>::default();
+        let media_text_only = Family::<Labels, Counter>::default();
+        registry.register(
+            "media_items",
+            "Media items accepted in requests, by kind (image, audio, video)",
+            media_items.clone(),
+        );
+        registry.register(
+            "media_tokens",
+            "Estimated model tokens of accepted media items, by kind",
+            media_tokens.clone(),
+        );
+        registry.register(
+            "media_text_only",
+            "Requests with media answered text-only (media left out, flagged in x-switchyard-media), by reason",
+            media_text_only.clone(),
+        );
         registry.register(
             "requests",
             "Client requests answered, by endpoint and status",
@@ -91,7 +112,24 @@ impl Metrics {
             worker_in_flight,
             worker_healthy,
             retries,
+            media_items,
+            media_tokens,
+            media_text_only,
         }
+    }
+
+    /// Counts one accepted media item of `kind` and its estimated tokens.
+    pub fn media_item(&self, kind: &str, tokens: u32) {
+        let labels = vec![("kind", kind.to_string())];
+        self.media_items.get_or_create(&labels).inc();
+        self.media_tokens.get_or_create(&labels).inc_by(u64::from(tokens));
+    }
+
+    /// Counts one request with media answered text-only, and why.
+    pub fn media_text_only(&self, reason: &str) {
+        self.media_text_only
+            .get_or_create(&vec![("reason", reason.to_string())])
+            .inc();
     }
 
     /// Counts one answered request.

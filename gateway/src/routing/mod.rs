@@ -36,6 +36,8 @@ pub struct Request<'a> {
     pub prompt: &'a PromptBlocks,
     /// The most tokens it may generate, if the client said.
     pub max_tokens: Option<u32>,
+    /// Estimated tokens of its media items (images, audio, video), included in `prompt`.
+    pub media_tokens: u32,
     /// Hash of its affinity key (the split rollout's header), 0 when absent.
     pub affinity: u64,
 }
@@ -112,7 +114,7 @@ impl Router {
             prompt_tokens: u32::try_from(request.prompt.tokens).unwrap_or(u32::MAX),
             max_tokens: request.max_tokens.unwrap_or(0),
             prompt_blocks: u32::try_from(request.prompt.hashes.len()).unwrap_or(u32::MAX),
-            media_tokens: 0,
+            media_tokens: request.media_tokens,
             affinity: request.affinity,
             ttft_target_ms: 0.0,
         };

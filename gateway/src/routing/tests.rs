@@ -100,6 +100,7 @@ fn request(prompt: &PromptBlocks, id: u64) -> Request<'_> {
         model: "m",
         prompt,
         max_tokens: Some(16),
+        media_tokens: 0,
         affinity: 0,
     }
 }

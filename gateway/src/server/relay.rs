@@ -22,6 +22,10 @@ use hyper::body::Incoming;
 use switchyard_protocol::api::{self, ApiError, Endpoint};
 use switchyard_protocol::respond::{self, Body};
 
+use switchyard_tokenize::{MediaSlot, media_token};
+
+use crate::kv::PromptBlocks;
+use crate::media;
 use crate::metrics::Metrics;
 use crate::routing::{self, Lease};
 use crate::state::AppState;
@@ -35,6 +39,56 @@ pub const WORKER_HEADER: &str = "x-switchyard-worker";
 
 /// Header naming the policy version (or fallback) that chose the worker.
 pub const POLICY_HEADER: &str = "x-switchyard-policy";
+
+/// Header saying how a request's media was served (`text-only; reason=...` when it was left
+/// out of the answer).
+pub const MEDIA_HEADER: &str = "x-switchyard-media";
+
+/// The prompt of a request with media: tokenized with a span per media item, videos sized to
+/// the room the text leaves, then hashed. The outer error is the client's (bad media, no room
+/// in the context); the inner one a tokenizer failure.
+fn media_prompt(
+    state: &AppState,
+    parsed: &api::GenerateRequest,
+    limits: &media::ModelLimits,
+    items: &mut [media::MediaItem],
+    fallback_block_size: impl FnOnce() -> usize,
+) -> Result<PromptBlocks, Result<ApiError, switchyard_tokenize::TokenizeError>> {
+    let slots = |items: &[media::MediaItem]| -> Vec<MediaSlot> {
+        items
+            .iter()
+            .map(|item| MediaSlot {
+                token: media_token(item.id().0),
+                tokens: item.tokens,
+            })
+            .collect()
+    };
+    let (layout, settings) = state
+        .router
+        .kv()
+        .prompt_with_media(parsed.model(), fallback_block_size, parsed, &slots(items))
+        .map_err(Err)?;
+    let sized: u32 = items.iter().map(|item| item.tokens).sum();
+    let text_tokens = u32::try_from(layout.tokens.len())
+        .unwrap_or(u32::MAX)
+        .saturating_sub(sized);
+    let max_tokens = parsed.token_limit().unwrap_or(0);
+    media::size_videos(items, &limits.media, limits.max_model_len, text_tokens, max_tokens).map_err(Ok)?;
+    let layout = layout.with_slots(&slots(items));
+    let total = u64::from(text_tokens) + items.iter().map(|item| u64::from(item.tokens)).sum::<u64>();
+    if total + u64::from(max_tokens) > u64::from(limits.max_model_len) {
+        return Err(Ok(ApiError::invalid_request(
+            "context_length_exceeded",
+            format!(
+                "the prompt needs {total} tokens ({text_tokens} text, {} media) and max_tokens {max_tokens}, more than the model's {} token context",
+                total - u64::from(text_tokens),
+                limits.max_model_len
+            ),
+        )
+        .with_param(Some("messages".into()))));
+    }
+    Ok(settings.blocks(&layout.tokens))
+}
 
 /// Validates a generation request, forwards it, and relays the answer.
 pub(crate) async fn generate(
@@ -63,17 +117,29 @@ pub(crate) async fn generate(
     }
     let stream = parsed.is_stream();
     let fallback_block_size = || pool.candidates(model, &[]).first().map_or(64, |w| w.block_size);
-    let prompt = router
-        .kv()
-        .prompt_blocks(model, fallback_block_size, &parsed)
-        .map_err(|err| {
-            ApiError::new(
-                StatusCode::BAD_REQUEST,
-                "invalid_request_error",
-                "tokenization_failed",
-                err.to_string(),
-            )
-        })?;
+    let tokenization_failed = |err: switchyard_tokenize::TokenizeError| {
+        ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_request_error",
+            "tokenization_failed",
+            err.to_string(),
+        )
+    };
+    let model_limits = state.media.model(model);
+    let mut media_items = media::inspect(&parsed, &state.media.config, &state.media.limits, &model_limits.media)?;
+    let prompt = if media_items.is_empty() {
+        router
+            .kv()
+            .prompt_blocks(model, fallback_block_size, &parsed)
+            .map_err(tokenization_failed)?
+    } else {
+        media_prompt(state, &parsed, &model_limits, &mut media_items, fallback_block_size)
+            .map_err(|err| err.unwrap_or_else(tokenization_failed))?
+    };
+    let media_tokens = media_items.iter().map(|item| item.tokens).sum::<u32>();
+    for item in &media_items {
+        state.metrics.media_item(media::kind_label(item.info.kind), item.tokens);
+    }
     let id = router.next_request_id();
     let affinity = router.affinity(|header| parts.headers.get(header).map(|value| value.as_bytes().to_vec()));
     let mut attempts = router.attempts(routing::Request {
@@ -81,6 +147,7 @@ pub(crate) async fn generate(
         model,
         prompt: &prompt,
         max_tokens: parsed.token_limit(),
+        media_tokens,
         affinity,
     });
     let mut last_failure: Option<String> = None;
@@ -104,7 +171,17 @@ pub(crate) async fn generate(
                 }
                 let policy_label = lease.routed().label();
                 let response = finish(state, endpoint, response, lease, started, stream).await;
-                return Ok(with_routing_headers(response, &worker.name, policy_label));
+                let mut response = with_routing_headers(response, &worker.name, policy_label);
+                if !media_items.is_empty() {
+                    // No encoder pool serves media yet: the worker answers from the text alone.
+                    // Say so, never silently.
+                    state.metrics.media_text_only(media::TEXT_ONLY_NO_ENCODER);
+                    response.headers_mut().insert(
+                        MEDIA_HEADER,
+                        HeaderValue::from_static(media::TEXT_ONLY_NO_ENCODER_HEADER),
+                    );
+                }
+                return Ok(response);
             }
             Attempt::Failed(reason) => {
                 tracing::warn!(worker = %worker.name, %reason, "worker failed before its first byte");

@@ -1,0 +1,186 @@
+//! Media in the OpenAI API through a TLS gateway: image, audio and video parts are read from
+//! their headers, sized in tokens under the model's `[models.media]` settings, and routed;
+//! bad media is a 400 naming the content part, and never reaches a worker.
+//!
+//! No encoder pool exists yet, so a request with media is answered from its text alone and says
+//! so in `x-switchyard-media` and `switchyard_media_text_only_total`.
+
+use serde_json::{Value, json};
+use switchyard_e2e::{Alpn, Client, Gateway, TestCa, metric_sum};
+use switchyard_media::fixtures;
+
+fn chat_with_parts(parts: Value, max_tokens: u32, stream: bool) -> Value {
+    json!({
+        "model": "mock",
+        "messages": [{"role": "user", "content": parts}],
+        "max_tokens": max_tokens,
+        "stream": stream,
+    })
+}
+
+fn image_part(url: String) -> Value {
+    json!({"type": "image_url", "image_url": {"url": url}})
+}
+
+fn video_part(url: String) -> Value {
+    json!({"type": "video_url", "video_url": {"url": url}})
+}
+
+fn audio_part(data: String, format: &str) -> Value {
+    json!({"type": "input_audio", "input_audio": {"data": data, "format": format}})
+}
+
+fn text_part(text: &str) -> Value {
+    json!({"type": "text", "text": text})
+}
+
+fn mp4(seconds: u32, fps: f64) -> Vec<u8> {
+    fixtures::Mp4Video {
+        width: 336,
+        height: 336,
+        frames: (f64::from(seconds) * fps) as u32,
+        fps,
+        ..fixtures::Mp4Video::default()
+    }
+    .build()
+}
+
+/// Asserts a 400 whose `param` names the part and whose message says `why`.
+fn assert_part_error(reply: &switchyard_e2e::Reply, param: &str, why: &str) {
+    let body: Value = serde_json::from_slice(&reply.body()).unwrap_or(Value::Null);
+    assert_eq!(reply.status.as_u16(), 400, "{body}");
+    assert_eq!(body["error"]["param"], param, "{body}");
+    let message = body["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains(why), "`{why}` not in: {body}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn media_is_sized_from_headers_and_bad_media_is_refused_by_part() -> anyhow::Result<()> {
+    let ca = TestCa::new()?;
+    let config = format!(
+        "mode = \"production\"\n{}\n[embedded_mockers]\ncount = 2\nspeedup = 1000.0\n\
+         [[models]]\nname = \"mock\"\nmax_model_len = 16384\n[models.media]\nmax_visual_tokens = 8192\n",
+        ca.tls_toml()
+    );
+    let gateway = Gateway::start(&config)?;
+    let client = Client::tls(gateway.addr, &ca.ca_der, Alpn::H2, None)?;
+    let png = fixtures::data_url("image/png", &fixtures::png(640, 480));
+
+    // An image, an audio clip and a video, whole and streamed: answered, flagged text-only.
+    let requests = [
+        json!([text_part("what is this?"), image_part(png.clone())]),
+        json!([
+            audio_part(fixtures::base64(&fixtures::wav(16_000, 1, 2.0)), "wav"),
+            text_part("transcribe")
+        ]),
+        json!([
+            text_part("describe"),
+            video_part(fixtures::data_url("video/mp4", &mp4(10, 30.0)))
+        ]),
+    ];
+    for parts in &requests {
+        for stream in [false, true] {
+            let reply = client
+                .post_json("/v1/chat/completions", &chat_with_parts(parts.clone(), 4, stream))
+                .await?;
+            assert_eq!(reply.status, 200, "{}", String::from_utf8_lossy(&reply.body()));
+            assert_eq!(reply.headers["x-switchyard-media"], "text-only; reason=no-encoder");
+            if stream {
+                assert!(reply.events().iter().any(|(_, data)| data == "[DONE]"));
+            } else {
+                assert!(reply.json()?["choices"][0]["message"]["content"].is_string());
+            }
+        }
+    }
+    let metrics = String::from_utf8(client.send("GET", "/metrics", "").await?.body())?;
+    let tokens = |kind: &str| {
+        metric_sum(
+            &metrics,
+            "switchyard_media_tokens_total",
+            &[&format!("kind=\"{kind}\"")],
+        )
+    };
+    // Fixed 336-pixel resolution, 14-pixel patches: 576 tokens an image, twice.
+    assert_eq!(tokens("image"), 2.0 * 576.0, "{metrics}");
+    // 2 s at 25 tokens a second, twice.
+    assert_eq!(tokens("audio"), 2.0 * 50.0, "{metrics}");
+    // 10 s at 30 fps sampled at 2 fps: 20 frames, pooled in pairs: 10 × 576, twice.
+    assert_eq!(tokens("video"), 2.0 * 10.0 * 576.0, "{metrics}");
+    assert_eq!(
+        metric_sum(&metrics, "switchyard_media_text_only_total", &["reason=\"no_encoder\""]),
+        6.0
+    );
+
+    // Bad media: a 400 naming the part, before any worker is asked.
+    let png_bytes = fixtures::png(64, 64);
+    let truncated = fixtures::data_url("image/png", &png_bytes[..png_bytes.len() - 20]);
+    let reply = client
+        .post_json(
+            "/v1/chat/completions",
+            &chat_with_parts(json!([text_part("a"), image_part(truncated)]), 4, false),
+        )
+        .await?;
+    assert_part_error(&reply, "messages[0].content[1]", "truncated PNG");
+
+    let reply = client
+        .post_json(
+            "/v1/chat/completions",
+            &chat_with_parts(
+                json!([image_part("data:image/png;base64,@@not base64@@".into())]),
+                4,
+                false,
+            ),
+        )
+        .await?;
+    assert_part_error(&reply, "messages[0].content[0]", "base64");
+
+    let reply = client
+        .post_json(
+            "/v1/chat/completions",
+            &chat_with_parts(json!([image_part("https://example.com/cat.png".into())]), 4, false),
+        )
+        .await?;
+    assert_part_error(&reply, "messages[0].content[0]", "fetch");
+
+    let reply = client
+        .post_json(
+            "/v1/chat/completions",
+            &chat_with_parts(
+                json!([
+                    text_part("x"),
+                    text_part("y"),
+                    audio_part(fixtures::base64(&fixtures::wav(16_000, 1, 1.0)), "mp3")
+                ]),
+                4,
+                false,
+            ),
+        )
+        .await?;
+    assert_part_error(&reply, "messages[0].content[2]", "mp3");
+
+    // A video when text and answer already fill the context: no room, a 400.
+    let video = fixtures::data_url("video/mp4", &mp4(4, 30.0));
+    let reply = client
+        .post_json(
+            "/v1/chat/completions",
+            &chat_with_parts(json!([video_part(video.clone())]), 16_384, false),
+        )
+        .await?;
+    assert_part_error(&reply, "messages", "no room");
+    // The same video with room for its frames is served.
+    let reply = client
+        .post_json(
+            "/v1/chat/completions",
+            &chat_with_parts(json!([video_part(video)]), 4, false),
+        )
+        .await?;
+    assert_eq!(reply.status, 200);
+
+    let metrics = String::from_utf8(client.send("GET", "/metrics", "").await?.body())?;
+    assert_eq!(
+        metric_sum(&metrics, "switchyard_media_text_only_total", &[]),
+        7.0,
+        "refused media never reached a worker: {metrics}"
+    );
+    Ok(())
+}
