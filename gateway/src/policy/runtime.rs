@@ -210,7 +210,21 @@ impl PolicyRuntime {
         // The self-test table holds what a live one would: the declared and the fallback's columns.
         let table = table::synthetic(8).select(policy.columns | table::fallback_columns());
         let request = table::synthetic_request();
-        let decision = instance.route(&request, &table)?.worker;
+        // The self-test checks the answer, not the speed: every live call has the deadline. A
+        // first call on a loaded machine can be preempted or page-fault past a 1 ms deadline,
+        // so an interrupted self-test is tried again on a fresh instance; a policy interrupted
+        // on every try is refused as a runaway.
+        let mut interrupted = 0;
+        let decision = loop {
+            match instance.route(&request, &table) {
+                Err(PolicyError::Trap(message)) if message.contains("interrupt") && interrupted < 2 => {
+                    interrupted += 1;
+                    tracing::debug!(policy = name, interrupted, "self-test interrupted; trying again");
+                    instance = policy.instantiate()?;
+                }
+                answer => break answer?.worker,
+            }
+        };
         if decision as usize >= table.len() {
             return Err(PolicyError::Invalid(format!(
                 "self-test answered worker {decision} of {}",
