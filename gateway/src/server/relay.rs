@@ -45,15 +45,14 @@ pub const POLICY_HEADER: &str = "x-switchyard-policy";
 pub const MEDIA_HEADER: &str = "x-switchyard-media";
 
 /// The prompt of a request with media: tokenized with a span per media item, videos sized to
-/// the room the text leaves, then hashed. The outer error is the client's (bad media, no room
-/// in the context); the inner one a tokenizer failure.
+/// the room the text leaves, then hashed.
 fn media_prompt(
     state: &AppState,
     parsed: &api::GenerateRequest,
     limits: &media::ModelLimits,
     items: &mut [media::MediaItem],
     fallback_block_size: impl FnOnce() -> usize,
-) -> Result<PromptBlocks, Result<ApiError, switchyard_tokenize::TokenizeError>> {
+) -> Result<PromptBlocks, ApiError> {
     let slots = |items: &[media::MediaItem]| -> Vec<MediaSlot> {
         items
             .iter()
@@ -67,17 +66,17 @@ fn media_prompt(
         .router
         .kv()
         .prompt_with_media(parsed.model(), fallback_block_size, parsed, &slots(items))
-        .map_err(Err)?;
+        .map_err(tokenization_failed)?;
     let sized: u32 = items.iter().map(|item| item.tokens).sum();
     let text_tokens = u32::try_from(layout.tokens.len())
         .unwrap_or(u32::MAX)
         .saturating_sub(sized);
     let max_tokens = parsed.token_limit().unwrap_or(0);
-    media::size_videos(items, &limits.media, limits.max_model_len, text_tokens, max_tokens).map_err(Ok)?;
+    media::size_videos(items, &limits.media, limits.max_model_len, text_tokens, max_tokens)?;
     let layout = layout.with_slots(&slots(items));
     let total = u64::from(text_tokens) + items.iter().map(|item| u64::from(item.tokens)).sum::<u64>();
     if total + u64::from(max_tokens) > u64::from(limits.max_model_len) {
-        return Err(Ok(ApiError::invalid_request(
+        return Err(ApiError::invalid_request(
             "context_length_exceeded",
             format!(
                 "the prompt needs {total} tokens ({text_tokens} text, {} media) and max_tokens {max_tokens}, more than the model's {} token context",
@@ -85,9 +84,19 @@ fn media_prompt(
                 limits.max_model_len
             ),
         )
-        .with_param(Some("messages".into()))));
+        .with_param(Some("messages".into())));
     }
     Ok(settings.blocks(&layout.tokens))
+}
+
+/// The client error for a prompt the model's tokenizer or template cannot take.
+fn tokenization_failed(err: switchyard_tokenize::TokenizeError) -> ApiError {
+    ApiError::new(
+        StatusCode::BAD_REQUEST,
+        "invalid_request_error",
+        "tokenization_failed",
+        err.to_string(),
+    )
 }
 
 /// Validates a generation request, forwards it, and relays the answer.
@@ -117,14 +126,6 @@ pub(crate) async fn generate(
     }
     let stream = parsed.is_stream();
     let fallback_block_size = || pool.candidates(model, &[]).first().map_or(64, |w| w.block_size);
-    let tokenization_failed = |err: switchyard_tokenize::TokenizeError| {
-        ApiError::new(
-            StatusCode::BAD_REQUEST,
-            "invalid_request_error",
-            "tokenization_failed",
-            err.to_string(),
-        )
-    };
     let model_limits = state.media.model(model);
     let mut media_items = media::inspect(&parsed, &state.media.config, &state.media.limits, &model_limits.media)?;
     let prompt = if media_items.is_empty() {
@@ -133,8 +134,7 @@ pub(crate) async fn generate(
             .prompt_blocks(model, fallback_block_size, &parsed)
             .map_err(tokenization_failed)?
     } else {
-        media_prompt(state, &parsed, &model_limits, &mut media_items, fallback_block_size)
-            .map_err(|err| err.unwrap_or_else(tokenization_failed))?
+        media_prompt(state, &parsed, &model_limits, &mut media_items, fallback_block_size)?
     };
     let media_tokens = media_items.iter().map(|item| item.tokens).sum::<u32>();
     for item in &media_items {
