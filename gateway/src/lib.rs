@@ -17,6 +17,7 @@
 
 mod admin;
 mod config;
+mod encoders;
 mod events;
 mod kv;
 mod media;
@@ -118,7 +119,7 @@ pub struct Gateway {
     state: Arc<AppState>,
     tasks: Vec<JoinHandle<()>>,
     #[cfg(feature = "embedded-mockers")]
-    mockers: Vec<switchyard_workers::mocker::WorkerServer>,
+    mockers: workers::embedded::EmbeddedFleet,
 }
 
 impl Gateway {
@@ -147,7 +148,7 @@ impl Gateway {
             tracing::info!(fingerprint = %tls.fingerprint, self_signed = tls.self_signed, "TLS certificate (SHA-256)");
         }
         #[cfg(feature = "embedded-mockers")]
-        let mut mockers = Vec::new();
+        let mut mockers = workers::embedded::EmbeddedFleet::default();
         #[cfg(feature = "embedded-mockers")]
         if let Some(embedded) = config.embedded_mockers.as_ref().filter(|m| m.count > 0) {
             let (fleet, entries) = workers::embedded::start(embedded).await.map_err(Error::Mockers)?;
@@ -172,9 +173,11 @@ impl Gateway {
         let mut metrics = Metrics::new();
         switch.register_metrics(metrics.registry_mut());
         kv.metrics.register(metrics.registry_mut());
+        let encoder_metrics = Arc::new(encoders::EncoderMetrics::new());
+        encoder_metrics.register(metrics.registry_mut());
         let metrics = Arc::new(metrics);
         let pool = Arc::new(WorkerPool::new(&config.workers, metrics.clone())?);
-        for worker in pool.workers().iter() {
+        for worker in pool.workers().iter().filter(|w| w.role == config::Role::Llm) {
             kv.check_block_size(&worker.name, &worker.model, worker.block_size);
         }
         let (inbound, applier) = events::applier::spawn(
@@ -190,14 +193,7 @@ impl Gateway {
         #[allow(unused_mut, reason = "only embedded mockers add tasks here")]
         let mut tasks = vec![applier];
         #[cfg(feature = "embedded-mockers")]
-        tasks.extend(events::bus::connect(
-            mockers
-                .iter()
-                .enumerate()
-                .map(|(index, mocker)| (workers::embedded::name(index), mocker.engine().clone()))
-                .collect(),
-            inbound.clone(),
-        ));
+        tasks.extend(events::bus::connect(mockers.event_sources(), inbound.clone()));
         let client = WorkerClient::new(&config.forwarding);
         let listener = TcpListener::bind(config.server.listen)
             .await
@@ -281,9 +277,16 @@ impl Gateway {
             server: config.server.clone(),
             forwarding: config.forwarding.clone(),
             router,
-            client,
+            client: client.clone(),
             metrics,
             media: media::MediaSettings::from_config(&config),
+            encoders: Arc::new(encoders::Encoders::new(
+                config.encoders.clone(),
+                client,
+                pool.clone(),
+                kv.clone(),
+                encoder_metrics,
+            )),
         });
         let accept = tokio::spawn(server::conn::accept_loop(listener, tls.clone(), state.clone()));
         Ok(Gateway {
@@ -306,17 +309,21 @@ impl Gateway {
         self.addr
     }
 
-    /// The name and loopback address of each embedded mocker, in pool order (their own
+    /// The name and loopback address of each embedded mocker engine, in pool order (their own
     /// `/metrics` show engine internals such as preemptions and KV usage).
     pub fn embedded_mockers(&self) -> Vec<(String, SocketAddr)> {
         #[cfg(not(feature = "embedded-mockers"))]
         return Vec::new();
         #[cfg(feature = "embedded-mockers")]
-        self.mockers
-            .iter()
-            .enumerate()
-            .map(|(index, mocker)| (workers::embedded::name(index), mocker.addr()))
-            .collect()
+        self.mockers.engine_addresses()
+    }
+
+    /// The name and loopback address of each embedded mocker encoder.
+    pub fn embedded_encoders(&self) -> Vec<(String, SocketAddr)> {
+        #[cfg(not(feature = "embedded-mockers"))]
+        return Vec::new();
+        #[cfg(feature = "embedded-mockers")]
+        self.mockers.encoder_addresses()
     }
 
     /// The address of the admin listener, if the admin API is configured.
@@ -348,7 +355,18 @@ impl Gateway {
 
     /// How many workers are in the pool now.
     pub fn worker_count(&self) -> usize {
-        self.state.router.pool().workers().len()
+        self.state
+            .router
+            .pool()
+            .workers()
+            .iter()
+            .filter(|w| w.role == config::Role::Llm)
+            .count()
+    }
+
+    /// The number of encoder workers (vision and audio) in the pool now.
+    pub fn encoder_count(&self) -> usize {
+        self.state.router.pool().workers().len() - self.worker_count()
     }
 }
 

@@ -174,21 +174,28 @@ fn start(args: Args) -> anyhow::Result<()> {
     runtime.block_on(run(config))
 }
 
+/// A 1×1 PNG as a data URL, for the example request with an image.
+const TINY_PNG: &str = "data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg==";
+
 async fn run(config: Config) -> anyhow::Result<()> {
     let gateway = Gateway::start(config).await?;
     let url = gateway.url();
     let models = gateway.models();
     let model = models.first().cloned().unwrap_or_else(|| "mock".into());
     println!(
-        "switchyard listening on {url} (models: {}; {} workers)",
+        "switchyard listening on {url} (models: {}; {} workers, {} encoders)",
         models.join(", "),
-        gateway.worker_count()
+        gateway.worker_count(),
+        gateway.encoder_count()
     );
     if let Some(fingerprint) = gateway.fingerprint() {
         println!("certificate SHA-256: {fingerprint}");
     }
     for (name, addr) in gateway.embedded_mockers() {
         println!("embedded mocker {name} at http://{addr}");
+    }
+    for (name, addr) in gateway.embedded_encoders() {
+        println!("embedded encoder {name} at http://{addr}");
     }
     if let (Some(admin), Some(token)) = (gateway.admin_addr(), gateway.admin_token()) {
         println!("admin API listening on http://{admin} (token {token})");
@@ -198,6 +205,11 @@ async fn run(config: Config) -> anyhow::Result<()> {
     println!(
         "try: curl -N {insecure}{url}/v1/chat/completions -H 'content-type: application/json' -d '{{\"model\":\"{model}\",\"messages\":[{{\"role\":\"user\",\"content\":\"hi\"}}],\"stream\":true}}'"
     );
+    if gateway.encoder_count() > 0 {
+        println!(
+            "try an image: curl {insecure}{url}/v1/chat/completions -H 'content-type: application/json' -d '{{\"model\":\"{model}\",\"messages\":[{{\"role\":\"user\",\"content\":[{{\"type\":\"text\",\"text\":\"what is this?\"}},{{\"type\":\"image_url\",\"image_url\":{{\"url\":\"{TINY_PNG}\"}}}}]}}]}}'"
+        );
+    }
     shutdown_signal().await?;
     tracing::info!("shutting down");
     Ok(())

@@ -19,12 +19,6 @@ use switchyard_protocol::api::{ApiError, GenerateRequest, MessageContent, PartKi
 
 use crate::config::{Config, MediaConfig};
 
-/// Metric reason of a request whose media was left out because no encoder pool exists yet.
-pub(crate) const TEXT_ONLY_NO_ENCODER: &str = "no_encoder";
-
-/// The `x-switchyard-media` value of such a request.
-pub(crate) const TEXT_ONLY_NO_ENCODER_HEADER: &str = "text-only; reason=no-encoder";
-
 /// The metric label of a media kind.
 pub(crate) fn kind_label(kind: MediaKind) -> &'static str {
     match kind {
@@ -96,6 +90,8 @@ pub(crate) struct MediaItem {
     pub tokens: u32,
     /// For a video, the frame indices the encoder will take.
     pub frames: Vec<u32>,
+    /// The item's bytes (what the encoder gets).
+    pub data: bytes::Bytes,
 }
 
 impl MediaItem {
@@ -145,15 +141,17 @@ pub(crate) fn inspect(
                 )
                 .with_param(Some(part_path(m, p))));
             }
-            let read = || -> Result<MediaInfo, MediaError> {
-                let info = match kind {
+            let read = || -> Result<(MediaInfo, Vec<u8>), MediaError> {
+                let (info, bytes) = match kind {
                     MediaKind::Image => {
                         let url = part.image_url.as_ref().map_or("", |u| u.url.as_str());
-                        probe_image(&url_bytes(url, settings, limits)?)?
+                        let bytes = url_bytes(url, settings, limits)?;
+                        (probe_image(&bytes)?, bytes)
                     }
                     MediaKind::Video => {
                         let url = part.video_url.as_ref().map_or("", |u| u.url.as_str());
-                        probe_video(&url_bytes(url, settings, limits)?)?
+                        let bytes = url_bytes(url, settings, limits)?;
+                        (probe_video(&bytes)?, bytes)
                     }
                     MediaKind::Audio => {
                         let (data, format) = part
@@ -161,13 +159,14 @@ pub(crate) fn inspect(
                             .as_ref()
                             .map_or(("", ""), |a| (a.data.as_str(), a.format.as_str()));
                         limits.check_encoded_len(data.len())?;
-                        probe_audio(&decode_base64(data)?, format)?
+                        let bytes = decode_base64(data)?;
+                        (probe_audio(&bytes, format)?, bytes)
                     }
                 };
                 limits.check(&info)?;
-                Ok(info)
+                Ok((info, bytes))
             };
-            let info = read().map_err(|err| media_error(m, p, &err))?;
+            let (info, data) = read().map_err(|err| media_error(m, p, &err))?;
             let tokens = match kind {
                 MediaKind::Image => image_tokens(model, info.width, info.height),
                 MediaKind::Audio => audio_tokens(model, info.duration_s),
@@ -179,6 +178,7 @@ pub(crate) fn inspect(
                 info,
                 tokens,
                 frames: Vec::new(),
+                data: data.into(),
             });
         }
     }

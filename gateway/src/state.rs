@@ -7,6 +7,7 @@ use std::sync::Arc;
 use tokio::sync::mpsc;
 
 use crate::config::{ForwardingConfig, ServerConfig};
+use crate::encoders::Encoders;
 use crate::events::applier::Inbound;
 use crate::media::MediaSettings;
 use crate::metrics::Metrics;
@@ -29,6 +30,8 @@ pub(crate) struct AppState {
     pub(crate) metrics: Arc<Metrics>,
     /// Media limits and each model's media settings.
     pub(crate) media: MediaSettings,
+    /// The queues in front of encoder workers.
+    pub(crate) encoders: Arc<Encoders>,
 }
 
 /// State of the admin API: policies, worker registrations, KV inspection.

@@ -10,7 +10,9 @@
 #![deny(missing_docs, missing_debug_implementations, unsafe_op_in_unsafe_fn)]
 #![warn(unreachable_pub)]
 
+pub mod encoder;
 pub mod engine;
+pub mod features;
 pub mod gateway_link;
 pub mod kv_link;
 pub mod mocker;

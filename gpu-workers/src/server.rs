@@ -3,7 +3,8 @@
 //! This module owns the worker side of the worker API: `POST /v1/chat/completions` and
 //! `POST /v1/completions` (text or token-id prompts, sampling fields, SSE streaming or a whole
 //! answer), `GET /v1/models`, `GET /healthz`, `GET /metrics` (Prometheus text),
-//! `POST /kv/reset` (drop the prefix cache's unreferenced blocks, announced as KV events) and,
+//! `POST /kv/reset` (drop the prefix cache's unreferenced blocks, announced as KV events),
+//! `POST /v1/features/...` (media features pushed by encoders, see [`media`]) and,
 //! for workers linked to a gateway over HTTP, `GET /kv/dump` (the KV cache for a resync). It parses
 //! requests with [`switchyard_protocol::api`], tokenizes them with the worker's [`TextCodec`] (the mocker's
 //! byte-level prompts and made-up words, or a model's tokenizer), and turns the engine's
@@ -30,9 +31,13 @@ use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
+mod media;
+
 use crate::engine::{EngineHandle, Output, SamplingParams, SubmitError};
+use crate::features::{FeatureTracker, TrackerConfig};
 use crate::mocker::engine::token_text;
 use crate::stop::{MAX_STOP_BYTES, MAX_STOP_STRINGS, StopMatcher};
+use media::FEATURES_PREFIX;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use switchyard_protocol::api::{self, ApiError, Endpoint, GenerateRequest, ModelList, StopStrings};
 use switchyard_protocol::kv_events::EventLog;
@@ -71,6 +76,14 @@ pub struct ServerConfig {
     /// The numbered KV event log a gateway resyncs from (`GET /kv/dump`), when the worker
     /// publishes its events over HTTP.
     pub kv_log: Option<Arc<Mutex<EventLog>>>,
+    /// Byte budgets of the media features pushed to this worker.
+    pub tracker: TrackerConfig,
+    /// How long a request with media waits for its features before it is answered text-only.
+    pub feature_timeout: Duration,
+    /// Prefill the text before a request's first media item while it is being encoded.
+    pub overlap_prefill: bool,
+    /// Largest feature push accepted.
+    pub max_feature_bytes: usize,
 }
 
 impl Default for ServerConfig {
@@ -84,6 +97,10 @@ impl Default for ServerConfig {
             metrics_prefix: "switchyard_mocker".into(),
             owner: "switchyard-mocker".into(),
             kv_log: None,
+            tracker: TrackerConfig::default(),
+            feature_timeout: Duration::from_secs(30),
+            overlap_prefill: true,
+            max_feature_bytes: 512 << 20,
         }
     }
 }
@@ -98,6 +115,10 @@ struct State {
     /// Generated-token count and time at the previous scrape, for the tokens/s gauge.
     last_scrape: Mutex<(Instant, u64)>,
     latency: Arc<Latency>,
+    /// Media features pushed by encoders, by request.
+    features: Mutex<FeatureTracker>,
+    /// Requests with media answered from their text alone.
+    text_only: AtomicU64,
 }
 
 /// Latency histograms of the requests this server answers, in seconds.
@@ -150,6 +171,7 @@ impl WorkerServer {
     pub fn start(listener: TcpListener, engine: EngineHandle, config: ServerConfig) -> std::io::Result<WorkerServer> {
         let addr = listener.local_addr()?;
         let generated = engine.stats().generated_tokens.load(Ordering::Relaxed);
+        let config_tracker = config.tracker;
         let state = Arc::new(State {
             config,
             engine: engine.clone(),
@@ -158,6 +180,8 @@ impl WorkerServer {
             draining: AtomicBool::new(false),
             last_scrape: Mutex::new((Instant::now(), generated)),
             latency: Arc::new(Latency::new()),
+            features: Mutex::new(FeatureTracker::new(config_tracker)),
+            text_only: AtomicU64::new(0),
         });
         let task = tokio::spawn(accept_loop(listener, state.clone()));
         Ok(WorkerServer {
@@ -234,6 +258,7 @@ async fn handle(state: Arc<State>, request: Request<Incoming>) -> Response<Body>
         (Method::POST, api::CHAT_COMPLETIONS_PATH | api::COMPLETIONS_PATH) if draining => Err(shutting_down()),
         (Method::POST, api::CHAT_COMPLETIONS_PATH) => generate(&state, Endpoint::Chat, request).await,
         (Method::POST, api::COMPLETIONS_PATH) => generate(&state, Endpoint::Completion, request).await,
+        (Method::POST, p) if p.starts_with(FEATURES_PREFIX) => media::features(&state, request).await,
         (Method::GET, api::MODELS_PATH) => Ok(respond::json(
             StatusCode::OK,
             &ModelList::new([state.config.model.as_str()], &state.config.owner),
@@ -294,7 +319,11 @@ fn shutting_down() -> ApiError {
     )
 }
 
-async fn generate(state: &State, endpoint: Endpoint, request: Request<Incoming>) -> Result<Response<Body>, ApiError> {
+async fn generate(
+    state: &Arc<State>,
+    endpoint: Endpoint,
+    request: Request<Incoming>,
+) -> Result<Response<Body>, ApiError> {
     let arrived = Instant::now();
     let in_flight = InFlight::new(&state.in_flight);
     let (parts, body) = request.into_parts();
@@ -313,33 +342,35 @@ async fn generate(state: &State, endpoint: Endpoint, request: Request<Incoming>)
         )
         .with_param(Some("model".into())));
     }
-    let prompt = match &state.config.codec {
-        TextCodec::MockWords => switchyard_tokenize::prompt_tokens(&request),
-        TextCodec::Model(encoder) => encoder
-            .prompt_tokens(&request)
-            .map_err(|err| ApiError::invalid_request("tokenization_failed", err.to_string()))?,
-    };
     let params = sampling_params(&state.config, &request)?;
     let stop_strings = stop_strings(&request)?;
-    let prompt_tokens = prompt.len() as u32;
-    let outputs = state.engine.submit(prompt, params).map_err(|err| match err {
-        SubmitError::Stopped => ApiError::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "server_error",
-            "engine_stopped",
-            err.to_string(),
-        ),
-        SubmitError::Sampling(_) => ApiError::invalid_request("invalid_value", err.to_string()),
-        SubmitError::TokenOutOfRange { .. } => {
-            ApiError::invalid_request("invalid_value", err.to_string()).with_param(Some("prompt".into()))
+    let plan = media::plan(&parts.headers)?;
+    let started = match plan {
+        Some(plan) if !plan.items.is_empty() && matches!(request, GenerateRequest::Chat(_)) => {
+            media::start(state, &request, plan, params).await?
         }
-        SubmitError::EmptyPrompt => {
-            ApiError::invalid_request("invalid_value", err.to_string()).with_param(Some("prompt".into()))
+        _ => {
+            let prompt = match &state.config.codec {
+                TextCodec::MockWords => switchyard_tokenize::prompt_tokens(&request),
+                TextCodec::Model(encoder) => encoder
+                    .prompt_tokens(&request)
+                    .map_err(|err| ApiError::invalid_request("tokenization_failed", err.to_string()))?,
+            };
+            let prompt_tokens = prompt.len() as u32;
+            media::Started {
+                outputs: state.engine.submit(prompt, params).map_err(submit_error)?,
+                prompt_tokens,
+                guard: None,
+                header: None,
+            }
         }
-        SubmitError::TooLong { .. } | SubmitError::ContextLength { .. } | SubmitError::OverBudget { .. } => {
-            ApiError::invalid_request("context_length_exceeded", err.to_string())
-        }
-    })?;
+    };
+    let media::Started {
+        outputs,
+        prompt_tokens,
+        guard,
+        header,
+    } = started;
     let number = state.next_request.fetch_add(1, Ordering::Relaxed);
     let meta = ResponseMeta {
         id: match endpoint {
@@ -363,18 +394,44 @@ async fn generate(state: &State, endpoint: Endpoint, request: Request<Incoming>)
         arrived,
         last_token: None,
         latency: state.latency.clone(),
+        media: guard,
     };
-    if request.is_stream() {
-        Ok(respond::event_stream(Body::new(SseBody {
+    let mut response = if request.is_stream() {
+        respond::event_stream(Body::new(SseBody {
             generation,
             meta,
             queue: VecDeque::new(),
             sent_role: false,
             ended: false,
             _in_flight: in_flight,
-        })))
+        }))
     } else {
-        whole_answer(generation, meta, &request).await
+        whole_answer(generation, meta, &request).await?
+    };
+    if let Some((name, value)) = header
+        && let Ok(value) = http::HeaderValue::from_str(&value)
+    {
+        response.headers_mut().insert(name, value);
+    }
+    Ok(response)
+}
+
+/// The client error (or 503) for a request the engine refused.
+fn submit_error(err: SubmitError) -> ApiError {
+    match err {
+        SubmitError::Stopped => ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "server_error",
+            "engine_stopped",
+            err.to_string(),
+        ),
+        SubmitError::Sampling(_) => ApiError::invalid_request("invalid_value", err.to_string()),
+        SubmitError::TokenOutOfRange { .. } | SubmitError::EmptyPrompt => {
+            ApiError::invalid_request("invalid_value", err.to_string()).with_param(Some("prompt".into()))
+        }
+        SubmitError::TooLong { .. } | SubmitError::ContextLength { .. } | SubmitError::OverBudget { .. } => {
+            ApiError::invalid_request("context_length_exceeded", err.to_string())
+        }
     }
 }
 
@@ -473,6 +530,8 @@ struct Generation {
     arrived: Instant,
     last_token: Option<Instant>,
     latency: Arc<Latency>,
+    /// The request's media features, released when the generation ends.
+    media: Option<media::FeatureGuard>,
 }
 
 impl Generation {
@@ -499,6 +558,9 @@ impl Generation {
                     Some(last) => self.latency.inter_token.observe(now.duration_since(last).as_secs_f64()),
                 }
                 self.last_token = Some(now);
+                if let Some(media) = &mut self.media {
+                    media.prefilled();
+                }
                 self.completion_tokens += 1;
                 let piece = self.text.push(token);
                 self.release(&piece, None)
@@ -850,6 +912,51 @@ fn metrics(state: &State) -> Response<Body> {
     let busy = Counter::<f64, AtomicU64>::default();
     busy.inc_by(stats.busy_nanos.load(Ordering::Relaxed) as f64 / 1e9);
     registry.register("busy_seconds", "Seconds spent computing engine steps", busy);
+    let features = state.features.lock().map(|t| t.stats()).unwrap_or_default();
+    let feature_gauges: [(&str, &str, u64); 4] = [
+        (
+            "feature_cpu_bytes",
+            "Bytes of media features in host memory",
+            features.cpu_used,
+        ),
+        (
+            "feature_gpu_bytes",
+            "Bytes of media features in device staging",
+            features.gpu_used,
+        ),
+        (
+            "feature_requests",
+            "Requests with media features tracked",
+            features.requests as u64,
+        ),
+        (
+            "feature_orphans",
+            "Features held for requests not seen yet",
+            features.orphans as u64,
+        ),
+    ];
+    for (name, help, value) in feature_gauges {
+        let gauge = Gauge::<i64>::default();
+        gauge.set(value as i64);
+        registry.register(name, help, gauge);
+    }
+    let feature_counters: [(&str, &str, u64); 2] = [
+        (
+            "feature_evictions",
+            "Features evicted for host memory",
+            features.evictions,
+        ),
+        (
+            "media_text_only",
+            "Requests with media answered from their text alone",
+            state.text_only.load(Ordering::Relaxed),
+        ),
+    ];
+    for (name, help, value) in feature_counters {
+        let counter = Counter::<u64>::default();
+        counter.inc_by(value);
+        registry.register(name, help, counter);
+    }
     let mut text = String::new();
     if let Err(err) = encode(&mut text, &registry) {
         return respond::error(&ApiError::new(

@@ -115,6 +115,13 @@ pub struct Registration {
     pub capabilities: Vec<String>,
     /// Relative cost of a token (spot < reserved).
     pub cost: f64,
+    /// The machine it runs on (encoder and LLM worker on the same node exchange features
+    /// faster); empty: unknown.
+    #[serde(default)]
+    pub node: String,
+    /// Encoders: the token budgets it batches to (its captured CUDA-graph sizes), ascending.
+    #[serde(default)]
+    pub token_budgets: Vec<u32>,
     /// How often it heartbeats; a gateway drops it after a few missed beats.
     pub heartbeat_ms: u64,
     /// Its newest event id, so a gateway can tell it missed the tail of the stream.

@@ -2,7 +2,8 @@
 //!
 //! This crate owns the contract between the two sides and nothing of either's machinery: the
 //! OpenAI wire format ([`api`]), Dynamo-compatible KV block hashing ([`block_hash`]), the KV
-//! event, dump and registration messages ([`kv_events`]), what a worker does ([`Role`]), the
+//! event, dump and registration messages ([`kv_events`]), the encode protocol between gateways,
+//! encoders and LLM workers ([`encode`]), what a worker does ([`Role`]), the
 //! HTTP paths a gateway calls on workers and workers call on a gateway ([`paths`]), and the
 //! HTTP plumbing every Switchyard server shares ([`respond`] bodies and errors, [`serve`]'s
 //! plain-HTTP accept loop). It has no engine, tokenizer or routing code, so both sides compile
@@ -13,6 +14,7 @@
 
 pub mod api;
 pub mod block_hash;
+pub mod encode;
 pub mod kv_events;
 pub mod paths;
 pub mod respond;

@@ -1,13 +1,15 @@
 //! Media in the OpenAI API through a TLS gateway: image, audio and video parts are read from
-//! their headers, sized in tokens under the model's `[models.media]` settings, and routed;
-//! bad media is a 400 naming the content part, and never reaches a worker.
-//!
-//! No encoder pool exists yet, so a request with media is answered from its text alone and says
-//! so in `x-switchyard-media` and `switchyard_media_text_only_total`.
+//! their headers, sized in tokens under the model's `[models.media]` settings, encoded by the
+//! embedded mocker encoders (vision and audio), pushed to the LLM worker and merged at the
+//! position map's spans, which the worker reports (`x-switchyard-merge`). A repeated item is
+//! served from an encoder's feature cache. Bad media is a 400 naming the content part, and
+//! never reaches a worker. Without an encoder of the item's kind the answer is text-only and
+//! says so.
 
 use serde_json::{Value, json};
 use switchyard_e2e::{Alpn, Client, Gateway, TestCa, metric_sum};
 use switchyard_media::fixtures;
+use switchyard_protocol::encode::parse_merge;
 
 fn chat_with_parts(parts: Value, max_tokens: u32, stream: bool) -> Value {
     json!({
@@ -66,7 +68,11 @@ async fn media_is_sized_from_headers_and_bad_media_is_refused_by_part() -> anyho
     let client = Client::tls(gateway.addr, &ca.ca_der, Alpn::H2, None)?;
     let png = fixtures::data_url("image/png", &fixtures::png(640, 480));
 
-    // An image, an audio clip and a video, whole and streamed: answered, flagged text-only.
+    // An image, an audio clip and a video, whole and streamed: encoded, merged, answered. The
+    // worker's report must show each item's span as long as its estimate (576 tokens for a
+    // 336-pixel image, 2 s × 25 tokens of audio, 10 pooled frame pairs × 576 of video) and a
+    // merged length equal to the prompt tokens it answered with.
+    let expected_spans = [576u32, 50, 5760];
     let requests = [
         json!([text_part("what is this?"), image_part(png.clone())]),
         json!([
@@ -78,17 +84,31 @@ async fn media_is_sized_from_headers_and_bad_media_is_refused_by_part() -> anyho
             video_part(fixtures::data_url("video/mp4", &mp4(10, 30.0)))
         ]),
     ];
-    for parts in &requests {
+    for (parts, span) in requests.iter().zip(expected_spans) {
         for stream in [false, true] {
             let reply = client
                 .post_json("/v1/chat/completions", &chat_with_parts(parts.clone(), 4, stream))
                 .await?;
             assert_eq!(reply.status, 200, "{}", String::from_utf8_lossy(&reply.body()));
-            assert_eq!(reply.headers["x-switchyard-media"], "text-only; reason=no-encoder");
+            assert!(reply.headers.get("x-switchyard-media").is_none(), "{:?}", reply.headers);
+            let merge = reply.headers["x-switchyard-merge"].to_str()?;
+            let (len, spans) = parse_merge(merge).expect("a merge report");
+            assert_eq!(spans.len(), 1, "{merge}");
+            assert_eq!(spans[0].end - spans[0].start, span, "{merge}");
+            assert!(spans[0].end as usize <= len);
             if stream {
-                assert!(reply.events().iter().any(|(_, data)| data == "[DONE]"));
+                let events = reply.events();
+                assert!(events.iter().any(|(_, data)| data == "[DONE]"));
+                let usage = events
+                    .iter()
+                    .filter_map(|(_, data)| serde_json::from_str::<Value>(data).ok())
+                    .find(|chunk| chunk["usage"].is_object())
+                    .expect("a usage chunk");
+                assert_eq!(usage["usage"]["prompt_tokens"], len, "{merge}");
             } else {
-                assert!(reply.json()?["choices"][0]["message"]["content"].is_string());
+                let body = reply.json()?;
+                assert!(body["choices"][0]["message"]["content"].is_string());
+                assert_eq!(body["usage"]["prompt_tokens"], len, "{merge}");
             }
         }
     }
@@ -106,10 +126,19 @@ async fn media_is_sized_from_headers_and_bad_media_is_refused_by_part() -> anyho
     assert_eq!(tokens("audio"), 2.0 * 50.0, "{metrics}");
     // 10 s at 30 fps sampled at 2 fps: 20 frames, pooled in pairs: 10 × 576, twice.
     assert_eq!(tokens("video"), 2.0 * 10.0 * 576.0, "{metrics}");
+    assert_eq!(metric_sum(&metrics, "switchyard_media_text_only_total", &[]), 0.0);
+    // Each item was encoded once; its repeat (the streamed request) was a feature-cache hit.
     assert_eq!(
-        metric_sum(&metrics, "switchyard_media_text_only_total", &["reason=\"no_encoder\""]),
-        6.0
+        metric_sum(&metrics, "switchyard_encoder_items_total", &["outcome=\"encoded\""]),
+        3.0,
+        "{metrics}"
     );
+    assert_eq!(
+        metric_sum(&metrics, "switchyard_encoder_items_total", &["outcome=\"cached\""]),
+        3.0,
+        "{metrics}"
+    );
+    assert_eq!(metric_sum(&metrics, "switchyard_encoder_cache_routed_total", &[]), 3.0);
 
     // Bad media: a 400 naming the part, before any worker is asked.
     let png_bytes = fixtures::png(64, 64);
@@ -178,9 +207,33 @@ async fn media_is_sized_from_headers_and_bad_media_is_refused_by_part() -> anyho
 
     let metrics = String::from_utf8(client.send("GET", "/metrics", "").await?.body())?;
     assert_eq!(
-        metric_sum(&metrics, "switchyard_media_text_only_total", &[]),
+        metric_sum(&metrics, "switchyard_encoder_items_total", &[]),
         7.0,
-        "refused media never reached a worker: {metrics}"
+        "refused media never reached an encoder: {metrics}"
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_an_encoder_the_answer_is_text_only_and_flagged() -> anyhow::Result<()> {
+    let ca = TestCa::new()?;
+    let config = format!(
+        "mode = \"production\"\n{}\n[embedded_mockers]\ncount = 1\nspeedup = 1000.0\naudio_encoders = 0\n",
+        ca.tls_toml()
+    );
+    let gateway = Gateway::start(&config)?;
+    let client = Client::tls(gateway.addr, &ca.ca_der, Alpn::H2, None)?;
+    let audio = audio_part(fixtures::base64(&fixtures::wav(16_000, 1, 1.0)), "wav");
+    let reply = client
+        .post_json("/v1/chat/completions", &chat_with_parts(json!([audio]), 4, false))
+        .await?;
+    assert_eq!(reply.status, 200);
+    assert_eq!(reply.headers["x-switchyard-media"], "text-only; reason=no-encoder");
+    assert!(reply.headers.get("x-switchyard-merge").is_none());
+    let metrics = String::from_utf8(client.send("GET", "/metrics", "").await?.body())?;
+    assert_eq!(
+        metric_sum(&metrics, "switchyard_media_text_only_total", &["reason=\"no_encoder\""]),
+        1.0
     );
     Ok(())
 }

@@ -91,6 +91,37 @@ pub struct Config {
     /// Media in requests: where it may come from and how large it may be.
     #[serde(default)]
     pub media: MediaConfig,
+    /// How the gateway batches media for encoders and what it does when they fail.
+    #[serde(default)]
+    pub encoders: EncodersConfig,
+}
+
+/// `[encoders]`: the gateway's queue in front of each encoder worker (role `vision` or
+/// `audio`), and how long an encode may take.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct EncodersConfig {
+    /// Most items in one micro-batch.
+    pub max_items: usize,
+    /// A batch is sent at the latest this long after its first item arrived.
+    pub deadline_ms: u64,
+    /// How long one encode (queue, forward pass, delivery) may take before it is retried
+    /// elsewhere.
+    pub timeout_ms: u64,
+    /// Send the LLM request only once the media is encoded, instead of at once (the
+    /// baseline that encode/prefill overlap is measured against).
+    pub blocking: bool,
+}
+
+impl Default for EncodersConfig {
+    fn default() -> EncodersConfig {
+        EncodersConfig {
+            max_items: 8,
+            deadline_ms: 5,
+            timeout_ms: 10_000,
+            blocking: false,
+        }
+    }
 }
 
 /// `[media]`: limits on the media parts of chat requests (images, audio, video), checked from
@@ -401,6 +432,10 @@ pub struct EmbeddedMockers {
     pub speedup: f64,
     /// Tokens generated when a request sets no limit.
     pub default_max_tokens: u32,
+    /// Simulated vision encoders (images and video) to start beside the engines.
+    pub vision_encoders: usize,
+    /// Simulated audio encoders to start beside the engines.
+    pub audio_encoders: usize,
 }
 
 impl Default for EmbeddedMockers {
@@ -414,6 +449,8 @@ impl Default for EmbeddedMockers {
             max_num_seqs: 256,
             speedup: 1.0,
             default_max_tokens: 32,
+            vision_encoders: 1,
+            audio_encoders: 1,
         }
     }
 }
@@ -446,6 +483,12 @@ pub struct WorkerConfig {
     /// Total KV blocks of the worker (0: unknown).
     #[serde(default)]
     pub capacity_blocks: u64,
+    /// The machine it runs on (same-node encoder → LLM transfers are faster); empty: unknown.
+    #[serde(default)]
+    pub node: String,
+    /// Encoders: the token budgets it batches to, ascending.
+    #[serde(default)]
+    pub token_budgets: Vec<u32>,
 }
 
 fn default_block_size() -> usize {
@@ -544,6 +587,8 @@ impl Config {
             ),
             ("forwarding.connect_timeout_ms", self.forwarding.connect_timeout_ms),
             ("forwarding.response_timeout_ms", self.forwarding.response_timeout_ms),
+            ("encoders.max_items", self.encoders.max_items as u64),
+            ("encoders.timeout_ms", self.encoders.timeout_ms),
         ] {
             if value == 0 {
                 return Err(invalid(key, "must be greater than 0".into()));

@@ -23,7 +23,7 @@ use tokio::task::JoinHandle;
 // tokio's clock, so heartbeat expiry and resync backoff follow a paused clock in tests.
 use tokio::time::Instant;
 
-use crate::config::WorkerConfig;
+use crate::config::{Role, WorkerConfig};
 use crate::kv::index::{Anomaly, WorkerId};
 use crate::kv::{ActiveUpdate, KvState};
 use crate::workers::WorkerPool;
@@ -200,7 +200,10 @@ impl Applier {
     fn track(&mut self, worker: &str, source: &Arc<dyn DumpSource>) -> Option<&mut Track> {
         if !self.tracks.contains_key(worker) {
             let found = self.pool.by_name(worker)?;
-            let indexable = self.state.check_block_size(&found.name, &found.model, found.block_size);
+            // Encoders announce cached media as one-block sequences; only LLM workers' blocks
+            // must agree with their model's block size.
+            let indexable =
+                found.role != Role::Llm || self.state.check_block_size(&found.name, &found.model, found.block_size);
             self.tracks.insert(
                 worker.to_string(),
                 Track {
@@ -420,6 +423,8 @@ impl Applier {
             capabilities: registration.capabilities.clone(),
             cost: registration.cost,
             capacity_blocks: registration.capacity_blocks,
+            node: registration.node.clone(),
+            token_budgets: registration.token_budgets.clone(),
         };
         let (worker, fresh) = match self.pool.upsert(&config) {
             Ok(upserted) => upserted,
@@ -441,9 +446,10 @@ impl Applier {
             if fresh {
                 tracing::info!(worker = %name, url = %registration.url, model = %registration.model, "worker registered");
             }
-            let indexable = self
-                .state
-                .check_block_size(&worker.name, &worker.model, worker.block_size);
+            let indexable = worker.role != Role::Llm
+                || self
+                    .state
+                    .check_block_size(&worker.name, &worker.model, worker.block_size);
             self.tracks.insert(
                 name.clone(),
                 Track {

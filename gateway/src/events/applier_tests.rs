@@ -83,6 +83,8 @@ fn fixture(config: SyncConfig) -> Fixture {
         capabilities: vec!["text".into()],
         cost: 1.0,
         capacity_blocks: 0,
+        node: String::new(),
+        token_budgets: Vec::new(),
     };
     let pool = Arc::new(WorkerPool::new(&[worker], Arc::new(Metrics::new())).expect("valid url"));
     let (inbound, _task) = spawn(kv.clone(), pool.clone(), config);
@@ -177,6 +179,8 @@ fn registration(name: &str, heartbeat_ms: u64, last_event_id: u64) -> Registrati
         capacity_blocks: 64,
         capabilities: vec!["text".into()],
         cost: 1.0,
+        node: String::new(),
+        token_budgets: Vec::new(),
         heartbeat_ms,
         last_event_id,
     }

@@ -1,15 +1,14 @@
 //! The in-process event bus of the embedded default.
 //!
-//! Embedded mockers run in the gateway's process, so their KV events need no broker: each
-//! engine's events are numbered by an [`EventLog`] and handed to the applier as they are, and a
+//! Embedded mockers and encoders run in the gateway's process, so their KV (and feature-cache)
+//! events need no broker: each worker's events are numbered by an [`EventLog`] and handed to the applier as they are, and a
 //! dump is read from the same log under the same lock, so it is always consistent with the
 //! event ids already sent.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use switchyard_protocol::kv_events::{EventLog, KvDump};
-use switchyard_workers::mocker::EngineHandle;
+use switchyard_protocol::kv_events::{EventLog, KvDump, KvEvent};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
@@ -34,15 +33,17 @@ impl DumpSource for InProcessDumps {
     }
 }
 
-/// Connects `engines` (named) to the applier; returns the forwarding tasks.
-pub fn connect(engines: Vec<(String, EngineHandle)>, inbound: mpsc::UnboundedSender<Inbound>) -> Vec<JoinHandle<()>> {
+/// Connects in-process event sources (worker name, its events) to the applier; returns the
+/// forwarding tasks.
+pub fn connect(
+    sources: Vec<(String, mpsc::UnboundedReceiver<KvEvent>)>,
+    inbound: mpsc::UnboundedSender<Inbound>,
+) -> Vec<JoinHandle<()>> {
     let mut dumps = InProcessDumps::default();
     let mut wiring = Vec::new();
-    for (name, engine) in engines {
+    for (name, events) in sources {
         let log = Arc::new(Mutex::new(EventLog::new(name.clone())));
         dumps.logs.insert(name, log.clone());
-        let (sink, events) = mpsc::unbounded_channel();
-        engine.subscribe_kv_events(sink);
         wiring.push((log, events));
     }
     let source: Arc<dyn DumpSource> = Arc::new(dumps);

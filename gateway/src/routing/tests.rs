@@ -34,6 +34,8 @@ fn fixture(workers: usize, policy: &str) -> Fixture {
             capabilities: vec!["text".into()],
             cost: 1.0,
             capacity_blocks: 1024,
+            node: String::new(),
+            token_budgets: Vec::new(),
         })
         .collect();
     let config = Config::parse(

@@ -24,6 +24,9 @@ use switchyard_protocol::respond::{self, Body};
 
 use switchyard_tokenize::{MediaSlot, media_token};
 
+use switchyard_protocol::encode::{MEDIA_PLAN_HEADER, MERGE_HEADER, MediaPlan, PlannedItem, abandon_path};
+
+use crate::encoders::{self, Verdict};
 use crate::kv::PromptBlocks;
 use crate::media;
 use crate::metrics::Metrics;
@@ -42,7 +45,7 @@ pub const POLICY_HEADER: &str = "x-switchyard-policy";
 
 /// Header saying how a request's media was served (`text-only; reason=...` when it was left
 /// out of the answer).
-pub const MEDIA_HEADER: &str = "x-switchyard-media";
+pub const MEDIA_HEADER: &str = switchyard_protocol::encode::MEDIA_HEADER;
 
 /// The prompt of a request with media: tokenized with a span per media item, videos sized to
 /// the room the text leaves, then hashed.
@@ -52,7 +55,7 @@ fn media_prompt(
     limits: &media::ModelLimits,
     items: &mut [media::MediaItem],
     fallback_block_size: impl FnOnce() -> usize,
-) -> Result<PromptBlocks, ApiError> {
+) -> Result<(PromptBlocks, Vec<std::ops::Range<u32>>), ApiError> {
     let slots = |items: &[media::MediaItem]| -> Vec<MediaSlot> {
         items
             .iter()
@@ -86,7 +89,7 @@ fn media_prompt(
         )
         .with_param(Some("messages".into())));
     }
-    Ok(settings.blocks(&layout.tokens))
+    Ok((settings.blocks(&layout.tokens), layout.spans))
 }
 
 /// The client error for a prompt the model's tokenizer or template cannot take.
@@ -128,11 +131,12 @@ pub(crate) async fn generate(
     let fallback_block_size = || pool.candidates(model, &[]).first().map_or(64, |w| w.block_size);
     let model_limits = state.media.model(model);
     let mut media_items = media::inspect(&parsed, &state.media.config, &state.media.limits, &model_limits.media)?;
-    let prompt = if media_items.is_empty() {
-        router
+    let (prompt, spans) = if media_items.is_empty() {
+        let prompt = router
             .kv()
             .prompt_blocks(model, fallback_block_size, &parsed)
-            .map_err(tokenization_failed)?
+            .map_err(tokenization_failed)?;
+        (prompt, Vec::new())
     } else {
         media_prompt(state, &parsed, &model_limits, &mut media_items, fallback_block_size)?
     };
@@ -140,6 +144,11 @@ pub(crate) async fn generate(
     for item in &media_items {
         state.metrics.media_item(media::kind_label(item.info.kind), item.tokens);
     }
+    // Every item needs an encoder of its kind; without one the answer is the text's alone.
+    let chosen: Option<Vec<Arc<Worker>>> = media_items
+        .iter()
+        .map(|item| state.encoders.choose(model, item, &[]))
+        .collect();
     let id = router.next_request_id();
     let affinity = router.affinity(|header| parts.headers.get(header).map(|value| value.as_bytes().to_vec()));
     let mut attempts = router.attempts(routing::Request {
@@ -159,7 +168,41 @@ pub(crate) async fn generate(
             state.metrics.retry();
         }
         let worker = lease.worker().clone();
-        match attempt_on(state, &worker, endpoint, body.clone(), stream).await {
+        let (outcome, text_only) = match &chosen {
+            Some(chosen) if !media_items.is_empty() => {
+                let plan = MediaPlan {
+                    request: format!("{:016x}-{id}-{attempt}", router.kv().origin()),
+                    items: media_items
+                        .iter()
+                        .zip(chosen)
+                        .zip(&spans)
+                        .map(|((item, encoder), span)| PlannedItem {
+                            media_id: item.id(),
+                            kind: item.info.kind,
+                            tokens: item.tokens,
+                            start: span.start,
+                            encoder: encoder.name.clone(),
+                        })
+                        .collect(),
+                };
+                let media = MediaRequest {
+                    model,
+                    settings: &model_limits.media,
+                    items: &media_items,
+                    encoders: chosen,
+                };
+                media_attempt(state, &worker, endpoint, body.clone(), stream, plan, media).await?
+            }
+            Some(_) => (
+                attempt_on(state, &worker, endpoint, body.clone(), stream, None).await,
+                None,
+            ),
+            None => (
+                attempt_on(state, &worker, endpoint, body.clone(), stream, None).await,
+                Some(encoders::REASON_NO_ENCODER),
+            ),
+        };
+        match outcome {
             Attempt::Answered(response) => {
                 lease.first_token();
                 if !prompt.hashes.is_empty() {
@@ -172,14 +215,20 @@ pub(crate) async fn generate(
                 let policy_label = lease.routed().label();
                 let response = finish(state, endpoint, response, lease, started, stream).await;
                 let mut response = with_routing_headers(response, &worker.name, policy_label);
-                if !media_items.is_empty() {
-                    // No encoder pool serves media yet: the worker answers from the text alone.
-                    // Say so, never silently.
-                    state.metrics.media_text_only(media::TEXT_ONLY_NO_ENCODER);
-                    response.headers_mut().insert(
-                        MEDIA_HEADER,
-                        HeaderValue::from_static(media::TEXT_ONLY_NO_ENCODER_HEADER),
-                    );
+                if let Some(reason) = text_only {
+                    // The media was left out: say so, never silently.
+                    if let Ok(value) = HeaderValue::from_str(&format!("text-only; reason={reason}")) {
+                        response.headers_mut().insert(MEDIA_HEADER, value);
+                    }
+                }
+                // Counted whether the gateway or the worker (features late or evicted) fell back.
+                if let Some(reason) = response
+                    .headers()
+                    .get(MEDIA_HEADER)
+                    .and_then(|v| v.to_str().ok())
+                    .and_then(|v| v.split("reason=").nth(1))
+                {
+                    state.metrics.media_text_only(&reason.replace('-', "_"));
                 }
                 return Ok(response);
             }
@@ -217,10 +266,98 @@ enum Attempt {
     Failed(String),
 }
 
-async fn attempt_on(state: &AppState, worker: &Worker, endpoint: Endpoint, body: Bytes, stream: bool) -> Attempt {
-    let request = Request::post(worker.uri(endpoint.path()))
-        .header(header::CONTENT_TYPE, "application/json")
-        .body(Full::new(body));
+/// A request's media and where each item is encoded first.
+struct MediaRequest<'a> {
+    model: &'a str,
+    settings: &'a switchyard_media::ModelMedia,
+    items: &'a [media::MediaItem],
+    encoders: &'a [Arc<Worker>],
+}
+
+/// One attempt of a request with media: the media goes to its encoders and the request to
+/// `worker` at once (or after the media is encoded, with `[encoders] blocking`); an item that
+/// cannot be encoded turns the answer text-only (the worker is told), an item that does not
+/// decode is the client's error.
+async fn media_attempt(
+    state: &AppState,
+    worker: &Worker,
+    endpoint: Endpoint,
+    body: Bytes,
+    stream: bool,
+    plan: MediaPlan,
+    media: MediaRequest<'_>,
+) -> Result<(Attempt, Option<&'static str>), ApiError> {
+    let header = serde_json::to_string(&plan).unwrap_or_default();
+    let llm_url = worker.uri("").to_string();
+    let encode = encoders::encode_request(
+        &state.encoders,
+        media.model,
+        media.settings,
+        media.items,
+        media.encoders,
+        &llm_url,
+        &plan.request,
+    );
+    if state.encoders.config().blocking {
+        let verdict = encode.await;
+        if let Verdict::TextOnly(reason) = verdict {
+            abandon(state, worker, &plan.request, reason).await;
+        }
+        return match verdict {
+            Verdict::ClientError(err) => Err(err),
+            Verdict::TextOnly(reason) => Ok((
+                attempt_on(state, worker, endpoint, body, stream, Some(&header)).await,
+                Some(reason),
+            )),
+            Verdict::Delivered { .. } => Ok((
+                attempt_on(state, worker, endpoint, body, stream, Some(&header)).await,
+                None,
+            )),
+        };
+    }
+    let llm = attempt_on(state, worker, endpoint, body, stream, Some(&header));
+    tokio::pin!(llm);
+    tokio::pin!(encode);
+    let verdict = tokio::select! {
+        verdict = &mut encode => verdict,
+        // The worker answered (an error) or failed before the media settled.
+        attempt = &mut llm => return Ok((attempt, None)),
+    };
+    match verdict {
+        // Dropping the worker's request cancels it there.
+        Verdict::ClientError(err) => Err(err),
+        Verdict::TextOnly(reason) => {
+            abandon(state, worker, &plan.request, reason).await;
+            Ok((llm.await, Some(reason)))
+        }
+        Verdict::Delivered { .. } => Ok((llm.await, None)),
+    }
+}
+
+/// Tells `worker` that `request`'s media will not come (its own feature timeout is the
+/// backstop if this is lost).
+async fn abandon(state: &AppState, worker: &Worker, request: &str, reason: &str) {
+    let call =
+        Request::post(worker.uri(&abandon_path(request))).body(Full::new(Bytes::copy_from_slice(reason.as_bytes())));
+    let Ok(call) = call else { return };
+    if let Err(err) = state.client.send_within(call, std::time::Duration::from_secs(2)).await {
+        tracing::warn!(worker = %worker.name, error = %err, "cannot tell the worker to go on without media");
+    }
+}
+
+async fn attempt_on(
+    state: &AppState,
+    worker: &Worker,
+    endpoint: Endpoint,
+    body: Bytes,
+    stream: bool,
+    media_plan: Option<&str>,
+) -> Attempt {
+    let mut request = Request::post(worker.uri(endpoint.path())).header(header::CONTENT_TYPE, "application/json");
+    if let Some(plan) = media_plan {
+        request = request.header(MEDIA_PLAN_HEADER, plan);
+    }
+    let request = request.body(Full::new(body));
     let request = match request {
         Ok(request) => request,
         Err(err) => return Attempt::Failed(format!("could not build the request: {err}")),
@@ -307,6 +444,7 @@ async fn finish(
         };
         let mut response = respond::event_stream(Body::new(body));
         *response.status_mut() = parts.status;
+        copy_headers(&parts.headers, &mut response, &[MERGE_HEADER, MEDIA_HEADER]);
         return response;
     }
     match http_body_util::Limited::new(rest, MAX_WORKER_RESPONSE_BYTES)
@@ -320,11 +458,8 @@ async fn finish(
             state.metrics.request_duration(label, elapsed);
             let mut response = Response::new(respond::full(collected.to_bytes()));
             *response.status_mut() = parts.status;
-            if let Some(content_type) = parts.headers.get(header::CONTENT_TYPE) {
-                response
-                    .headers_mut()
-                    .insert(header::CONTENT_TYPE, content_type.clone());
-            }
+            copy_headers(&parts.headers, &mut response, &[header::CONTENT_TYPE.as_str()]);
+            copy_headers(&parts.headers, &mut response, &[MERGE_HEADER, MEDIA_HEADER]);
             response
         }
         Err(err) => {
@@ -337,6 +472,15 @@ async fn finish(
             );
             state.metrics.error(err.code());
             respond::error(&err)
+        }
+    }
+}
+
+/// Copies the worker's `names` headers onto the client's response.
+fn copy_headers(from: &http::HeaderMap, to: &mut Response<Body>, names: &[&'static str]) {
+    for &name in names {
+        if let Some(value) = from.get(name) {
+            to.headers_mut().insert(name, value.clone());
         }
     }
 }

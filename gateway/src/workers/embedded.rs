@@ -1,20 +1,67 @@
 //! Simulated workers started inside the gateway process: the embedded default.
 //!
-//! Each mocker listens on its own loopback port and is added to the pool as an ordinary HTTP
-//! worker, so requests take exactly the path they take to remote workers.
+//! Each mocker engine and each mocker encoder listens on its own loopback port and is added to
+//! the pool as an ordinary HTTP worker, so requests (and media) take exactly the path they take
+//! to remote workers. Their KV and feature-cache events reach the applier in process.
 
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 
+use switchyard_protocol::kv_events::KvEvent;
+use switchyard_workers::encoder::{self, EncoderConfig, EncoderServer};
 use switchyard_workers::mocker::{self, EngineConfig, ServerConfig, WorkerServer};
+use tokio::sync::mpsc;
 
 use crate::config::{EmbeddedMockers, Role, WorkerConfig};
 
-/// Starts the configured mockers and returns them with their worker entries.
+/// The embedded engines and encoders; they stop when dropped.
+#[derive(Debug, Default)]
+pub struct EmbeddedFleet {
+    engines: Vec<WorkerServer>,
+    encoders: Vec<(String, EncoderServer)>,
+}
+
+impl EmbeddedFleet {
+    /// Each embedded engine's name and address.
+    pub fn engine_addresses(&self) -> Vec<(String, SocketAddr)> {
+        self.engines
+            .iter()
+            .enumerate()
+            .map(|(index, engine)| (name(index), engine.addr()))
+            .collect()
+    }
+
+    /// Each embedded encoder's name and address.
+    pub fn encoder_addresses(&self) -> Vec<(String, SocketAddr)> {
+        self.encoders
+            .iter()
+            .map(|(name, server)| (name.clone(), server.addr()))
+            .collect()
+    }
+
+    /// Each worker's name and a receiver of its KV (or feature-cache) events.
+    pub fn event_sources(&self) -> Vec<(String, mpsc::UnboundedReceiver<KvEvent>)> {
+        let mut sources = Vec::new();
+        for (index, engine) in self.engines.iter().enumerate() {
+            let (sink, events) = mpsc::unbounded_channel();
+            engine.engine().subscribe_kv_events(sink);
+            sources.push((name(index), events));
+        }
+        for (name, server) in &self.encoders {
+            let (sink, events) = mpsc::unbounded_channel();
+            server.subscribe_kv_events(sink);
+            sources.push((name.clone(), events));
+        }
+        sources
+    }
+}
+
+/// Starts the configured mockers and encoders and returns them with their worker entries.
 ///
 /// # Errors
 ///
 /// Returns the I/O error of a loopback port that cannot be bound.
-pub async fn start(config: &EmbeddedMockers) -> std::io::Result<(Vec<WorkerServer>, Vec<WorkerConfig>)> {
+pub async fn start(config: &EmbeddedMockers) -> std::io::Result<(EmbeddedFleet, Vec<WorkerConfig>)> {
+    let loopback = IpAddr::V4(Ipv4Addr::LOCALHOST);
     let engine = EngineConfig {
         block_size: config.block_size,
         num_gpu_blocks: config.num_gpu_blocks,
@@ -29,8 +76,8 @@ pub async fn start(config: &EmbeddedMockers) -> std::io::Result<(Vec<WorkerServe
         default_max_tokens: config.default_max_tokens,
         ..ServerConfig::default()
     };
-    let fleet = mocker::spawn_fleet(config.count, IpAddr::V4(Ipv4Addr::LOCALHOST), 0, &engine, &server).await?;
-    let workers = fleet
+    let engines = mocker::spawn_fleet(config.count, loopback, 0, &engine, &server).await?;
+    let mut workers: Vec<WorkerConfig> = engines
         .iter()
         .enumerate()
         .map(|(index, mocker)| WorkerConfig {
@@ -42,9 +89,47 @@ pub async fn start(config: &EmbeddedMockers) -> std::io::Result<(Vec<WorkerServe
             capabilities: vec!["text".into()],
             cost: 1.0,
             capacity_blocks: config.num_gpu_blocks as u64,
+            node: String::new(),
+            token_budgets: Vec::new(),
         })
         .collect();
-    Ok((fleet, workers))
+    let mut encoders = Vec::new();
+    for (role, count, capabilities) in [
+        (
+            Role::Vision,
+            config.vision_encoders,
+            vec!["image".to_string(), "video".to_string()],
+        ),
+        (Role::Audio, config.audio_encoders, vec!["audio".to_string()]),
+    ] {
+        let encoder_config = EncoderConfig {
+            role,
+            model: config.model.clone(),
+            speedup: config.speedup,
+            ..EncoderConfig::default()
+        };
+        for (index, server) in encoder::spawn_encoders(count, loopback, 0, &encoder_config)
+            .await?
+            .into_iter()
+            .enumerate()
+        {
+            let name = format!("embedded-{role}-{index}");
+            workers.push(WorkerConfig {
+                name: Some(name.clone()),
+                url: format!("http://{}", server.addr()),
+                model: config.model.clone(),
+                role,
+                block_size: 1,
+                capabilities: capabilities.clone(),
+                cost: 1.0,
+                capacity_blocks: 0,
+                node: String::new(),
+                token_budgets: encoder_config.token_budgets.clone(),
+            });
+            encoders.push((name, server));
+        }
+    }
+    Ok((EmbeddedFleet { engines, encoders }, workers))
 }
 
 /// The worker name of embedded mocker `index`.

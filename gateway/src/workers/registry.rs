@@ -34,6 +34,10 @@ pub struct Worker {
     pub cost: f64,
     /// Total KV blocks (0: unknown).
     pub capacity_blocks: u64,
+    /// The machine it runs on (empty: unknown).
+    pub node: String,
+    /// Encoders: the token budgets it batches to, ascending.
+    pub token_budgets: Vec<u32>,
     healthy: AtomicBool,
     failures: AtomicU32,
     successes: AtomicU32,
@@ -53,6 +57,8 @@ impl Worker {
             block_size: config.block_size,
             capabilities: config.capabilities.clone(),
             cost: config.cost,
+            node: config.node.clone(),
+            token_budgets: config.token_budgets.clone(),
             healthy: AtomicBool::new(true),
             failures: AtomicU32::new(0),
             successes: AtomicU32::new(0),
@@ -270,6 +276,8 @@ mod tests {
             capabilities: vec!["text".into()],
             cost: 1.0,
             capacity_blocks: 0,
+            node: String::new(),
+            token_budgets: Vec::new(),
         }
     }
 

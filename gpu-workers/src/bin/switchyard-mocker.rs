@@ -1,17 +1,61 @@
-//! `switchyard-mocker`: runs N simulated engines in one process, one HTTP port each.
+//! `switchyard-mocker`: runs N simulated engines (or encoders) in one process, one HTTP port
+//! each.
 
 use std::net::IpAddr;
 
 use anyhow::Context;
 use clap::Parser;
 use switchyard_protocol::kv_events;
+use switchyard_workers::encoder::{self, EncoderConfig};
 use switchyard_workers::kv_link;
 use switchyard_workers::mocker::{self, EngineConfig, ServerConfig};
 
-/// Simulated LLM workers speaking the OpenAI API (timing from Dynamo's fitted perf model).
+/// What the mocker simulates.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum MockRole {
+    /// LLM workers (the default).
+    Llm,
+    /// Encoders of the modality `--encodes` names.
+    Encoder,
+    /// Vision encoders (images and video frames).
+    Vision,
+    /// Audio encoders.
+    Audio,
+}
+
+/// Simulated LLM workers speaking the OpenAI API (timing from Dynamo's fitted perf model), or
+/// simulated vision/audio encoders (timing from measured encoder curves).
 #[derive(Debug, Parser)]
 #[command(name = "switchyard-mocker", version)]
 struct Args {
+    /// What to run: `llm` workers, or `encoder`s (of `--encodes`; `vision` and `audio` name the
+    /// modality directly).
+    #[arg(long, value_enum, default_value_t = MockRole::Llm)]
+    role: MockRole,
+    /// Encoders: the modality they encode, `vision` or `audio`.
+    #[arg(long, default_value = "vision")]
+    encodes: String,
+    /// Encoders: width of a feature row in the features they push.
+    #[arg(long, default_value_t = 64)]
+    feature_dim: usize,
+    /// Encoders: feature cache size in MiB.
+    #[arg(long, default_value_t = 1024)]
+    feature_cache_mib: u64,
+    /// Encoders: multiplies every encode time of the measured curves.
+    #[arg(long, default_value_t = 1.0)]
+    cost_scale: f64,
+    /// Encoders: the token budgets they batch to (comma-separated, ascending).
+    #[arg(long, value_delimiter = ',', default_values_t = [576u32, 2304, 4608, 9216, 18432])]
+    token_budgets: Vec<u32>,
+    /// Encoders, fault injection: every N-th encoded item fails.
+    #[arg(long)]
+    fail_every: Option<u64>,
+    /// Encoders, fault injection: videos with more frames than this run out of memory.
+    #[arg(long)]
+    oom_above_frames: Option<u32>,
+    /// The machine name announced in registrations (same-node transfers are faster).
+    #[arg(long, default_value = "")]
+    node: String,
     /// Number of engines to run, one port each.
     #[arg(long, default_value_t = 1)]
     num_workers: usize,
@@ -102,6 +146,9 @@ async fn run() -> anyhow::Result<()> {
         args.speedup.is_finite() && args.speedup > 0.0,
         "--speedup must be a positive number"
     );
+    if args.role != MockRole::Llm {
+        return run_encoders(args).await;
+    }
     let engine = EngineConfig {
         block_size: args.block_size,
         num_gpu_blocks: args.num_gpu_blocks,
@@ -147,6 +194,8 @@ async fn run() -> anyhow::Result<()> {
                     capacity_blocks: args.num_gpu_blocks as u64,
                     capabilities: vec!["text".into()],
                     cost: 1.0,
+                    node: args.node.clone(),
+                    token_budgets: Vec::new(),
                     heartbeat_ms: args.heartbeat_ms.max(1),
                     last_event_id: 0,
                 },
@@ -160,6 +209,97 @@ async fn run() -> anyhow::Result<()> {
         println!("mocker {index} listening on http://{}", worker.addr());
     }
     println!("mocker ready: {} worker(s), model `{}`", fleet.len(), args.model);
+    tokio::signal::ctrl_c().await.context("waiting for ctrl-c")?;
+    for (stop, task) in links {
+        let _ = stop.send(());
+        let _ = task.await;
+    }
+    Ok(())
+}
+
+/// Runs simulated encoders until ctrl-c.
+async fn run_encoders(args: Args) -> anyhow::Result<()> {
+    let role = match (args.role, args.encodes.as_str()) {
+        (MockRole::Vision, _) | (MockRole::Encoder, "vision") => switchyard_protocol::Role::Vision,
+        (MockRole::Audio, _) | (MockRole::Encoder, "audio") => switchyard_protocol::Role::Audio,
+        (_, other) => anyhow::bail!("--encodes must be `vision` or `audio`, not `{other}`"),
+    };
+    anyhow::ensure!(args.feature_dim > 0, "--feature-dim must be at least 1");
+    anyhow::ensure!(
+        args.cost_scale.is_finite() && args.cost_scale >= 0.0,
+        "--cost-scale must be a non-negative number"
+    );
+    anyhow::ensure!(
+        args.speedup.is_finite() && args.speedup > 0.0,
+        "--speedup must be a positive number"
+    );
+    let config = EncoderConfig {
+        role,
+        model: args.model.clone(),
+        feature_dim: args.feature_dim,
+        cache_bytes: args.feature_cache_mib << 20,
+        cost_scale: args.cost_scale,
+        speedup: args.speedup,
+        token_budgets: args.token_budgets.clone(),
+        fail_every: args.fail_every,
+        oom_above_frames: args.oom_above_frames,
+        ..EncoderConfig::default()
+    };
+    let encoders = encoder::spawn_encoders(args.num_workers, args.host, args.port, &config)
+        .await
+        .context("could not bind the encoder ports")?;
+    let mut links = Vec::new();
+    if let Some(url) = &args.nats {
+        let client = async_nats::connect(url.as_str())
+            .await
+            .with_context(|| format!("cannot connect to NATS at `{url}`"))?;
+        for (index, server) in encoders.iter().enumerate() {
+            let name = match &args.name {
+                Some(prefix) => format!("{prefix}-{index}"),
+                None => format!("encoder-{}", server.addr().port()),
+            };
+            anyhow::ensure!(
+                kv_events::valid_worker_name(&name),
+                "worker name `{name}` must be letters, digits, `-` and `_`"
+            );
+            let (sink, events) = tokio::sync::mpsc::unbounded_channel();
+            server.subscribe_kv_events(sink);
+            let (stop, stopped) = tokio::sync::oneshot::channel();
+            let capabilities = match role {
+                switchyard_protocol::Role::Audio => vec!["audio".into()],
+                _ => vec!["image".into(), "video".into()],
+            };
+            let link = kv_link::LinkConfig {
+                subjects: kv_events::Subjects::new(args.subject_prefix.clone()),
+                registration: kv_events::Registration {
+                    worker: name,
+                    url: format!("http://{}", server.addr()),
+                    model: args.model.clone(),
+                    role,
+                    // One cached media item per announced block.
+                    block_size: 1,
+                    capacity_blocks: 0,
+                    capabilities,
+                    cost: 1.0,
+                    node: args.node.clone(),
+                    token_budgets: args.token_budgets.clone(),
+                    heartbeat_ms: args.heartbeat_ms.max(1),
+                    last_event_id: 0,
+                },
+                drop_every: None,
+            };
+            let task = tokio::spawn(kv_link::run(client.clone(), link, events, stopped));
+            links.push((stop, task));
+        }
+    }
+    for (index, server) in encoders.iter().enumerate() {
+        println!("encoder {index} ({role}) listening on http://{}", server.addr());
+    }
+    println!(
+        "mocker ready: {} {role} encoder(s), model `{}`",
+        encoders.len(),
+        args.model
+    );
     tokio::signal::ctrl_c().await.context("waiting for ctrl-c")?;
     for (stop, task) in links {
         let _ = stop.send(());

@@ -15,7 +15,7 @@ pub mod sampling;
 pub mod scheduler;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use tokio::sync::mpsc;
 
@@ -206,6 +206,7 @@ pub(crate) struct Request {
     pub(crate) prompt: Vec<u32>,
     pub(crate) sampler: Sampler,
     pub(crate) out: mpsc::UnboundedSender<Output>,
+    pub(crate) gate: Option<PrefillGate>,
 }
 
 /// What a handle sends the scheduler.
@@ -215,6 +216,34 @@ pub(crate) enum Submission {
     Request(Request),
     /// Drop the prefix cache's unreferenced blocks; the reply says how many.
     ClearCache(tokio::sync::oneshot::Sender<usize>),
+    /// Nothing to do but plan again (a [`PrefillGate`] opened).
+    Wake,
+}
+
+/// How far into its prompt a request may be prefilled, raised as its inputs arrive.
+///
+/// A request with media is submitted before its features exist, gated at its first media span,
+/// so the text before it is prefilled while the encoder works (encode/prefill overlap). When
+/// the features are merged, [`PrefillGate::open`] lets the rest through. Cheap to clone; every
+/// clone is the same gate.
+#[derive(Debug, Clone)]
+pub struct PrefillGate(Arc<AtomicUsize>);
+
+impl PrefillGate {
+    /// A gate letting the first `tokens` prompt tokens through.
+    pub fn new(tokens: usize) -> PrefillGate {
+        PrefillGate(Arc::new(AtomicUsize::new(tokens)))
+    }
+
+    /// Prompt tokens that may be computed now.
+    pub fn limit(&self) -> usize {
+        self.0.load(Ordering::Acquire)
+    }
+
+    /// Lets the whole prompt through.
+    pub fn open(&self) {
+        self.0.store(usize::MAX, Ordering::Release);
+    }
 }
 
 type EventSink = Arc<std::sync::Mutex<Option<mpsc::UnboundedSender<KvEvent>>>>;
@@ -265,6 +294,21 @@ impl EngineHandle {
         prompt: Vec<u32>,
         params: SamplingParams,
     ) -> Result<mpsc::UnboundedReceiver<Output>, SubmitError> {
+        self.submit_gated(prompt, params, None)
+    }
+
+    /// As [`submit`](Self::submit), prefilling no further than `gate` allows until it opens
+    /// (call [`wake`](Self::wake) after opening it).
+    ///
+    /// # Errors
+    ///
+    /// As for [`submit`](Self::submit).
+    pub fn submit_gated(
+        &self,
+        prompt: Vec<u32>,
+        params: SamplingParams,
+        gate: Option<PrefillGate>,
+    ) -> Result<mpsc::UnboundedReceiver<Output>, SubmitError> {
         if prompt.is_empty() {
             return Err(SubmitError::EmptyPrompt);
         }
@@ -302,7 +346,12 @@ impl EngineHandle {
         let sampler = Sampler::new(SamplingParams { max_tokens, ..params })?;
         let (out, receiver) = mpsc::unbounded_channel();
         self.submissions
-            .send(Submission::Request(Request { prompt, sampler, out }))
+            .send(Submission::Request(Request {
+                prompt,
+                sampler,
+                out,
+                gate,
+            }))
             .map_err(|_| SubmitError::Stopped)?;
         Ok(receiver)
     }
@@ -320,6 +369,11 @@ impl EngineHandle {
             .send(Submission::ClearCache(reply))
             .map_err(|_| SubmitError::Stopped)?;
         answer.await.map_err(|_| SubmitError::Stopped)
+    }
+
+    /// Makes an idle engine plan again; call it after opening a [`PrefillGate`].
+    pub fn wake(&self) {
+        let _ = self.submissions.send(Submission::Wake);
     }
 
     /// The engine's settings.

@@ -20,7 +20,7 @@ use tokio::sync::mpsc::error::TryRecvError;
 
 use crate::engine::blocks::{BlockId, BlockManager};
 use crate::engine::sampling::Sampler;
-use crate::engine::{EngineConfig, EngineStats, EventSink, Output, Submission};
+use crate::engine::{EngineConfig, EngineStats, EventSink, Output, PrefillGate, Submission};
 use switchyard_protocol::block_hash::{BlockHash, block_hashes, chain_hash, local_hash};
 
 /// Computes engine steps: the model (or a simulation of it) behind a scheduler.
@@ -83,9 +83,18 @@ struct Sequence {
     cached_tokens: Option<usize>,
     sampler: Sampler,
     out: mpsc::UnboundedSender<Output>,
+    gate: Option<PrefillGate>,
 }
 
 impl Sequence {
+    /// Tokens whose KV may be computed now: all of them, or the prompt up to the gate.
+    fn ready_len(&self) -> usize {
+        match &self.gate {
+            Some(gate) => gate.limit().min(self.tokens.len()),
+            None => self.tokens.len(),
+        }
+    }
+
     fn generated(&self) -> usize {
         self.tokens.len() - self.prompt_len
     }
@@ -191,6 +200,7 @@ impl Scheduler {
                 let _ = reply.send(dropped);
                 return;
             }
+            Submission::Wake => return,
         };
         let hashes = block_hashes(&submission.prompt, self.config.block_size);
         self.stats.requests.fetch_add(1, Ordering::Relaxed);
@@ -206,6 +216,7 @@ impl Scheduler {
             cached_tokens: None,
             sampler: submission.sampler,
             out: submission.out,
+            gate: submission.gate,
         });
         self.update_gauges();
     }
@@ -284,7 +295,13 @@ impl Scheduler {
         let mut index = 0;
         'running: while index < self.running.len() && budget > 0 {
             let seq = &self.running[index];
-            let Some(tokens) = self.chunk(seq.tokens.len() - seq.computed, budget) else {
+            let ready = seq.ready_len().saturating_sub(seq.computed);
+            if ready == 0 {
+                // Gated: its prefix is prefilled and the rest waits for its media.
+                index += 1;
+                continue;
+            }
+            let Some(tokens) = self.chunk(ready, budget) else {
                 index += 1;
                 continue;
             };
@@ -313,23 +330,31 @@ impl Scheduler {
         }
         // Like vLLM, admit nothing new in a step that had to preempt.
         while !preempted && budget > 0 && self.running.len() < self.config.max_num_seqs {
-            let Some(seq) = self.waiting.front() else {
+            // The first waiting sequence with something to compute: a gated one whose prefix
+            // is all cached waits without holding up those behind it.
+            let block_size = self.config.block_size;
+            let admissible = self.waiting.iter().enumerate().find_map(|(position, seq)| {
+                let mut cached = self.blocks.cached_prefix(&seq.hashes).min(seq.ready_len() / block_size);
+                if cached * block_size >= seq.tokens.len() {
+                    // At least one token must be computed to produce the next one.
+                    cached -= 1;
+                }
+                let computed = cached * block_size;
+                let ready = seq.ready_len().saturating_sub(computed);
+                (ready > 0).then_some((position, cached, computed, ready))
+            });
+            let Some((position, cached, computed, ready)) = admissible else {
                 break;
             };
-            let mut cached = self.blocks.cached_prefix(&seq.hashes);
-            if cached * self.config.block_size >= seq.tokens.len() {
-                // At least one token must be computed to produce the next one.
-                cached -= 1;
-            }
-            let computed = cached * self.config.block_size;
-            let Some(tokens) = self.chunk(seq.tokens.len() - computed, budget) else {
+            let seq = &self.waiting[position];
+            let Some(tokens) = self.chunk(ready, budget) else {
                 break;
             };
             let new_blocks = self.blocks_for(computed + tokens) - cached;
             if !self.blocks.can_admit(&seq.hashes[..cached], new_blocks) {
                 break;
             }
-            let Some(mut seq) = self.waiting.pop_front() else {
+            let Some(mut seq) = self.waiting.remove(position) else {
                 break;
             };
             for hash in &seq.hashes[..cached] {

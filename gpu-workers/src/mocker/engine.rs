@@ -246,6 +246,35 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_gated_prompt_prefills_its_prefix_and_waits() {
+        use crate::engine::PrefillGate;
+        let engine = spawn_engine(config());
+        let gate = PrefillGate::new(10);
+        let mut outputs = engine
+            .submit_gated((0..30).collect(), max(3), Some(gate.clone()))
+            .expect("accepted");
+        assert!(matches!(outputs.recv().await, Some(Output::Started { .. })));
+        // An ungated request behind it is not held up.
+        let (tokens, _) = collect(engine.submit((100..120).collect(), max(2)).expect("accepted")).await;
+        assert_eq!(tokens.len(), 2);
+        for _ in 0..50 {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        assert!(outputs.try_recv().is_err(), "no token before the gate opens");
+        let computed = engine.stats().computed_tokens.load(Ordering::Relaxed);
+        assert_eq!(
+            computed,
+            10 + 20 + 1,
+            "the gated prefix, the other prompt and its one decode"
+        );
+        gate.open();
+        engine.wake();
+        let (tokens, finished) = collect(outputs).await;
+        assert_eq!(tokens.len(), 3);
+        assert!(matches!(finished, Output::Finished { prompt_tokens: 30, .. }));
+    }
+
+    #[tokio::test]
     async fn oversized_requests_are_refused() {
         let engine = spawn_engine(EngineConfig {
             num_gpu_blocks: 2,

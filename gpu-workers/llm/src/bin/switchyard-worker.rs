@@ -307,6 +307,8 @@ async fn run() -> anyhow::Result<()> {
         capacity_blocks: num_blocks as u64,
         capabilities: vec!["text".into()],
         cost: args.cost,
+        node: String::new(),
+        token_budgets: Vec::new(),
         heartbeat_ms: args.heartbeat_ms.max(1),
         last_event_id: 0,
     };

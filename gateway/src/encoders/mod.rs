@@ -1,0 +1,489 @@
+//! Encoder pools: the gateway's queue in front of each encoder, and media sent through it.
+//!
+//! Encoders are ordinary workers of role `vision` (images, video) or `audio` in the pool. This
+//! module owns what the gateway does with them: it picks an encoder for an item (one that
+//! already holds the item's features, as its announced feature cache says, else the one with
+//! the least estimated work queued), keeps a queue per encoder whose task forms micro-batches
+//! (up to `max_items`, sent at the latest `deadline_ms` after the first item) and posts them,
+//! and hands each item its outcome. The work queued at an encoder is estimated in milliseconds
+//! with the reference cost model and taken off again when the item ends, successfully or not,
+//! so the estimate cannot drift. [`encode_request`] runs every item of a request: one retry on
+//! another encoder after a failure (with half the frames or half the resolution after an
+//! out-of-memory), and a verdict: delivered, text-only (and why), or the client's error.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use base64::Engine as _;
+use bytes::Bytes;
+use http::StatusCode;
+use http_body_util::{BodyExt, Full};
+use parking_lot::Mutex;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+use switchyard_media::{MediaKind, ModelMedia};
+use switchyard_protocol::api::ApiError;
+use switchyard_protocol::encode::{
+    Delivery, ENCODE, EncodeBatch, EncodeItem, EncodeReply, ItemOutcome, ItemStatus, estimate_ms, media_block_hash,
+};
+use tokio::sync::{mpsc, oneshot};
+
+use crate::config::{EncodersConfig, Role};
+use crate::kv::KvState;
+use crate::media::MediaItem;
+use crate::workers::client::WorkerClient;
+use crate::workers::{Worker, WorkerPool};
+
+type Labels = Vec<(&'static str, String)>;
+
+/// Largest encoder answer read.
+const MAX_REPLY_BYTES: usize = 1 << 20;
+
+/// Metrics of the encoder queues.
+#[derive(Debug)]
+pub(crate) struct EncoderMetrics {
+    items: Family<Labels, Counter>,
+    batch_items: Histogram,
+    retries: Counter,
+    cache_routed: Counter,
+}
+
+impl EncoderMetrics {
+    /// Fresh counters.
+    pub(crate) fn new() -> EncoderMetrics {
+        EncoderMetrics {
+            items: Family::default(),
+            batch_items: Histogram::new([1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0]),
+            retries: Counter::default(),
+            cache_routed: Counter::default(),
+        }
+    }
+
+    /// Registers the families in `registry`.
+    pub(crate) fn register(&self, registry: &mut Registry) {
+        registry.register(
+            "encoder_items",
+            "Media items sent to encoders, by encoder and outcome",
+            self.items.clone(),
+        );
+        registry.register(
+            "encoder_batch_items",
+            "Items per micro-batch sent to an encoder",
+            self.batch_items.clone(),
+        );
+        registry.register(
+            "encoder_retries",
+            "Media items tried again on another encoder after a failure",
+            self.retries.clone(),
+        );
+        registry.register(
+            "encoder_cache_routed",
+            "Media items sent to an encoder that announced their features cached",
+            self.cache_routed.clone(),
+        );
+    }
+}
+
+/// One queued item.
+struct Job {
+    item: EncodeItem,
+    reply: oneshot::Sender<Result<ItemOutcome, String>>,
+}
+
+/// The queue in front of one encoder.
+struct Queue {
+    jobs: mpsc::UnboundedSender<Job>,
+    /// Estimated work queued or running, in microseconds.
+    pending_us: Arc<AtomicU64>,
+}
+
+/// Every encoder queue of a gateway; see the module docs.
+pub(crate) struct Encoders {
+    config: EncodersConfig,
+    client: WorkerClient,
+    pool: Arc<WorkerPool>,
+    kv: Arc<KvState>,
+    queues: Mutex<HashMap<u32, Queue>>,
+    /// Its metrics.
+    pub metrics: Arc<EncoderMetrics>,
+}
+
+impl std::fmt::Debug for Encoders {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Encoders")
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The role of the encoders that take `kind`.
+pub(crate) fn role_for(kind: MediaKind) -> Role {
+    match kind {
+        MediaKind::Image | MediaKind::Video => Role::Vision,
+        MediaKind::Audio => Role::Audio,
+    }
+}
+
+impl Encoders {
+    /// Queues for the encoders of `pool` (created as encoders are first used).
+    pub(crate) fn new(
+        config: EncodersConfig,
+        client: WorkerClient,
+        pool: Arc<WorkerPool>,
+        kv: Arc<KvState>,
+        metrics: Arc<EncoderMetrics>,
+    ) -> Encoders {
+        Encoders {
+            config,
+            client,
+            pool,
+            kv,
+            queues: Mutex::new(HashMap::new()),
+            metrics,
+        }
+    }
+
+    /// The settings.
+    pub(crate) fn config(&self) -> &EncodersConfig {
+        &self.config
+    }
+
+    /// The healthy encoders of `model` that take `kind`, except those in `exclude`.
+    pub(crate) fn candidates(&self, model: &str, kind: MediaKind, exclude: &[u32]) -> Vec<Arc<Worker>> {
+        let role = role_for(kind);
+        self.pool
+            .workers()
+            .iter()
+            .filter(|w| w.role == role && w.model == model && w.is_healthy() && !exclude.contains(&w.kv_id))
+            .cloned()
+            .collect()
+    }
+
+    /// Estimated work queued at `encoder`, in milliseconds.
+    pub(crate) fn queued_ms(&self, encoder: &Worker) -> f64 {
+        self.queues
+            .lock()
+            .get(&encoder.kv_id)
+            .map_or(0.0, |q| q.pending_us.load(Ordering::Relaxed) as f64 / 1000.0)
+    }
+
+    /// The encoder for an item: one holding its features if any, else the least queued.
+    pub(crate) fn choose(&self, model: &str, item: &MediaItem, exclude: &[u32]) -> Option<Arc<Worker>> {
+        let candidates = self.candidates(model, item.info.kind, exclude);
+        let holders = self.kv.lookup(&[media_block_hash(item.id())]);
+        let cached = candidates
+            .iter()
+            .filter(|w| holders.iter().any(|o| o.worker == w.kv_id && o.device > 0))
+            .min_by(|a, b| self.queued_ms(a).total_cmp(&self.queued_ms(b)));
+        if let Some(encoder) = cached {
+            self.metrics.cache_routed.inc();
+            return Some(encoder.clone());
+        }
+        candidates.into_iter().min_by(|a, b| {
+            self.queued_ms(a)
+                .total_cmp(&self.queued_ms(b))
+                .then(a.in_flight().cmp(&b.in_flight()))
+        })
+    }
+
+    /// Encodes `item` at `encoder` through its queue, within the configured timeout.
+    ///
+    /// # Errors
+    ///
+    /// Why no outcome came back: the encoder could not be reached, answered an error, or took
+    /// longer than `timeout_ms`.
+    pub(crate) async fn encode(&self, encoder: &Arc<Worker>, item: EncodeItem) -> Result<ItemOutcome, String> {
+        let estimate_us = (estimate_ms(item.kind, item.frames.len(), item.duration_s) * 1000.0) as u64;
+        let (reply, answer) = oneshot::channel();
+        let pending = {
+            let mut queues = self.queues.lock();
+            if !queues.contains_key(&encoder.kv_id) {
+                // Queues of encoders that have left the pool are dropped (their tasks end).
+                let live: Vec<u32> = self.pool.workers().iter().map(|w| w.kv_id).collect();
+                queues.retain(|id, _| live.contains(id));
+                queues.insert(encoder.kv_id, self.start_queue(encoder.clone()));
+            }
+            let Some(queue) = queues.get(&encoder.kv_id) else {
+                return Err("the encoder queue is gone".into());
+            };
+            if queue.jobs.send(Job { item, reply }).is_err() {
+                return Err("the encoder queue stopped".into());
+            }
+            queue.pending_us.clone()
+        };
+        pending.fetch_add(estimate_us, Ordering::Relaxed);
+        let result = tokio::time::timeout(Duration::from_millis(self.config.timeout_ms), answer).await;
+        pending.fetch_sub(estimate_us, Ordering::Relaxed);
+        let outcome = match result {
+            Ok(Ok(outcome)) => outcome,
+            Ok(Err(_)) => Err("the encoder queue dropped the item".into()),
+            Err(_) => Err(format!("no answer within {} ms", self.config.timeout_ms)),
+        };
+        let label = match &outcome {
+            Ok(outcome) => outcome.status.as_str(),
+            Err(_) => "unreachable",
+        };
+        self.metrics
+            .items
+            .get_or_create(&vec![("encoder", encoder.name.clone()), ("outcome", label.to_string())])
+            .inc();
+        outcome
+    }
+
+    fn start_queue(&self, encoder: Arc<Worker>) -> Queue {
+        let (jobs, receiver) = mpsc::unbounded_channel();
+        tokio::spawn(run_queue(
+            encoder,
+            receiver,
+            self.client.clone(),
+            self.config.clone(),
+            self.metrics.clone(),
+        ));
+        Queue {
+            jobs,
+            pending_us: Arc::new(AtomicU64::new(0)),
+        }
+    }
+}
+
+/// Forms micro-batches from one encoder's queue and sends them.
+async fn run_queue(
+    encoder: Arc<Worker>,
+    mut jobs: mpsc::UnboundedReceiver<Job>,
+    client: WorkerClient,
+    config: EncodersConfig,
+    metrics: Arc<EncoderMetrics>,
+) {
+    let max_items = config.max_items.max(1);
+    loop {
+        let Some(first) = jobs.recv().await else {
+            return;
+        };
+        let mut batch = vec![first];
+        let deadline = tokio::time::Instant::now() + Duration::from_millis(config.deadline_ms);
+        while batch.len() < max_items {
+            match tokio::time::timeout_at(deadline, jobs.recv()).await {
+                Ok(Some(job)) => batch.push(job),
+                Ok(None) | Err(_) => break,
+            }
+        }
+        metrics.batch_items.observe(batch.len() as f64);
+        tokio::spawn(send_batch(encoder.clone(), batch, client.clone(), config.timeout_ms));
+    }
+}
+
+async fn send_batch(encoder: Arc<Worker>, batch: Vec<Job>, client: WorkerClient, timeout_ms: u64) {
+    let (items, replies): (Vec<EncodeItem>, Vec<_>) = batch.into_iter().map(|job| (job.item, job.reply)).unzip();
+    let result = post_batch(&encoder, EncodeBatch { items }, &client, timeout_ms).await;
+    match result {
+        Ok(reply) if reply.items.len() == replies.len() => {
+            for (outcome, reply) in reply.items.into_iter().zip(replies) {
+                let _ = reply.send(Ok(outcome));
+            }
+        }
+        Ok(reply) => {
+            let reason = format!(
+                "encoder `{}` answered {} outcomes for {} items",
+                encoder.name,
+                reply.items.len(),
+                replies.len()
+            );
+            for reply in replies {
+                let _ = reply.send(Err(reason.clone()));
+            }
+        }
+        Err(reason) => {
+            tracing::warn!(encoder = %encoder.name, %reason, "encode batch failed");
+            for reply in replies {
+                let _ = reply.send(Err(reason.clone()));
+            }
+        }
+    }
+}
+
+async fn post_batch(
+    encoder: &Worker,
+    batch: EncodeBatch,
+    client: &WorkerClient,
+    timeout_ms: u64,
+) -> Result<EncodeReply, String> {
+    let body = serde_json::to_vec(&batch).map_err(|err| format!("cannot encode the batch: {err}"))?;
+    let request = http::Request::post(encoder.uri(ENCODE))
+        .header(http::header::CONTENT_TYPE, "application/json")
+        .body(Full::new(Bytes::from(body)))
+        .map_err(|err| format!("cannot build the request: {err}"))?;
+    let response = client
+        .send_within(request, Duration::from_millis(timeout_ms))
+        .await
+        .map_err(|err| {
+            if err.is_connect() {
+                encoder.eject();
+            }
+            format!("encoder `{}`: {err}", encoder.name)
+        })?;
+    let status = response.status();
+    let body = http_body_util::Limited::new(response.into_body(), MAX_REPLY_BYTES)
+        .collect()
+        .await
+        .map_err(|err| format!("encoder `{}` broke off its answer: {err}", encoder.name))?
+        .to_bytes();
+    if !status.is_success() {
+        return Err(format!(
+            "encoder `{}` answered {status}: {}",
+            encoder.name,
+            String::from_utf8_lossy(&body).chars().take(200).collect::<String>()
+        ));
+    }
+    serde_json::from_slice(&body).map_err(|err| format!("encoder `{}` answered nonsense: {err}", encoder.name))
+}
+
+/// How a request's media ended.
+#[derive(Debug)]
+pub(crate) enum Verdict {
+    /// Every item's features reached the LLM worker; the count served from feature caches.
+    Delivered {
+        /// Items found in an encoder's cache.
+        cache_hits: usize,
+    },
+    /// The request is answered from its text alone.
+    TextOnly(&'static str),
+    /// An item does not decode: the client's error.
+    ClientError(ApiError),
+}
+
+/// Text-only reason: encoders failed the item twice (or there was no second encoder).
+pub(crate) const REASON_ENCODER_FAILED: &str = "encoder-failed";
+
+/// Text-only reason: no healthy encoder takes the item's kind.
+pub(crate) const REASON_NO_ENCODER: &str = "no-encoder";
+
+/// Encodes every item of a request for the LLM worker at `llm_url` (request `request`), each
+/// first at `chosen[k]`.
+pub(crate) async fn encode_request(
+    encoders: &Encoders,
+    model: &str,
+    media: &ModelMedia,
+    items: &[MediaItem],
+    chosen: &[Arc<Worker>],
+    llm_url: &str,
+    request: &str,
+) -> Verdict {
+    let runs = items
+        .iter()
+        .zip(chosen)
+        .enumerate()
+        .map(|(slot, (item, first))| async move {
+            encode_item(encoders, model, media, item, first.clone(), llm_url, request, slot).await
+        });
+    let verdicts = futures_util::future::join_all(runs).await;
+    let mut cache_hits = 0;
+    let mut text_only = None;
+    for verdict in verdicts {
+        match verdict {
+            Verdict::ClientError(err) => return Verdict::ClientError(err),
+            Verdict::TextOnly(reason) => text_only = Some(reason),
+            Verdict::Delivered { cache_hits: hits } => cache_hits += hits,
+        }
+    }
+    match text_only {
+        Some(reason) => Verdict::TextOnly(reason),
+        None => Verdict::Delivered { cache_hits },
+    }
+}
+
+#[allow(clippy::too_many_arguments, reason = "one item's whole context, passed once")]
+async fn encode_item(
+    encoders: &Encoders,
+    model: &str,
+    media: &ModelMedia,
+    item: &MediaItem,
+    first: Arc<Worker>,
+    llm_url: &str,
+    request: &str,
+    slot: usize,
+) -> Verdict {
+    let mut wire = EncodeItem {
+        media_id: item.id(),
+        kind: item.info.kind,
+        tokens: item.tokens,
+        frames: item.frames.clone(),
+        duration_s: item.info.duration_s,
+        format: item.info.container.to_string(),
+        data: Some(base64::engine::general_purpose::STANDARD.encode(&item.data)),
+        deliver: Delivery {
+            url: llm_url.to_string(),
+            request: request.to_string(),
+            slot,
+        },
+    };
+    let mut encoder = first;
+    let mut tried = Vec::new();
+    for attempt in 0..2 {
+        if attempt > 0 {
+            encoders.metrics.retries.inc();
+        }
+        tried.push(encoder.kv_id);
+        match encoders.encode(&encoder, wire.clone()).await {
+            Ok(outcome) if outcome.status.delivered() => {
+                return Verdict::Delivered {
+                    cache_hits: usize::from(outcome.status == ItemStatus::Cached),
+                };
+            }
+            Ok(outcome) if outcome.status == ItemStatus::DecodeError => {
+                return Verdict::ClientError(
+                    ApiError::new(
+                        StatusCode::BAD_REQUEST,
+                        "invalid_request_error",
+                        "invalid_media",
+                        format!(
+                            "content part {} of message {}: the encoder cannot decode it: {}",
+                            item.part,
+                            item.message,
+                            outcome.message.unwrap_or_default()
+                        ),
+                    )
+                    .with_param(Some(format!("messages[{}].content[{}]", item.message, item.part))),
+                );
+            }
+            Ok(outcome) if outcome.status == ItemStatus::DeliveryFailed => {
+                // The LLM worker is gone; another encoder cannot help.
+                tracing::warn!(encoder = %encoder.name, reason = ?outcome.message, "features could not be delivered");
+                return Verdict::TextOnly(REASON_ENCODER_FAILED);
+            }
+            Ok(outcome) => {
+                tracing::warn!(encoder = %encoder.name, status = outcome.status.as_str(), reason = ?outcome.message, "encode failed");
+                if outcome.status == ItemStatus::OutOfMemory {
+                    reduce(&mut wire, item, media);
+                }
+            }
+            Err(reason) => tracing::warn!(encoder = %encoder.name, %reason, "encode failed"),
+        }
+        match encoders.choose(model, item, &tried) {
+            Some(next) => encoder = next,
+            None => break,
+        }
+    }
+    Verdict::TextOnly(REASON_ENCODER_FAILED)
+}
+
+/// Halves what an out-of-memory item asks for: every other frame of a video, half the width
+/// and height of an image (audio is left as it is).
+fn reduce(wire: &mut EncodeItem, item: &MediaItem, media: &ModelMedia) {
+    match item.info.kind {
+        MediaKind::Video => {
+            let frames: Vec<u32> = wire.frames.iter().copied().step_by(2).collect();
+            if !frames.is_empty() {
+                wire.tokens = switchyard_media::video_tokens(media, &item.info, frames.len());
+                wire.frames = frames;
+            }
+        }
+        MediaKind::Image => {
+            wire.tokens = switchyard_media::image_tokens(media, item.info.width / 2, item.info.height / 2).max(1);
+        }
+        MediaKind::Audio => {}
+    }
+}
