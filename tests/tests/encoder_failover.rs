@@ -38,7 +38,7 @@ fn request(kind: usize, index: usize) -> Value {
         "model": "mock",
         "messages": [{"role": "user", "content": parts}],
         "max_tokens": 4,
-        "stream": index % 2 == 0,
+        "stream": index.is_multiple_of(2),
     })
 }
 
@@ -96,7 +96,7 @@ async fn a_killed_encoder_fails_no_client_request() -> anyhow::Result<()> {
         } else if index % 4 != 3 {
             assert!(reply.headers.contains_key("x-switchyard-merge"), "request {index}");
         }
-        if index % 2 == 0 {
+        if index.is_multiple_of(2) {
             let events = reply.events();
             assert!(events.iter().any(|(_, data)| data == "[DONE]"), "request {index}");
             assert!(
