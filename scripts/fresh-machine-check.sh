@@ -44,5 +44,11 @@ grep -qi '^x-switchyard-policy: kv-aware' "$out/headers1" || { echo "first answe
 eval "$push_line" >&2
 eval "$curl_line -sS -D $out/headers2" >"$out/answer2"
 grep -qi '^x-switchyard-policy: least-load' "$out/headers2" || { echo "after the push, the answer was not routed by least-load" >&2; cat "$out/headers2" >&2; exit 1; }
-echo "fresh machine: the README command built, served, and swapped its policy live" >&2
+# The printed request with an image, as printed: encoded by the embedded vision encoder and
+# merged by the worker (its merge report comes back), not answered text-only.
+image_line=$(sed -n 's/^try an image: //p' "$out/stdout")
+[ -n "$image_line" ] || { echo "no image example in the ready output" >&2; exit 1; }
+eval "$image_line -sS -D $out/headers3" >"$out/answer3"
+grep -qi '^x-switchyard-merge: len=' "$out/headers3" || { echo "the image request was not merged" >&2; cat "$out/headers3" "$out/answer3" >&2; exit 1; }
+echo "fresh machine: the README command built, served, encoded an image, and swapped its policy live" >&2
 kill -TERM -- -"$pid" 2>/dev/null || kill "$pid"
