@@ -1,7 +1,10 @@
 //! Forwarding a generation request to a worker and relaying its answer.
 //!
 //! The body is read under the size limit and validated before any worker is chosen, so bad
-//! input never costs a worker anything. The request then goes to the chosen worker unchanged.
+//! input never costs a worker anything. The request then goes to the chosen worker unchanged;
+//! a request with media also carries its media plan, while its items go to encoders through
+//! [`crate::encoders`] (the client's answer starts only once the media has settled: merged,
+//! text-only, or a client error).
 //! A worker that cannot be reached, answers 5xx, or breaks off before its first body byte is
 //! left for another worker (up to `forwarding.retries` times: the policy's fallbacks first,
 //! then the policy again; see [`crate::routing`]); an unreachable one is also taken out of

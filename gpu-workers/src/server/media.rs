@@ -222,15 +222,20 @@ pub(super) async fn start(
 /// deadline. Returns the rows each item arrived with.
 async fn merge(state: &State, request: &str, deadline: tokio::time::Instant) -> Result<Vec<u32>, String> {
     loop {
+        // Reasons are short tokens: they end up in a response header and a metric label.
+        let failed = |err: TrackerError| {
+            tracing::warn!(%request, error = %err, "cannot merge the request's features");
+            "merge-failed".to_string()
+        };
         let staged = {
-            let mut tracker = state.features.lock().map_err(|_| "tracker poisoned".to_string())?;
+            let mut tracker = state.features.lock().map_err(|_| "tracker-poisoned".to_string())?;
             match tracker.stage(request) {
                 Ok(()) => {
-                    tracker.merge(request).map_err(|err| err.to_string())?;
+                    tracker.merge(request).map_err(failed)?;
                     Some(tracker.arrived_tokens(request).unwrap_or_default())
                 }
                 Err(TrackerError::StagingFull { .. }) => None,
-                Err(err) => return Err(err.to_string()),
+                Err(err) => return Err(failed(err)),
             }
         };
         match staged {
