@@ -782,7 +782,6 @@ impl http_body::Body for SseBody {
 }
 
 fn metrics(state: &State) -> Response<Body> {
-    use prometheus_client::encoding::text::encode;
     use prometheus_client::metrics::counter::Counter;
     use prometheus_client::metrics::gauge::Gauge;
     use prometheus_client::registry::Registry;
@@ -957,8 +956,13 @@ fn metrics(state: &State) -> Response<Body> {
         counter.inc_by(value);
         registry.register(name, help, counter);
     }
+    metrics_response(&registry)
+}
+
+/// The Prometheus text of `registry` as a response (a 500 if it cannot be encoded).
+pub(crate) fn metrics_response(registry: &prometheus_client::registry::Registry) -> Response<Body> {
     let mut text = String::new();
-    if let Err(err) = encode(&mut text, &registry) {
+    if let Err(err) = prometheus_client::encoding::text::encode(&mut text, registry) {
         return respond::error(&ApiError::new(
             StatusCode::INTERNAL_SERVER_ERROR,
             "server_error",

@@ -277,12 +277,7 @@ pub async fn spawn_encoders(
 ) -> std::io::Result<Vec<EncoderServer>> {
     let mut servers = Vec::with_capacity(count);
     for index in 0..count {
-        let port = if base_port == 0 {
-            0
-        } else {
-            u16::try_from(usize::from(base_port) + index)
-                .map_err(|_| std::io::Error::new(std::io::ErrorKind::InvalidInput, "port range runs past 65535"))?
-        };
+        let port = crate::mocker::fleet_port(base_port, index)?;
         let listener = TcpListener::bind(SocketAddr::new(host, port)).await?;
         servers.push(EncoderServer::start(listener, config.clone())?);
     }
@@ -532,7 +527,6 @@ fn dump(shared: &Shared) -> Result<Response<Body>, ApiError> {
 }
 
 fn metrics(shared: &Shared) -> Response<Body> {
-    use prometheus_client::encoding::text::encode;
     use prometheus_client::metrics::counter::Counter;
     use prometheus_client::metrics::gauge::Gauge;
     use prometheus_client::registry::Registry;
@@ -574,16 +568,7 @@ fn metrics(shared: &Shared) -> Response<Body> {
         gauge.set(value);
         registry.register(name, help, gauge);
     }
-    let mut text = String::new();
-    if let Err(err) = encode(&mut text, &registry) {
-        return respond::error(&ApiError::new(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "server_error",
-            "metrics_failed",
-            format!("could not encode metrics: {err}"),
-        ));
-    }
-    respond::text(StatusCode::OK, "text/plain; version=0.0.4; charset=utf-8", text)
+    crate::server::metrics_response(&registry)
 }
 
 #[cfg(test)]

@@ -15,6 +15,20 @@ use tokio::net::TcpListener;
 pub use crate::server::{ServerConfig, WorkerServer};
 pub use engine::{EngineConfig, EngineHandle, spawn_engine};
 
+/// The port of server `index` of a fleet: 0 (ephemeral) when `base_port` is 0, else
+/// `base_port + index`.
+///
+/// # Errors
+///
+/// `InvalidInput` if the range runs past 65535.
+pub fn fleet_port(base_port: u16, index: usize) -> std::io::Result<u16> {
+    if base_port == 0 {
+        return Ok(0);
+    }
+    u16::try_from(usize::from(base_port) + index)
+        .map_err(|_| std::io::Error::new(std::io::ErrorKind::InvalidInput, "port range runs past 65535"))
+}
+
 /// Starts `count` mockers on `host`, each with its own engine and port. With `base_port` 0
 /// every mocker gets an ephemeral port; otherwise mocker `i` listens on `base_port + i`.
 ///
@@ -30,13 +44,7 @@ pub async fn spawn_fleet(
 ) -> std::io::Result<Vec<WorkerServer>> {
     let mut fleet = Vec::with_capacity(count);
     for index in 0..count {
-        let port = if base_port == 0 {
-            0
-        } else {
-            u16::try_from(usize::from(base_port) + index)
-                .map_err(|_| std::io::Error::new(std::io::ErrorKind::InvalidInput, "port range runs past 65535"))?
-        };
-        let listener = TcpListener::bind(SocketAddr::new(host, port)).await?;
+        let listener = TcpListener::bind(SocketAddr::new(host, fleet_port(base_port, index)?)).await?;
         fleet.push(WorkerServer::start(
             listener,
             spawn_engine(engine.clone()),
