@@ -11,13 +11,14 @@ use std::path::PathBuf;
 /// also its folder in `plugins/`; file stem of its component, the name with `-` changed to `_`
 /// as cargo writes it). The SDK is built as their dependency; `plugins/template/` is a package
 /// of its own, built by nobody here.
-const BUILT_INS: [(&str, &str); 6] = [
+const BUILT_INS: [(&str, &str); 7] = [
     ("round-robin", "round_robin"),
     ("least-load", "least_load"),
     ("kv-aware", "kv_aware"),
     ("predicted-ttft", "predicted_ttft"),
     ("fcfs", "fcfs"),
     ("token-budget", "token_budget"),
+    ("mixed-modality", "mixed_modality"),
 ];
 
 fn main() {

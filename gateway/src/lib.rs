@@ -169,9 +169,20 @@ impl Gateway {
                 ..Default::default()
             },
         ));
+        let batcher = load_policy(&config.encoders.batcher, policy::built_in_batcher, |name, bytes| {
+            policy_runtime.load_batcher(name, bytes, config.encoders.batcher_config.clone())
+        })?;
+        let batchers = Arc::new(policy::batching::BatcherSwitch::new(
+            batcher,
+            policy::switch::SwitchConfig {
+                max_failures: config.policy.max_failures,
+                ..Default::default()
+            },
+        ));
         let kv = Arc::new(kv::KvState::new(&config)?);
         let mut metrics = Metrics::new();
         switch.register_metrics(metrics.registry_mut());
+        batchers.register_metrics(metrics.registry_mut());
         kv.metrics.register(metrics.registry_mut());
         let encoder_metrics = Arc::new(encoders::EncoderMetrics::new());
         encoder_metrics.register(metrics.registry_mut());
@@ -267,6 +278,8 @@ impl Gateway {
                 router: router.clone(),
                 runtime: policy_runtime.clone(),
                 policy_config: config.policy.config.clone(),
+                batchers: batchers.clone(),
+                batcher_config: config.encoders.batcher_config.clone(),
                 events: inbound.clone(),
                 client: client.clone(),
             });
@@ -285,6 +298,7 @@ impl Gateway {
                 client,
                 pool.clone(),
                 kv.clone(),
+                batchers,
                 encoder_metrics,
             )),
         });
@@ -382,6 +396,17 @@ fn load_router(
     name: &str,
     config: toml::Table,
 ) -> Result<policy::runtime::RouterPolicy, Error> {
+    load_policy(name, policy::built_in_router, |name, bytes| {
+        runtime.load_router(name, bytes, config)
+    })
+}
+
+/// Loads the policy `name`: a `.wasm` file by path, else the built-in `built_in` knows.
+fn load_policy<P>(
+    name: &str,
+    built_in: fn(&str) -> Result<&'static [u8], policy::PolicyError>,
+    load: impl FnOnce(&str, &[u8]) -> Result<P, policy::PolicyError>,
+) -> Result<P, Error> {
     let fail = |source| Error::Policy {
         name: name.to_string(),
         source,
@@ -389,9 +414,9 @@ fn load_router(
     let bytes = if name.ends_with(".wasm") {
         std::fs::read(name).map_err(|err| fail(policy::PolicyError::Invalid(format!("cannot read `{name}`: {err}"))))?
     } else {
-        policy::built_in_router(name).map_err(fail)?.to_vec()
+        built_in(name).map_err(fail)?.to_vec()
     };
-    runtime.load_router(name, &bytes, config).map_err(fail)
+    load(name, &bytes).map_err(fail)
 }
 
 impl Drop for Gateway {

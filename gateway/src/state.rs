@@ -11,6 +11,7 @@ use crate::encoders::Encoders;
 use crate::events::applier::Inbound;
 use crate::media::MediaSettings;
 use crate::metrics::Metrics;
+use crate::policy::batching::BatcherSwitch;
 use crate::policy::runtime::PolicyRuntime;
 use crate::routing::Router;
 use crate::workers::client::WorkerClient;
@@ -43,6 +44,10 @@ pub(crate) struct AdminState {
     pub(crate) runtime: Arc<PolicyRuntime>,
     /// The configured policy settings, for versions uploaded without their own.
     pub(crate) policy_config: toml::Table,
+    /// The live batcher of the encoder queues.
+    pub(crate) batchers: Arc<BatcherSwitch>,
+    /// The configured batcher settings, for batchers uploaded without their own.
+    pub(crate) batcher_config: toml::Table,
     /// Where registrations and KV events posted by workers go (the applier).
     pub(crate) events: mpsc::UnboundedSender<Inbound>,
     /// The client that fetches dumps from workers.

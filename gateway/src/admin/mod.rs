@@ -12,6 +12,10 @@
 //! (answers compared and counted, not used); `POST /admin/policies/{name}/split?percent=P&key=H`
 //! lets the candidate decide P % of requests, sticky by the hash of header H;
 //! `DELETE /admin/rollout` ends a rollout. Activating or rolling back also ends it.
+//! The encoder queues' batching policy has the same life under `/admin/batchers`: `GET` lists
+//! it, `PUT /admin/batchers/{name}/config` sets the settings uploads of `name` get (otherwise
+//! `[encoders.batcher_config]`), `PUT /admin/batchers/{name}` uploads and validates one
+//! (`?activate=true` publishes it), `POST .../activate` and `POST .../rollback` as for routers.
 //! `GET /admin/kv` summarises the KV index (nodes, holdings, estimated heap) and, per worker,
 //! its cached blocks, block-size agreement and live load. Workers without NATS register and
 //! heartbeat with `POST /admin/workers`, post their KV events to
@@ -30,6 +34,7 @@ use tokio::net::TcpListener;
 
 use crate::events::applier::{DumpSource, Inbound};
 use crate::events::http as kv_http;
+use crate::policy::batching::BatcherPolicy;
 use crate::policy::runtime::RouterPolicy;
 use crate::policy::switch::{Rollout, RolloutMode};
 use crate::state::AdminState;
@@ -45,6 +50,8 @@ const MAX_EVENT_BATCH_BYTES: usize = 16 << 20;
 pub struct Candidates {
     by_name: Mutex<HashMap<String, Arc<RouterPolicy>>>,
     configs: Mutex<HashMap<String, toml::Table>>,
+    batchers: Mutex<HashMap<String, Arc<BatcherPolicy>>>,
+    batcher_configs: Mutex<HashMap<String, toml::Table>>,
 }
 
 /// A fresh admin token: 128 random bits from the TLS stack's secure random source, as 32 hex
@@ -113,7 +120,7 @@ async fn handle(
     match (request.method().clone(), segments.as_slice()) {
         (Method::GET, ["admin", "policies"]) => Ok(list(state, candidates)),
         (Method::GET, ["admin", "kv"]) => Ok(respond::json(StatusCode::OK, &state.router.kv_summary())),
-        (Method::PUT, ["admin", "policies", name, "config"]) => {
+        (Method::PUT, ["admin", kind @ ("policies" | "batchers"), name, "config"]) => {
             let name = valid_name(name)?;
             let (parts, body) = request.into_parts();
             let text = respond::read_limited(&parts.headers, body, 1 << 20).await?;
@@ -123,8 +130,12 @@ async fn handle(
                 ApiError::invalid_request("invalid_config", format!("policy config is not valid TOML: {err}"))
             })?;
             let keys: Vec<String> = table.keys().cloned().collect();
-            candidates
-                .configs
+            let store = if *kind == "policies" {
+                &candidates.configs
+            } else {
+                &candidates.batcher_configs
+            };
+            store
                 .lock()
                 .map_err(|_| internal("config store poisoned".into()))?
                 .insert(name.clone(), table);
@@ -133,6 +144,49 @@ async fn handle(
                 &json!({"name": name, "config_keys": keys}),
             ))
         }
+        (Method::GET, ["admin", "batchers"]) => Ok(list_batchers(state, candidates)),
+        (Method::PUT, ["admin", "batchers", name]) => {
+            let name = valid_name(name)?;
+            let (parts, body) = request.into_parts();
+            let wasm = respond::read_limited(&parts.headers, body, MAX_POLICY_BYTES).await?;
+            let config = candidates
+                .batcher_configs
+                .lock()
+                .ok()
+                .and_then(|configs| configs.get(&name).cloned())
+                .unwrap_or_else(|| state.batcher_config.clone());
+            let runtime = state.runtime.clone();
+            let loaded = tokio::task::spawn_blocking(move || runtime.load_batcher(&name, &wasm, config))
+                .await
+                .map_err(|err| internal(format!("validation task failed: {err}")))?
+                .map_err(rejected)?;
+            let policy = Arc::new(loaded);
+            let body = if activate_requested(&query) {
+                let version = state.batchers.publish(policy.clone());
+                json!({"name": policy.name, "sha256": policy.sha256, "active": true, "generation": version.generation})
+            } else {
+                lock_batchers(candidates)?.insert(policy.name.clone(), policy.clone());
+                json!({"name": policy.name, "sha256": policy.sha256, "active": false})
+            };
+            Ok(respond::json(StatusCode::OK, &body))
+        }
+        (Method::POST, ["admin", "batchers", name, "activate"]) => {
+            let policy = lock_batchers(candidates)?
+                .remove(*name)
+                .ok_or_else(|| not_uploaded(name))?;
+            let version = state.batchers.publish(policy.clone());
+            Ok(respond::json(
+                StatusCode::OK,
+                &json!({"name": policy.name, "sha256": policy.sha256, "generation": version.generation}),
+            ))
+        }
+        (Method::POST, ["admin", "batchers", _name, "rollback"]) => match state.batchers.rollback() {
+            Some(version) => Ok(respond::json(
+                StatusCode::OK,
+                &json!({"name": version.policy.name, "sha256": version.policy.sha256, "generation": version.generation}),
+            )),
+            None => Err(no_previous_version()),
+        },
         (Method::PUT, ["admin", "policies", name]) => {
             let name = valid_name(name)?;
             let (parts, body) = request.into_parts();
@@ -147,19 +201,9 @@ async fn handle(
             let loaded = tokio::task::spawn_blocking(move || runtime.load_router(&name, &wasm, config))
                 .await
                 .map_err(|err| internal(format!("validation task failed: {err}")))?
-                .map_err(|err| {
-                    ApiError::new(
-                        StatusCode::BAD_REQUEST,
-                        "invalid_request_error",
-                        "policy_rejected",
-                        err.to_string(),
-                    )
-                })?;
+                .map_err(rejected)?;
             let policy = Arc::new(loaded);
-            let activate = query
-                .split('&')
-                .any(|pair| pair == "activate=true" || pair == "activate=1");
-            let body = if activate {
+            let body = if activate_requested(&query) {
                 let version = state.router.policy().publish(policy.clone());
                 json!({"name": policy.name, "sha256": policy.sha256, "active": true, "generation": version.generation})
             } else {
@@ -181,12 +225,7 @@ async fn handle(
                 StatusCode::OK,
                 &json!({"name": version.policy.name, "sha256": version.policy.sha256, "generation": version.generation}),
             )),
-            None => Err(ApiError::new(
-                StatusCode::CONFLICT,
-                "invalid_request_error",
-                "no_previous_version",
-                "there is no previous policy version to roll back to",
-            )),
+            None => Err(no_previous_version()),
         },
         (Method::POST, ["admin", "policies", name, mode @ ("shadow" | "split")]) => {
             let policy = lock(candidates)?
@@ -298,6 +337,67 @@ fn list(state: &AdminState, candidates: &Candidates) -> Response<Body> {
             "rollout": state.router.policy().rollout().map(|rollout| rollout_json(&rollout)),
         }),
     )
+}
+
+fn list_batchers(state: &AdminState, candidates: &Candidates) -> Response<Body> {
+    let active = state.batchers.active();
+    let uploaded: Vec<_> = candidates
+        .batchers
+        .lock()
+        .map(|map| {
+            map.values()
+                .map(|p| json!({"name": p.name, "sha256": p.sha256}))
+                .collect()
+        })
+        .unwrap_or_default();
+    respond::json(
+        StatusCode::OK,
+        &json!({
+            "active": {
+                "name": active.policy.name,
+                "sha256": active.policy.sha256,
+                "generation": active.generation,
+                "failures": active.failures(),
+            },
+            "previous": state.batchers.previous().iter().map(|v| json!({
+                "name": v.policy.name, "sha256": v.policy.sha256, "generation": v.generation,
+            })).collect::<Vec<_>>(),
+            "candidates": uploaded,
+        }),
+    )
+}
+
+fn activate_requested(query: &str) -> bool {
+    query
+        .split('&')
+        .any(|pair| pair == "activate=true" || pair == "activate=1")
+}
+
+fn rejected(err: crate::policy::PolicyError) -> ApiError {
+    ApiError::new(
+        StatusCode::BAD_REQUEST,
+        "invalid_request_error",
+        "policy_rejected",
+        err.to_string(),
+    )
+}
+
+fn no_previous_version() -> ApiError {
+    ApiError::new(
+        StatusCode::CONFLICT,
+        "invalid_request_error",
+        "no_previous_version",
+        "there is no previous policy version to roll back to",
+    )
+}
+
+fn lock_batchers(
+    candidates: &Candidates,
+) -> Result<std::sync::MutexGuard<'_, HashMap<String, Arc<BatcherPolicy>>>, ApiError> {
+    candidates
+        .batchers
+        .lock()
+        .map_err(|_| internal("candidate list poisoned".into()))
 }
 
 fn not_uploaded(name: &str) -> ApiError {

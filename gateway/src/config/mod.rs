@@ -111,6 +111,13 @@ pub struct EncodersConfig {
     /// Send the LLM request only once the media is encoded, instead of at once (the
     /// baseline that encode/prefill overlap is measured against).
     pub blocking: bool,
+    /// The batching policy at every encoder queue: a built-in (`mixed-modality`, `fcfs`,
+    /// `token-budget`) or a path to a `.wasm` exporting the `batcher` world.
+    pub batcher: String,
+    /// Most batches one flush of a queue forms (the rest wait for the next flush).
+    pub max_batches: u32,
+    /// The batcher's own settings, readable through the host world's `config.get`.
+    pub batcher_config: toml::Table,
 }
 
 impl Default for EncodersConfig {
@@ -120,6 +127,9 @@ impl Default for EncodersConfig {
             deadline_ms: 5,
             timeout_ms: 10_000,
             blocking: false,
+            batcher: "mixed-modality".into(),
+            max_batches: 4,
+            batcher_config: toml::Table::new(),
         }
     }
 }
@@ -589,6 +599,7 @@ impl Config {
             ("forwarding.response_timeout_ms", self.forwarding.response_timeout_ms),
             ("encoders.max_items", self.encoders.max_items as u64),
             ("encoders.timeout_ms", self.encoders.timeout_ms),
+            ("encoders.max_batches", u64::from(self.encoders.max_batches)),
         ] {
             if value == 0 {
                 return Err(invalid(key, "must be greater than 0".into()));

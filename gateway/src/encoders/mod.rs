@@ -3,9 +3,11 @@
 //! Encoders are ordinary workers of role `vision` (images, video) or `audio` in the pool. This
 //! module owns what the gateway does with them: it picks an encoder for an item (one that
 //! already holds the item's features, as its announced feature cache says, else the one with
-//! the least estimated work queued), keeps a queue per encoder whose task forms micro-batches
-//! (up to `max_items`, sent at the latest `deadline_ms` after the first item) and posts them,
-//! and hands each item its outcome. The work queued at an encoder is estimated in milliseconds
+//! the least estimated work queued), keeps a queue per encoder whose task flushes when
+//! `max_items` items (or the largest of the encoder's token budgets) are waiting, or
+//! `deadline_ms` after the oldest arrived, asks the live batching policy
+//! ([`crate::policy::batching`]) how to split what waits into micro-batches, posts them in the
+//! order it answered, and hands each item its own outcome. The work queued at an encoder is estimated in milliseconds
 //! with the reference cost model and taken off again when the item ends, successfully or not,
 //! so the estimate cannot drift. [`encode_request`] runs every item of a request: one retry on
 //! another encoder after a failure (with half the frames or half the resolution after an
@@ -35,6 +37,7 @@ use tokio::sync::{mpsc, oneshot};
 use crate::config::{EncodersConfig, Role};
 use crate::kv::KvState;
 use crate::media::MediaItem;
+use crate::policy::batching::{BatcherSwitch, Budget, PendingTable};
 use crate::workers::client::WorkerClient;
 use crate::workers::{Worker, WorkerPool};
 
@@ -107,6 +110,7 @@ pub(crate) struct Encoders {
     client: WorkerClient,
     pool: Arc<WorkerPool>,
     kv: Arc<KvState>,
+    batchers: Arc<BatcherSwitch>,
     queues: Mutex<HashMap<u32, Queue>>,
     /// Its metrics.
     pub metrics: Arc<EncoderMetrics>,
@@ -135,6 +139,7 @@ impl Encoders {
         client: WorkerClient,
         pool: Arc<WorkerPool>,
         kv: Arc<KvState>,
+        batchers: Arc<BatcherSwitch>,
         metrics: Arc<EncoderMetrics>,
     ) -> Encoders {
         Encoders {
@@ -142,6 +147,7 @@ impl Encoders {
             client,
             pool,
             kv,
+            batchers,
             queues: Mutex::new(HashMap::new()),
             metrics,
         }
@@ -236,13 +242,16 @@ impl Encoders {
 
     fn start_queue(&self, encoder: Arc<Worker>) -> Queue {
         let (jobs, receiver) = mpsc::unbounded_channel();
-        tokio::spawn(run_queue(
+        let queue = EncoderQueue {
             encoder,
-            receiver,
-            self.client.clone(),
-            self.config.clone(),
-            self.metrics.clone(),
-        ));
+            client: self.client.clone(),
+            config: self.config.clone(),
+            metrics: self.metrics.clone(),
+            kv: self.kv.clone(),
+            batchers: self.batchers.clone(),
+            next_id: 0,
+        };
+        tokio::spawn(queue.run(receiver));
         Queue {
             jobs,
             pending_us: Arc::new(AtomicU64::new(0)),
@@ -250,29 +259,135 @@ impl Encoders {
     }
 }
 
-/// Forms micro-batches from one encoder's queue and sends them.
-async fn run_queue(
+/// An item waiting in an encoder's queue.
+struct Waiting {
+    job: Job,
+    id: u64,
+    arrived: tokio::time::Instant,
+    /// The encoder announced the item's features cached.
+    ready: bool,
+}
+
+/// The task behind one encoder's queue: flushes, batches by the live policy, sends.
+struct EncoderQueue {
     encoder: Arc<Worker>,
-    mut jobs: mpsc::UnboundedReceiver<Job>,
     client: WorkerClient,
     config: EncodersConfig,
     metrics: Arc<EncoderMetrics>,
-) {
-    let max_items = config.max_items.max(1);
-    loop {
-        let Some(first) = jobs.recv().await else {
-            return;
-        };
-        let mut batch = vec![first];
-        let deadline = tokio::time::Instant::now() + Duration::from_millis(config.deadline_ms);
-        while batch.len() < max_items {
-            match tokio::time::timeout_at(deadline, jobs.recv()).await {
-                Ok(Some(job)) => batch.push(job),
-                Ok(None) | Err(_) => break,
+    kv: Arc<KvState>,
+    batchers: Arc<BatcherSwitch>,
+    next_id: u64,
+}
+
+impl EncoderQueue {
+    async fn run(mut self, mut jobs: mpsc::UnboundedReceiver<Job>) {
+        let max_items = self.config.max_items.max(1);
+        let largest_budget = self
+            .encoder
+            .token_budgets
+            .iter()
+            .copied()
+            .max()
+            .map_or(u64::MAX, u64::from);
+        let mut waiting: Vec<Waiting> = Vec::new();
+        let mut open = true;
+        loop {
+            if waiting.is_empty() {
+                match jobs.recv().await {
+                    Some(job) => waiting.push(self.arrive(job)),
+                    None => return,
+                }
+            }
+            let oldest = waiting
+                .iter()
+                .map(|w| w.arrived)
+                .min()
+                .unwrap_or_else(tokio::time::Instant::now);
+            let deadline = oldest + Duration::from_millis(self.config.deadline_ms);
+            let tokens = |waiting: &[Waiting]| waiting.iter().map(|w| u64::from(w.job.item.tokens)).sum::<u64>();
+            while open && waiting.len() < max_items && tokens(&waiting) < largest_budget {
+                match tokio::time::timeout_at(deadline, jobs.recv()).await {
+                    Ok(Some(job)) => waiting.push(self.arrive(job)),
+                    Ok(None) => open = false,
+                    Err(_) => break,
+                }
+            }
+            // Whatever else has arrived joins the flush: the batcher sees the whole queue.
+            while let Ok(job) = jobs.try_recv() {
+                waiting.push(self.arrive(job));
+            }
+            waiting = self.flush(waiting);
+            if !open && waiting.is_empty() {
+                return;
             }
         }
-        metrics.batch_items.observe(batch.len() as f64);
-        tokio::spawn(send_batch(encoder.clone(), batch, client.clone(), config.timeout_ms));
+    }
+
+    fn arrive(&mut self, job: Job) -> Waiting {
+        self.next_id += 1;
+        let holders = self.kv.lookup(&[media_block_hash(job.item.media_id)]);
+        let ready = holders.iter().any(|o| o.worker == self.encoder.kv_id && o.device > 0);
+        Waiting {
+            job,
+            id: self.next_id,
+            arrived: tokio::time::Instant::now(),
+            ready,
+        }
+    }
+
+    /// Batches `waiting` and sends the batches; answers the items left for the next flush.
+    fn flush(&self, waiting: Vec<Waiting>) -> Vec<Waiting> {
+        let now = tokio::time::Instant::now();
+        let queue = PendingTable {
+            ids: waiting.iter().map(|w| w.id).collect(),
+            tokens: waiting.iter().map(|w| w.job.item.tokens).collect(),
+            waited_ms: waiting
+                .iter()
+                .map(|w| now.saturating_duration_since(w.arrived).as_secs_f32() * 1000.0)
+                .collect(),
+            priority: vec![0; waiting.len()],
+            kinds: waiting.iter().map(|w| kind_value(w.job.item.kind)).collect(),
+            ready: waiting.iter().map(|w| w.ready).collect(),
+        };
+        let mut budgets = self.encoder.token_budgets.clone();
+        budgets.sort_unstable();
+        budgets.dedup();
+        let budget = Budget {
+            token_budgets: budgets,
+            max_items: u32::try_from(self.config.max_items).unwrap_or(u32::MAX),
+            max_batches: self.config.max_batches,
+        };
+        let (batches, by) = self.batchers.form_batches(&queue, &budget);
+        tracing::trace!(encoder = %self.encoder.name, items = waiting.len(), batches = batches.len(), by = %by.label(), "encoder queue flushed");
+        let mut slots: Vec<Option<Waiting>> = waiting.into_iter().map(Some).collect();
+        for batch in batches {
+            let jobs: Vec<Job> = batch
+                .items
+                .iter()
+                .filter_map(|&index| slots.get_mut(index as usize)?.take())
+                .map(|waiting| waiting.job)
+                .collect();
+            if jobs.is_empty() {
+                continue;
+            }
+            self.metrics.batch_items.observe(jobs.len() as f64);
+            tokio::spawn(send_batch(
+                self.encoder.clone(),
+                jobs,
+                self.client.clone(),
+                self.config.timeout_ms,
+            ));
+        }
+        slots.into_iter().flatten().collect()
+    }
+}
+
+/// The `kinds` value of a media kind in a pending table.
+fn kind_value(kind: MediaKind) -> u8 {
+    match kind {
+        MediaKind::Image => 1,
+        MediaKind::Audio => 2,
+        MediaKind::Video => 3,
     }
 }
 

@@ -126,3 +126,41 @@ impl clock::Host for HostState {
         u64::try_from(self.started.elapsed().as_nanos()).unwrap_or(u64::MAX)
     }
 }
+
+/// The 0.1.0 host world, for routers built against it: the same services.
+mod v0_1_host {
+    use super::HostState;
+    use crate::policy::bindings::v0_1::switchyard::policy::{clock, config, log, types};
+
+    impl types::Host for HostState {}
+
+    impl log::Host for HostState {
+        fn log(&mut self, level: log::Level, message: String) {
+            use crate::policy::bindings::switchyard::policy::log::{Host, Level};
+            let level = match level {
+                log::Level::Trace => Level::Trace,
+                log::Level::Debug => Level::Debug,
+                log::Level::Info => Level::Info,
+                log::Level::Warn => Level::Warn,
+                log::Level::Error => Level::Error,
+            };
+            Host::log(self, level, message);
+        }
+    }
+
+    impl config::Host for HostState {
+        fn get(&mut self, key: String) -> Option<String> {
+            crate::policy::bindings::switchyard::policy::config::Host::get(self, key)
+        }
+
+        fn get_f64(&mut self, key: String) -> Option<f64> {
+            crate::policy::bindings::switchyard::policy::config::Host::get_f64(self, key)
+        }
+    }
+
+    impl clock::Host for HostState {
+        fn now_ns(&mut self) -> u64 {
+            crate::policy::bindings::switchyard::policy::clock::Host::now_ns(self)
+        }
+    }
+}

@@ -1,17 +1,22 @@
-//! Routing policies as WebAssembly components, swapped live.
+//! Routing and batching policies as WebAssembly components, swapped live.
 //!
 //! This module owns everything that knows about wasmtime: the engine and sandbox
-//! ([`runtime`]), the host world's imports ([`host`]), the flat worker table ([`table`]), and
-//! the live switch between policy versions with fallback and automatic rollback
-//! ([`switch`]), and the offline check of a component ([`check`]). Nothing outside it touches wasmtime; the server asks [`switch::PolicySwitch`]
-//! for a worker index and gets one in every case, from the policy or from the native fallback.
+//! ([`runtime`]), the host world's imports ([`host`]), the flat worker table ([`table`]), the
+//! published versions of a policy with automatic rollback ([`versions`]), the live router
+//! switch with fallback and rollouts ([`switch`]), the encoder-queue batchers with theirs
+//! ([`batching`]), and the offline check of a component ([`check`]). Nothing outside it
+//! touches wasmtime: the server asks [`switch::PolicySwitch`] for a worker index and
+//! [`batching::BatcherSwitch`] for batches, and gets an answer in every case, from the policy
+//! or from the native fallback.
 
+pub mod batching;
 mod bindings;
 pub mod check;
 pub mod host;
 pub mod runtime;
 pub mod switch;
 pub mod table;
+pub mod versions;
 pub mod watch;
 
 /// Why a policy could not be loaded or could not answer.
@@ -37,7 +42,9 @@ pub enum PolicyError {
     #[error("policy answered nonsense: {0}")]
     InvalidAnswer(String),
     /// The named built-in policy does not exist.
-    #[error("no built-in policy named `{0}`; built-ins: round-robin, least-load, kv-aware, predicted-ttft")]
+    #[error(
+        "no built-in policy named `{0}`; routers: round-robin, least-load, kv-aware, predicted-ttft; batchers: fcfs, token-budget, mixed-modality"
+    )]
     UnknownBuiltIn(String),
 }
 
@@ -61,6 +68,16 @@ impl PolicyError {
             PolicyError::InvalidAnswer(_) => "invalid_answer",
             PolicyError::UnknownBuiltIn(_) => "unknown",
         }
+    }
+}
+
+/// The batcher policies built from `plugins/` and embedded in the binary.
+pub fn built_in_batcher(name: &str) -> Result<&'static [u8], PolicyError> {
+    match name {
+        "fcfs" => Ok(include_bytes!(concat!(env!("OUT_DIR"), "/fcfs.wasm"))),
+        "token-budget" => Ok(include_bytes!(concat!(env!("OUT_DIR"), "/token_budget.wasm"))),
+        "mixed-modality" => Ok(include_bytes!(concat!(env!("OUT_DIR"), "/mixed_modality.wasm"))),
+        other => Err(PolicyError::UnknownBuiltIn(other.to_string())),
     }
 }
 

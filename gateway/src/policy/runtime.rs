@@ -19,7 +19,7 @@ use sha2::{Digest, Sha256};
 use wasmtime::component::{Component, Linker};
 use wasmtime::{Config, Engine, Store, StoreLimits, StoreLimitsBuilder, UpdateDeadline};
 
-use crate::policy::bindings::{RouterPre, RouterWorld};
+use crate::policy::bindings::{RouterPre, RouterWorld, v0_1};
 use crate::policy::host::HostState;
 use crate::policy::{PolicyError, table};
 
@@ -128,6 +128,8 @@ impl PolicyRuntime {
         let mut linker = Linker::new(&engine);
         RouterWorld::add_to_linker::<HostState, wasmtime::component::HasSelf<HostState>>(&mut linker, |state| state)
             .map_err(PolicyError::engine)?;
+        v0_1::Router::add_to_linker::<HostState, wasmtime::component::HasSelf<HostState>>(&mut linker, |state| state)
+            .map_err(PolicyError::engine)?;
         let mut hasher = DefaultHasher::new();
         engine.precompile_compatibility_hash().hash(&mut hasher);
         let compatibility = format!("{:016x}", hasher.finish());
@@ -176,19 +178,16 @@ impl PolicyRuntime {
         wasm: &[u8],
         policy_config: toml::Table,
     ) -> Result<RouterPolicy, PolicyError> {
-        let sha256 = hex(&Sha256::digest(wasm));
-        let component = self.component(&sha256, wasm)?;
-        self.check_imports(&component)?;
-        let pre = self
-            .linker
-            .instantiate_pre(&component)
-            .map_err(|err| PolicyError::Invalid(format!("cannot link: {err:#}")))?;
-        let pre = RouterPre::new(pre)
-            .map_err(|err| PolicyError::Invalid(format!("does not export the router world: {err:#}")))?;
-        let initial_memory_bytes = component
-            .resources_required()
-            .and_then(|resources| resources.max_initial_memory_size)
-            .map_or(0, |pages| pages.saturating_mul(WASM_PAGE_BYTES));
+        let (sha256, component, pre) = self.prepare(wasm)?;
+        // The current contract first; a router built against 0.1.0 exports its own version.
+        let pre = match RouterPre::new(pre.clone()) {
+            Ok(pre) => RouterPreOf::Current(pre),
+            Err(current) => RouterPreOf::V0_1(
+                v0_1::RouterPre::new(pre)
+                    .map_err(|_| PolicyError::Invalid(format!("does not export the router world: {current:#}")))?,
+            ),
+        };
+        let initial_memory_bytes = initial_memory_bytes(&component);
         let mut policy = RouterPolicy {
             name: name.to_string(),
             sha256,
@@ -232,6 +231,35 @@ impl PolicyRuntime {
             )));
         }
         Ok(policy)
+    }
+
+    /// The component of `wasm` (compiled, or from the cache) with its sha256, its imports
+    /// checked and linked against the host world.
+    pub(crate) fn prepare(
+        &self,
+        wasm: &[u8],
+    ) -> Result<(String, Component, wasmtime::component::InstancePre<HostState>), PolicyError> {
+        let sha256 = hex(&Sha256::digest(wasm));
+        let component = self.component(&sha256, wasm)?;
+        self.check_imports(&component)?;
+        let pre = self
+            .linker
+            .instantiate_pre(&component)
+            .map_err(|err| PolicyError::Invalid(format!("cannot link: {err:#}")))?;
+        Ok((sha256, component, pre))
+    }
+
+    /// A store for one call sequence into a guest, with its deadline armed for the first call.
+    pub(crate) fn armed_store(&self, config: Arc<toml::Table>) -> Store<HostState> {
+        let mut store = self.store(config);
+        self.arm(&mut store);
+        store
+    }
+
+    /// Arms the deadline for the next call into a guest of `store`.
+    pub(crate) fn arm(&self, store: &mut Store<HostState>) {
+        store.data_mut().begin_call();
+        store.set_epoch_deadline(self.half_deadline_ticks);
     }
 
     fn component(&self, sha256: &str, wasm: &[u8]) -> Result<Component, PolicyError> {
@@ -312,13 +340,33 @@ impl Drop for PolicyRuntime {
     }
 }
 
+/// Linear memory a component's instance starts with, in bytes.
+pub(crate) fn initial_memory_bytes(component: &Component) -> u64 {
+    component
+        .resources_required()
+        .and_then(|resources| resources.max_initial_memory_size)
+        .map_or(0, |pages| pages.saturating_mul(WASM_PAGE_BYTES))
+}
+
+/// A router's linked code, by the contract version it was built against.
+enum RouterPreOf {
+    Current(RouterPre<HostState>),
+    V0_1(v0_1::RouterPre<HostState>),
+}
+
+/// A router instance's exports, by contract version.
+enum RouterBindingsOf {
+    Current(RouterWorld),
+    V0_1(v0_1::Router),
+}
+
 /// A validated router policy: compiled code ready to instantiate. Immutable and shared.
 pub struct RouterPolicy {
     /// The policy's name.
     pub name: String,
     /// sha256 of the `.wasm` it was loaded from.
     pub sha256: String,
-    pre: RouterPre<HostState>,
+    pre: RouterPreOf,
     config: Arc<toml::Table>,
     runtime: Arc<PolicyRuntime>,
     columns: table::Columns,
@@ -358,16 +406,31 @@ impl RouterPolicy {
     ///
     /// Returns [`PolicyError`] if instantiation traps or `init` fails.
     pub fn instantiate(&self) -> Result<RouterInstance, PolicyError> {
-        let mut store = self.runtime.store(self.config.clone());
-        store.data_mut().begin_call();
-        store.set_epoch_deadline(self.runtime.half_deadline_ticks);
-        let bindings = self.pre.instantiate(&mut store).map_err(PolicyError::trap)?;
-        store.data_mut().begin_call();
-        store.set_epoch_deadline(self.runtime.half_deadline_ticks);
-        let columns = bindings
-            .call_init(&mut store)
-            .map_err(PolicyError::trap)?
-            .map_err(|err| PolicyError::Refused(err.message))?;
+        let mut store = self.runtime.armed_store(self.config.clone());
+        let (bindings, columns) = match &self.pre {
+            RouterPreOf::Current(pre) => {
+                let bindings = pre.instantiate(&mut store).map_err(PolicyError::trap)?;
+                self.runtime.arm(&mut store);
+                let columns = bindings
+                    .call_init(&mut store)
+                    .map_err(PolicyError::trap)?
+                    .map_err(|err| PolicyError::Refused(err.message))?;
+                (RouterBindingsOf::Current(bindings), columns)
+            }
+            RouterPreOf::V0_1(pre) => {
+                let bindings = pre.instantiate(&mut store).map_err(PolicyError::trap)?;
+                self.runtime.arm(&mut store);
+                let columns = bindings
+                    .call_init(&mut store)
+                    .map_err(PolicyError::trap)?
+                    .map_err(|err| PolicyError::Refused(err.message))?;
+                let columns = V0_1_COLUMNS
+                    .iter()
+                    .filter(|(_, old)| columns.contains(*old))
+                    .fold(table::Columns::empty(), |all, (current, _)| all | *current);
+                (RouterBindingsOf::V0_1(bindings), columns)
+            }
+        };
         Ok(RouterInstance {
             store,
             bindings,
@@ -380,7 +443,7 @@ impl RouterPolicy {
 /// One live instance of a router policy, owned by one thread.
 pub struct RouterInstance {
     store: Store<HostState>,
-    bindings: RouterWorld,
+    bindings: RouterBindingsOf,
     deadline_ticks: u64,
     /// The columns this instance's `init` asked for.
     columns: table::Columns,
@@ -412,31 +475,84 @@ impl RouterInstance {
         }
         self.store.data_mut().begin_call();
         self.store.set_epoch_deadline(self.deadline_ticks);
-        let decision = self
-            .bindings
-            .call_route(&mut self.store, *request, workers)
-            .map_err(PolicyError::trap)?
-            .map_err(|err| PolicyError::Refused(err.message))?;
+        let (worker, encoders, fallbacks) = match &self.bindings {
+            RouterBindingsOf::Current(bindings) => {
+                let decision = bindings
+                    .call_route(&mut self.store, *request, workers)
+                    .map_err(PolicyError::trap)?
+                    .map_err(|err| PolicyError::Refused(err.message))?;
+                (decision.worker, decision.encoders, decision.fallbacks)
+            }
+            RouterBindingsOf::V0_1(bindings) => {
+                let decision = bindings
+                    .call_route(&mut self.store, v0_1_request(request), &v0_1_table(workers))
+                    .map_err(PolicyError::trap)?
+                    .map_err(|err| PolicyError::Refused(err.message))?;
+                // 0.1.0's `encoder` was never used by a host; it is checked, then dropped.
+                let encoders = decision.encoder.into_iter().collect();
+                (decision.worker, encoders, decision.fallbacks)
+            }
+        };
         let size = workers.len();
-        if decision.worker as usize >= size {
+        if worker as usize >= size {
             return Err(PolicyError::InvalidAnswer(format!(
-                "worker {} of a {size}-worker table",
-                decision.worker
+                "worker {worker} of a {size}-worker table"
             )));
         }
-        if decision.encoder.is_some_and(|encoder| encoder as usize >= size) {
-            return Err(PolicyError::InvalidAnswer(format!(
-                "encoder {:?} of a {size}-worker table",
-                decision.encoder
-            )));
-        }
-        if decision.fallbacks.len() > size || decision.fallbacks.iter().any(|&index| index as usize >= size) {
+        if fallbacks.len() > size || fallbacks.iter().any(|&index| index as usize >= size) {
             return Err(PolicyError::InvalidAnswer(format!(
                 "{} fallbacks, or one out of range, for a {size}-worker table",
-                decision.fallbacks.len()
+                fallbacks.len()
             )));
         }
-        Ok(Pick::new(decision.worker, decision.fallbacks))
+        let encoders = table::check_encoders(workers, encoders).map_err(PolicyError::InvalidAnswer)?;
+        let mut pick = Pick::new(worker, fallbacks);
+        pick.encoders = encoders;
+        Ok(pick)
+    }
+}
+
+type OldColumns = v0_1::switchyard::policy::types::Columns;
+
+/// The 0.1.0 contract's columns and today's of the same name.
+const V0_1_COLUMNS: [(table::Columns, OldColumns); 11] = [
+    (table::Columns::IDS, OldColumns::IDS),
+    (table::Columns::ROLES, OldColumns::ROLES),
+    (table::Columns::CAPABILITIES, OldColumns::CAPABILITIES),
+    (table::Columns::OVERLAP_DEVICE_BLOCKS, OldColumns::OVERLAP_DEVICE_BLOCKS),
+    (table::Columns::OVERLAP_HOST_BLOCKS, OldColumns::OVERLAP_HOST_BLOCKS),
+    (table::Columns::ACTIVE_BLOCKS, OldColumns::ACTIVE_BLOCKS),
+    (table::Columns::PREFILL_TOKENS, OldColumns::PREFILL_TOKENS),
+    (table::Columns::ACTIVE_REQUESTS, OldColumns::ACTIVE_REQUESTS),
+    (table::Columns::CAPACITY_BLOCKS, OldColumns::CAPACITY_BLOCKS),
+    (table::Columns::BLOCK_SIZE, OldColumns::BLOCK_SIZE),
+    (table::Columns::COST, OldColumns::COST),
+];
+
+/// A 0.1.0 router's view of a request: the same fields.
+fn v0_1_request(request: &table::RequestInfo) -> v0_1::switchyard::policy::types::RequestInfo {
+    v0_1::switchyard::policy::types::RequestInfo {
+        request_id: request.request_id,
+        prompt_tokens: request.prompt_tokens,
+        max_tokens: request.max_tokens,
+        prompt_blocks: request.prompt_blocks,
+        media_tokens: request.media_tokens,
+        affinity: request.affinity,
+        ttft_target_ms: request.ttft_target_ms,
+    }
+}
+
+/// A 0.1.0 router's view of a table: its eleven columns, which lead today's packed data.
+fn v0_1_table(workers: &table::WorkerTable) -> v0_1::switchyard::policy::types::WorkerTable {
+    let old = workers.select(table::v0_1_columns());
+    v0_1::switchyard::policy::types::WorkerTable {
+        count: old.count,
+        present: V0_1_COLUMNS
+            .iter()
+            .filter(|(current, _)| old.present.contains(*current))
+            .fold(OldColumns::empty(), |all, (_, old)| all | *old),
+        data: old.data,
+        cost: old.cost,
     }
 }
 
@@ -448,6 +564,8 @@ pub struct Pick {
     pub worker: u32,
     /// Indices to try next, best first; never the chosen worker, never one twice.
     pub fallbacks: Vec<u32>,
+    /// Indices of the encoders chosen for the request's media, at most one per role.
+    pub encoders: Vec<u32>,
 }
 
 impl Pick {
@@ -456,7 +574,11 @@ impl Pick {
         let mut seen = std::collections::HashSet::with_capacity(fallbacks.len() + 1);
         seen.insert(worker);
         fallbacks.retain(|&index| seen.insert(index));
-        Pick { worker, fallbacks }
+        Pick {
+            worker,
+            fallbacks,
+            encoders: Vec::new(),
+        }
     }
 
     /// `worker` alone, without fallbacks.
@@ -464,10 +586,11 @@ impl Pick {
         Pick {
             worker,
             fallbacks: Vec::new(),
+            encoders: Vec::new(),
         }
     }
 }
 
-fn hex(bytes: &[u8]) -> String {
+pub(crate) fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|byte| format!("{byte:02x}")).collect()
 }

@@ -10,54 +10,26 @@
 
 use std::borrow::Borrow;
 use std::cell::RefCell;
-use std::collections::VecDeque;
 use std::sync::Arc;
-use std::sync::Mutex;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::time::{Duration, Instant};
 
-use arc_swap::ArcSwap;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 
-use crate::policy::PolicyError;
 use crate::policy::runtime::{Pick, RouterInstance, RouterPolicy};
 use crate::policy::table::{self, Columns, RequestInfo, WorkerTable};
+pub use crate::policy::versions::SwitchConfig;
+use crate::policy::versions::{Labels, Versions};
 
-/// One published version of a policy.
-#[derive(Debug)]
-pub struct Version {
-    /// Increases with every publish; threads compare it to notice a swap.
-    pub generation: u64,
-    /// The compiled policy.
-    pub policy: Arc<RouterPolicy>,
-    failures: AtomicU32,
-    /// Milliseconds since the switch's start before which no thread re-instantiates.
-    retry_after_ms: AtomicU64,
-}
+/// One published version of a router policy.
+pub type Version = crate::policy::versions::Version<RouterPolicy>;
 
-impl Version {
-    fn new(generation: u64, policy: Arc<RouterPolicy>) -> Arc<Version> {
-        Arc::new(Version {
-            generation,
-            policy,
-            failures: AtomicU32::new(0),
-            retry_after_ms: AtomicU64::new(0),
-        })
+impl crate::policy::versions::Named for RouterPolicy {
+    fn name(&self) -> &str {
+        &self.name
     }
 
-    /// A label for metrics and logs: `name@sha256-prefix`.
-    pub fn label(&self) -> String {
-        format!(
-            "{}@{}",
-            self.policy.name,
-            &self.policy.sha256[..12.min(self.policy.sha256.len())]
-        )
-    }
-
-    /// Failures counted against this version.
-    pub fn failures(&self) -> u32 {
-        self.failures.load(Ordering::Relaxed)
+    fn sha256(&self) -> &str {
+        &self.sha256
     }
 }
 
@@ -97,40 +69,13 @@ impl Routed {
     }
 }
 
-/// Settings of failure handling.
-#[derive(Debug, Clone)]
-pub struct SwitchConfig {
-    /// Failures of one version after which the previous version is restored.
-    pub max_failures: u32,
-    /// Versions kept for rollback.
-    pub keep_versions: usize,
-    /// First re-instantiation backoff; doubles per failure up to one second.
-    pub backoff: Duration,
-}
-
-impl Default for SwitchConfig {
-    fn default() -> SwitchConfig {
-        SwitchConfig {
-            max_failures: 5,
-            keep_versions: 4,
-            backoff: Duration::from_millis(10),
-        }
-    }
-}
-
 /// The live router policy of a gateway.
 #[derive(Debug)]
 pub struct PolicySwitch {
-    active: ArcSwap<Version>,
-    previous: Mutex<VecDeque<Arc<Version>>>,
-    next_generation: AtomicU64,
-    config: SwitchConfig,
-    started: Instant,
-    decisions: Family<Vec<(&'static str, String)>, Counter>,
-    failures: Family<Vec<(&'static str, String)>, Counter>,
-    rollbacks: Counter,
+    versions: Versions<RouterPolicy>,
+    decisions: Family<Labels, Counter>,
     rollout: arc_swap::ArcSwapOption<Rollout>,
-    shadow: Family<Vec<(&'static str, String)>, Counter>,
+    shadow: Family<Labels, Counter>,
 }
 
 thread_local! {
@@ -168,16 +113,9 @@ pub struct Rollout {
 impl PolicySwitch {
     /// A switch whose active version is `policy`.
     pub fn new(policy: RouterPolicy, config: SwitchConfig) -> PolicySwitch {
-        let first = Version::new(1, Arc::new(policy));
         PolicySwitch {
-            active: ArcSwap::new(first),
-            previous: Mutex::new(VecDeque::new()),
-            next_generation: AtomicU64::new(2),
-            config,
-            started: Instant::now(),
+            versions: Versions::new("router", policy, config),
             decisions: Family::default(),
-            failures: Family::default(),
-            rollbacks: Counter::default(),
             rollout: arc_swap::ArcSwapOption::empty(),
             shadow: Family::default(),
         }
@@ -193,7 +131,7 @@ impl PolicySwitch {
         registry.register(
             "policy_failures",
             "Policy calls that failed, by version and kind",
-            self.failures.clone(),
+            self.versions.failures.clone(),
         );
         registry.register(
             "policy_shadow_comparisons",
@@ -203,47 +141,31 @@ impl PolicySwitch {
         registry.register(
             "policy_rollbacks",
             "Automatic rollbacks to a previous policy version",
-            self.rollbacks.clone(),
+            self.versions.rollbacks.clone(),
         );
     }
 
     /// The active version.
     pub fn active(&self) -> Arc<Version> {
-        self.active.load_full()
+        self.versions.active()
     }
 
     /// The versions kept for rollback, oldest first.
     pub fn previous(&self) -> Vec<Arc<Version>> {
-        self.previous
-            .lock()
-            .map(|versions| versions.iter().cloned().collect())
-            .unwrap_or_default()
+        self.versions.previous()
     }
 
     /// Makes `policy` the active version; the old one is kept for rollback. Requests already
     /// routed are unaffected; each thread switches on its next call.
     pub fn publish(&self, policy: Arc<RouterPolicy>) -> Arc<Version> {
         self.rollout.store(None);
-        let version = Version::new(self.next_generation.fetch_add(1, Ordering::Relaxed), policy);
-        let old = self.active.swap(version.clone());
-        if let Ok(mut previous) = self.previous.lock() {
-            previous.push_back(old);
-            while previous.len() > self.config.keep_versions {
-                previous.pop_front();
-            }
-        }
-        tracing::info!(version = %version.label(), generation = version.generation, "router policy published");
-        version
+        self.versions.publish(policy)
     }
 
     /// Restores the most recent previous version. Returns it, or `None` if there is none.
     pub fn rollback(&self) -> Option<Arc<Version>> {
-        let restored = self.previous.lock().ok()?.pop_back()?;
+        let restored = self.versions.rollback()?;
         self.rollout.store(None);
-        restored.failures.store(0, Ordering::Relaxed);
-        restored.retry_after_ms.store(0, Ordering::Relaxed);
-        let failed = self.active.swap(restored.clone());
-        tracing::warn!(from = %failed.label(), to = %restored.label(), "router policy rolled back");
         Some(restored)
     }
 
@@ -254,7 +176,7 @@ impl PolicySwitch {
         mode: RolloutMode,
         key_header: Option<String>,
     ) -> Arc<Rollout> {
-        let candidate = Version::new(self.next_generation.fetch_add(1, Ordering::Relaxed), policy);
+        let candidate = self.versions.version(policy);
         let rollout = Arc::new(Rollout {
             candidate,
             mode,
@@ -286,7 +208,7 @@ impl PolicySwitch {
         request: &RequestInfo,
         table: impl FnOnce(Columns) -> T,
     ) -> (Option<Pick>, Routed) {
-        let now_ms = self.started.elapsed().as_millis() as u64;
+        let now_ms = self.versions.now_ms();
         let rollout = self.rollout.load();
         let version = match rollout.as_deref() {
             Some(Rollout {
@@ -294,7 +216,7 @@ impl PolicySwitch {
                 mode: RolloutMode::Split { percent },
                 ..
             }) if split_draw(request) % 100 < u64::from(*percent) => Arc::clone(candidate),
-            _ => self.active.load_full(),
+            _ => self.versions.active(),
         };
         let mut columns = version.policy.columns();
         if let Some(Rollout {
@@ -357,12 +279,12 @@ impl PolicySwitch {
             let position = match position {
                 Some(position) => position,
                 None => {
-                    if now_ms < version.retry_after_ms.load(Ordering::Relaxed) {
+                    if !version.may_instantiate(now_ms) {
                         return Err(None);
                     }
                     let instance = version.policy.instantiate().map_err(Some)?;
                     // Instances of versions no longer in use are dropped here, oldest first.
-                    let live = self.active.load().generation;
+                    let live = self.versions.active_generation();
                     let candidate = self.rollout.load().as_ref().map(|r| r.candidate.generation);
                     instances.retain(|(owner, generation, _)| {
                         *owner != key || *generation == live || Some(*generation) == candidate
@@ -385,42 +307,29 @@ impl PolicySwitch {
         });
         result.map_err(|failure| match failure {
             Some(err) => {
-                self.record_failure(version, &err, now_ms);
+                self.record_failure(version, &err);
                 err.kind()
             }
             None => "backoff",
         })
     }
 
-    fn record_failure(&self, version: &Arc<Version>, err: &PolicyError, now_ms: u64) {
-        self.failures
-            .get_or_create(&vec![("version", version.label()), ("kind", err.kind().to_string())])
-            .inc();
-        let failures = version.failures.fetch_add(1, Ordering::Relaxed) + 1;
-        let backoff = self
-            .config
-            .backoff
-            .saturating_mul(1 << failures.min(7))
-            .min(Duration::from_secs(1));
-        version
-            .retry_after_ms
-            .store(now_ms + backoff.as_millis() as u64, Ordering::Relaxed);
-        tracing::warn!(version = %version.label(), failures, error = %err, "policy failed; request served by the fallback");
-        if failures == self.config.max_failures {
-            let is_candidate = self
-                .rollout
-                .load()
-                .as_ref()
-                .is_some_and(|r| Arc::ptr_eq(&r.candidate, version));
-            if is_candidate {
-                tracing::warn!(candidate = %version.label(), "rollout stopped: the candidate keeps failing");
-                self.rollout.store(None);
-                return;
-            }
-            let still_active = Arc::ptr_eq(&self.active.load_full(), version);
-            if still_active && self.rollback().is_some() {
-                self.rollbacks.inc();
-            }
+    /// Counts a failure; the `max_failures`-th of a rollout candidate ends the rollout, that
+    /// of the active version rolls back.
+    fn record_failure(&self, version: &Arc<Version>, err: &crate::policy::PolicyError) {
+        if !self.versions.record_failure(version, err) {
+            return;
+        }
+        let is_candidate = self
+            .rollout
+            .load()
+            .as_ref()
+            .is_some_and(|r| Arc::ptr_eq(&r.candidate, version));
+        if is_candidate {
+            tracing::warn!(candidate = %version.label(), "rollout stopped: the candidate keeps failing");
+            self.rollout.store(None);
+        } else if self.versions.roll_back_if_active(version) {
+            self.rollout.store(None);
         }
     }
 }

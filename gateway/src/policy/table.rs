@@ -13,8 +13,8 @@ use crate::config::Role;
 use crate::kv::{Load, Overlap};
 use crate::workers::Worker;
 
-/// The contract's u32 columns in order: the k-th has bit k (`cost`, bit 10, is apart).
-const ORDER: [Columns; 10] = [
+/// The contract's u32 columns in order (`cost`, bit 10, is apart; 0.2.0's four follow it).
+const ORDER: [Columns; 14] = [
     Columns::IDS,
     Columns::ROLES,
     Columns::CAPABILITIES,
@@ -25,7 +25,14 @@ const ORDER: [Columns; 10] = [
     Columns::ACTIVE_REQUESTS,
     Columns::CAPACITY_BLOCKS,
     Columns::BLOCK_SIZE,
+    Columns::NODE,
+    Columns::QUEUED_US,
+    Columns::ENCODE_US,
+    Columns::MEDIA_CACHED_TOKENS,
 ];
+
+/// Number of the 0.1.0 contract's u32 columns: the first of [`ORDER`].
+const V0_1_U32_COLUMNS: usize = 10;
 
 /// Role values of the `roles` column.
 const ROLE_LLM: u32 = 0;
@@ -36,9 +43,55 @@ pub fn fallback_columns() -> Columns {
     Columns::ROLES | Columns::ACTIVE_REQUESTS | Columns::PREFILL_TOKENS
 }
 
-/// Every column of the contract. (`Columns::all()` sets bits beyond the eleven columns.)
+/// Every column of the contract. (`Columns::all()` sets bits beyond the contract's columns.)
 pub fn all_columns() -> Columns {
     ORDER.iter().fold(Columns::COST, |all, &column| all | column)
+}
+
+/// The columns of the 0.1.0 contract (the first eleven, bit for bit).
+pub fn v0_1_columns() -> Columns {
+    ORDER[..V0_1_U32_COLUMNS]
+        .iter()
+        .fold(Columns::COST, |all, &column| all | column)
+}
+
+/// Role values of the `roles` column for a worker role.
+fn role_value(role: Role) -> u32 {
+    match role {
+        Role::Llm => ROLE_LLM,
+        Role::Vision => 1,
+        Role::Audio => 2,
+    }
+}
+
+/// The `node` column's value for a node name: 0 for none, else a nonzero hash of it.
+pub fn node_number(node: &str) -> u32 {
+    if node.is_empty() {
+        0
+    } else {
+        (xxhash_rust::xxh3::xxh3_64(node.as_bytes()) as u32).max(1)
+    }
+}
+
+/// Checks a decision's encoder indices against `table`: each in range, an encoder (not an LLM
+/// worker), at most one per role; answers them, or what is wrong.
+pub fn check_encoders(table: &WorkerTable, encoders: Vec<u32>) -> Result<Vec<u32>, String> {
+    if encoders.is_empty() {
+        return Ok(encoders);
+    }
+    let roles = table
+        .column(Columns::ROLES)
+        .ok_or_else(|| "encoders named, but the table has no roles column".to_string())?;
+    let mut seen = Vec::with_capacity(encoders.len());
+    for &index in &encoders {
+        match roles.get(index as usize) {
+            None => return Err(format!("encoder {index} of a {}-worker table", table.len())),
+            Some(&ROLE_LLM) => return Err(format!("encoder {index} is an LLM worker")),
+            Some(role) if seen.contains(role) => return Err(format!("two encoders of role {role}")),
+            Some(&role) => seen.push(role),
+        }
+    }
+    Ok(encoders)
 }
 
 fn bits(columns: Columns) -> u32 {
@@ -74,7 +127,9 @@ impl WorkerTable {
         if bit.count_ones() != 1 || column == Columns::COST || !self.present.contains(column) {
             return None;
         }
-        Some((bits(self.present) & (bit - 1)).count_ones() as usize * self.len())
+        // The u32 columns below this one; `cost` (bit 10) travels in a list of its own.
+        let below = bits(self.present & !Columns::COST) & (bit - 1);
+        Some(below.count_ones() as usize * self.len())
     }
 
     /// The values of `column` (one u32 column), if present.
@@ -141,13 +196,9 @@ pub fn build(
         let load = loads.get(index).copied().unwrap_or_default();
         // This gateway's in-flight count covers requests the tracker does not (e.g. retries).
         let local = u64::try_from(worker.in_flight().max(0)).unwrap_or(0);
-        let row: [u32; 10] = [
+        let row: [u32; 14] = [
             worker.kv_id,
-            match worker.role {
-                Role::Llm => ROLE_LLM,
-                Role::Vision => 1,
-                Role::Audio => 2,
-            },
+            role_value(worker.role),
             capability_mask(&worker.capabilities),
             overlap.map_or(0, |o| o.device),
             overlap.map_or(0, |o| o.host),
@@ -156,6 +207,10 @@ pub fn build(
             saturate(u64::from(load.requests).max(local)),
             saturate(worker.capacity_blocks),
             saturate(worker.block_size as u64),
+            node_number(&worker.node),
+            0,
+            0,
+            0,
         ];
         for &(k, start) in &slots {
             table.data[start + index] = row[k];
@@ -260,10 +315,11 @@ mod tests {
     #[test]
     fn columns_sit_in_contract_order_and_select_keeps_them() {
         let table = synthetic(5);
-        assert_eq!((table.data.len(), table.cost.len()), (50, 5));
+        assert_eq!((table.data.len(), table.cost.len()), (70, 5));
         assert_eq!(table.column(Columns::IDS), Some(&[0, 1, 2, 3, 4][..]));
         assert_eq!(&table.data[..5], &[0, 1, 2, 3, 4]);
-        assert_eq!(&table.data[45..], &[64; 5], "block sizes last");
+        assert_eq!(&table.data[45..50], &[64; 5], "block sizes last of 0.1.0's columns");
+        assert_eq!(table.column(Columns::MEDIA_CACHED_TOKENS), Some(&table.data[65..]));
         assert_eq!(table.column(Columns::COST), None, "cost is not a u32 column");
         assert_eq!(table.cost, [1.0; 5]);
         let picked = table.select(Columns::PREFILL_TOKENS | Columns::IDS | Columns::BLOCK_SIZE);

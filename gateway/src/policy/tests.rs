@@ -324,3 +324,76 @@ fn the_sdk_carries_the_contract_byte_for_byte() {
         "the SDK's copy of the contract differs from wit/policy.wit: cp wit/policy.wit plugins/sdk/wit/policy.wit"
     );
 }
+
+#[test]
+fn a_router_built_against_0_1_0_loads_and_routes_unchanged() {
+    // `wit/0.1.0/least-load.wasm` is the least-load built-in as the 0.1.0 SDK compiled it.
+    let wasm = std::fs::read(concat!(env!("CARGO_MANIFEST_DIR"), "/../wit/0.1.0/least-load.wasm")).expect("fixture");
+    let runtime = runtime();
+    let old = runtime
+        .load_router("old", &wasm, toml::Table::new())
+        .expect("a 0.1.0 router loads");
+    let current = load(&runtime, "least-load");
+    assert_eq!(old.columns(), current.columns(), "same columns declared, bit for bit");
+    let mut old = old.instantiate().expect("instance");
+    let mut current = current.instantiate().expect("instance");
+    let request = table::synthetic_request();
+    for round in 0..6u32 {
+        let mut table = table::synthetic(6);
+        let active: Vec<u32> = (0..6).map(|i| (i * 7 + round * 3) % 5).collect();
+        set(&mut table, Columns::ACTIVE_REQUESTS, &active);
+        set(&mut table, Columns::NODE, &[9; 6]);
+        let expected = table::least_load(&table).expect("an LLM worker");
+        assert_eq!(old.route(&request, &table).expect("answer").worker, expected);
+        assert_eq!(current.route(&request, &table).expect("answer").worker, expected);
+    }
+}
+
+#[test]
+fn built_in_batchers_load_and_keep_the_contract() {
+    use super::batching::{BatchedBy, BatcherSwitch, Budget, PendingTable, validate};
+    let runtime = runtime();
+    let queue = PendingTable {
+        ids: (1..=6).collect(),
+        tokens: vec![900, 100, 300, 5000, 200, 700],
+        waited_ms: vec![70.0, 4.0, 3.0, 2.0, 1.0, 0.5],
+        priority: vec![0; 6],
+        kinds: vec![3, 1, 1, 3, 2, 1],
+        ready: vec![false, false, false, false, true, false],
+    };
+    let budget = Budget {
+        token_budgets: vec![512, 1024],
+        max_items: 3,
+        max_batches: 8,
+    };
+    for name in ["fcfs", "token-budget", "mixed-modality"] {
+        let policy = runtime
+            .load_batcher(
+                name,
+                super::built_in_batcher(name).expect("built in"),
+                toml::Table::new(),
+            )
+            .unwrap_or_else(|err| panic!("{name}: {err}"));
+        let switch = BatcherSwitch::new(policy, SwitchConfig::default());
+        let (batches, by) = switch.form_batches(&queue, &budget);
+        assert!(matches!(by, BatchedBy::Policy(_)), "{name}: {}", by.label());
+        validate(&queue, &budget, &batches).unwrap_or_else(|err| panic!("{name}: {err}"));
+        let placed: usize = batches.iter().map(|b| b.items.len()).sum();
+        assert_eq!(placed, 6, "{name}: every item placed");
+        if name == "mixed-modality" {
+            // The aged 900 leads; the ready 200 would pass 1024 beside it, so the 100 fills in,
+            // and the ready 200 opens the next batch.
+            assert_eq!(batches[0].items, [0, 1]);
+            assert_eq!(batches[1].items, [4, 2]);
+        }
+    }
+    let router = runtime.load_batcher(
+        "least-load",
+        built_in_router("least-load").expect("built in"),
+        toml::Table::new(),
+    );
+    assert!(
+        matches!(router, Err(PolicyError::Invalid(ref why)) if why.contains("batcher world")),
+        "{router:?}"
+    );
+}

@@ -39,6 +39,8 @@ mod tests {
             tokens: vec![100; 4],
             waited_ms: vec![5.0, 50.0, 1.0, 20.0],
             priority: vec![0, 0, 1, 0],
+            kinds: vec![1; 4],
+            ready: vec![false; 4],
         };
         let budget = Budget {
             token_budgets: vec![256],

@@ -1,6 +1,6 @@
 //! The Switchyard policy SDK: write a routing or batching policy as plain Rust.
 //!
-//! This crate owns the guest side of the `switchyard:policy@0.1.0` contract: the generated
+//! This crate owns the guest side of the `switchyard:policy@0.2.0` contract: the generated
 //! bindings, the [`Router`] and [`Batcher`] traits a policy implements, helpers over the flat
 //! worker table, and the runtime a `no_std` component needs (an allocator and a panic handler
 //! that traps, so a policy imports nothing but the host world). The bindings come from the
@@ -242,6 +242,10 @@ pub mod testing {
             capacity_blocks: vec![16_384; n],
             block_size: vec![64; n],
             cost: vec![1.0; n],
+            node: vec![0; n],
+            queued_us: vec![0; n],
+            encode_us: vec![0; n],
+            media_cached_tokens: vec![0; n],
         }
     }
 
@@ -295,7 +299,7 @@ impl Decision {
     pub fn to(index: usize) -> Decision {
         Decision {
             worker: index as u32,
-            encoder: None,
+            encoders: Vec::new(),
             fallbacks: Vec::new(),
         }
     }
@@ -435,6 +439,8 @@ pub fn __batcher_adapter<B: Batcher>(
         tokens: queue.tokens,
         waited_ms: queue.waited_ms,
         priority: queue.priority,
+        kinds: queue.kinds,
+        ready: queue.ready,
     };
     let budget = Budget {
         token_budgets: budget.token_budgets,

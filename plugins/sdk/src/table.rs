@@ -14,9 +14,12 @@ use alloc::vec::Vec;
 
 use crate::{Columns, PolicyError, role};
 
-/// Number of u32 columns in the contract (`flags columns` in `wit/policy.wit`, all but the
-/// last, `cost`).
-const U32_COLUMNS: usize = 10;
+/// Number of u32 columns in the contract (`flags columns` in `wit/policy.wit`, all but
+/// `cost`).
+const U32_COLUMNS: usize = 14;
+
+/// The flag bit of each u32 column, in contract order (`cost`, bit 10, is apart).
+const U32_BITS: [u32; U32_COLUMNS] = [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 11, 12, 13, 14];
 
 /// Every candidate worker: element `i` of each column describes worker `i`. Decisions name
 /// workers by that index.
@@ -64,6 +67,15 @@ pub struct WorkerTable<'a> {
     pub block_size: &'a [u32],
     /// Relative cost of a token on the worker (spot < reserved).
     pub cost: &'a [f32],
+    /// The worker's machine as a number (0: unknown, shared with no one).
+    pub node: &'a [u32],
+    /// Work this gateway queued at the worker, estimated in microseconds (encoders).
+    pub queued_us: &'a [u32],
+    /// The estimated time to encode the request's uncached media of the encoder's role, in
+    /// microseconds (encoders).
+    pub encode_us: &'a [u32],
+    /// Tokens of the request's media of the encoder's role it holds cached (encoders).
+    pub media_cached_tokens: &'a [u32],
 }
 
 impl<'a> WorkerTable<'a> {
@@ -103,7 +115,7 @@ impl<'a> WorkerTable<'a> {
         }
         let mut columns: [&[u32]; U32_COLUMNS] = [&[]; U32_COLUMNS];
         let mut rest = data;
-        for (bit, column) in columns.iter_mut().enumerate() {
+        for (bit, column) in U32_BITS.iter().zip(columns.iter_mut()) {
             let flag = Columns::from_bits_retain(1 << bit);
             if present.contains(flag) {
                 let (values, after) = rest.split_at(count);
@@ -124,6 +136,10 @@ impl<'a> WorkerTable<'a> {
             active_requests,
             capacity_blocks,
             block_size,
+            node,
+            queued_us,
+            encode_us,
+            media_cached_tokens,
         ] = columns;
         Ok(WorkerTable {
             count,
@@ -139,6 +155,10 @@ impl<'a> WorkerTable<'a> {
             capacity_blocks,
             block_size,
             cost: if wanted.contains(Columns::COST) { cost } else { &[] },
+            node,
+            queued_us,
+            encode_us,
+            media_cached_tokens,
         })
     }
 
@@ -176,12 +196,12 @@ impl<'a> WorkerTable<'a> {
     /// [`crate::Router::COLUMNS`], or if `column` is not exactly one u32 column.
     pub fn column(&self, column: Columns) -> Result<&'a [u32], PolicyError> {
         let bits = column.bits();
-        let bit = bits.trailing_zeros() as usize;
-        if bits.count_ones() != 1 || bit >= U32_COLUMNS {
+        let slot = U32_BITS.iter().position(|&bit| bits == 1 << bit);
+        let Some(slot) = slot else {
             return Err(PolicyError::new(
                 "WorkerTable::column takes exactly one u32 column (read COST with WorkerTable::cost())",
             ));
-        }
+        };
         let columns = [
             self.ids,
             self.roles,
@@ -193,8 +213,12 @@ impl<'a> WorkerTable<'a> {
             self.active_requests,
             self.capacity_blocks,
             self.block_size,
+            self.node,
+            self.queued_us,
+            self.encode_us,
+            self.media_cached_tokens,
         ];
-        self.checked(column, columns[bit])
+        self.checked(column, columns[slot])
     }
 
     /// `values`, if the policy declared `column`.
@@ -260,6 +284,10 @@ checked_columns! {
     capacity_blocks: u32 = CAPACITY_BLOCKS;
     block_size: u32 = BLOCK_SIZE;
     cost: f32 = COST;
+    node: u32 = NODE;
+    queued_us: u32 = QUEUED_US;
+    encode_us: u32 = ENCODE_US;
+    media_cached_tokens: u32 = MEDIA_CACHED_TOKENS;
 }
 
 /// No workers, every column declared (and empty).
@@ -279,6 +307,10 @@ impl Default for WorkerTable<'_> {
             capacity_blocks: &[],
             block_size: &[],
             cost: &[],
+            node: &[],
+            queued_us: &[],
+            encode_us: &[],
+            media_cached_tokens: &[],
         }
     }
 }
@@ -309,6 +341,14 @@ pub struct Table {
     pub block_size: Vec<u32>,
     /// See [`WorkerTable::cost`].
     pub cost: Vec<f32>,
+    /// See [`WorkerTable::node`].
+    pub node: Vec<u32>,
+    /// See [`WorkerTable::queued_us`].
+    pub queued_us: Vec<u32>,
+    /// See [`WorkerTable::encode_us`].
+    pub encode_us: Vec<u32>,
+    /// See [`WorkerTable::media_cached_tokens`].
+    pub media_cached_tokens: Vec<u32>,
 }
 
 #[cfg(not(target_arch = "wasm32"))]
@@ -329,6 +369,10 @@ impl Table {
             capacity_blocks: &self.capacity_blocks,
             block_size: &self.block_size,
             cost: &self.cost,
+            node: &self.node,
+            queued_us: &self.queued_us,
+            encode_us: &self.encode_us,
+            media_cached_tokens: &self.media_cached_tokens,
         }
     }
 
@@ -351,9 +395,13 @@ impl Table {
             &self.active_requests,
             &self.capacity_blocks,
             &self.block_size,
+            &self.node,
+            &self.queued_us,
+            &self.encode_us,
+            &self.media_cached_tokens,
         ];
         let mut data = Vec::with_capacity(count * U32_COLUMNS);
-        for (bit, column) in all.iter().enumerate() {
+        for (bit, column) in U32_BITS.iter().zip(all) {
             assert_eq!(
                 column.len(),
                 count,
@@ -394,6 +442,10 @@ mod tests {
             capacity_blocks: alloc::vec![18, 19, 20],
             block_size: alloc::vec![21, 22, 23],
             cost: alloc::vec![0.5, 1.5, 2.5],
+            node: alloc::vec![24, 25, 26],
+            queued_us: alloc::vec![27, 28, 29],
+            encode_us: alloc::vec![30, 31, 32],
+            media_cached_tokens: alloc::vec![33, 34, 35],
         }
     }
 
@@ -401,7 +453,7 @@ mod tests {
     fn every_column_comes_back_in_place() {
         let table = sample();
         let (count, data, cost) = table.pack(Columns::all());
-        assert_eq!(data.len(), 30);
+        assert_eq!(data.len(), 42);
         let view = WorkerTable::from_packed(count, Columns::all(), &data, &cost, Columns::all()).expect("a view");
         assert_eq!(view.len(), 3);
         assert_eq!(view.ids, &table.ids[..]);
@@ -415,6 +467,14 @@ mod tests {
         assert_eq!(view.capacity_blocks, &table.capacity_blocks[..]);
         assert_eq!(view.block_size, &table.block_size[..]);
         assert_eq!(view.cost, &table.cost[..]);
+        assert_eq!(view.node, &table.node[..]);
+        assert_eq!(view.queued_us, &table.queued_us[..]);
+        assert_eq!(view.encode_us, &table.encode_us[..]);
+        assert_eq!(view.media_cached_tokens, &table.media_cached_tokens[..]);
+        assert_eq!(
+            view.column(Columns::MEDIA_CACHED_TOKENS).expect("a column"),
+            [33, 34, 35]
+        );
         assert_eq!(view.llm_indices().collect::<Vec<_>>(), [0, 2]);
     }
 

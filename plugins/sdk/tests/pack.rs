@@ -258,6 +258,8 @@ fn batch_items_are_indices_into_the_pending_table_as_sent() {
             tokens,
             waited_ms: vec![0.0; n],
             priority: vec![0; n],
+            kinds: vec![1; n],
+            ready: vec![false; n],
         };
         // The sort a batcher does (as `token-budget`), then `pack`.
         let mut order: Vec<usize> = (0..n).collect();
@@ -305,6 +307,8 @@ fn results_scatter_back_to_request_order() {
         tokens: vec![300, 100, 200],
         waited_ms: vec![0.0; 3],
         priority: vec![0; 3],
+        kinds: vec![1; 3],
+        ready: vec![false; 3],
     };
     let budget = Budget {
         token_budgets: vec![256, 1024],

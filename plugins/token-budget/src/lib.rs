@@ -36,6 +36,8 @@ mod tests {
             tokens: vec![300, 100, 700, 200, 2000],
             waited_ms: vec![0.0; 5],
             priority: vec![0; 5],
+            kinds: vec![1; 5],
+            ready: vec![false; 5],
         };
         let budget = Budget {
             token_budgets: vec![256, 512, 1024],
@@ -62,6 +64,8 @@ mod tests {
             tokens: vec![10; 6],
             waited_ms: vec![0.0; 6],
             priority: vec![0; 6],
+            kinds: vec![1; 6],
+            ready: vec![false; 6],
         };
         let budget = Budget {
             token_budgets: vec![64],

@@ -37,6 +37,8 @@ fn queue(tokens: Vec<u32>) -> PendingTable {
         tokens,
         waited_ms: vec![0.0; n],
         priority: vec![0; n],
+        kinds: vec![1; n],
+        ready: vec![false; n],
     }
 }
 

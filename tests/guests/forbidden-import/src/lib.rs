@@ -14,7 +14,7 @@ impl Guest for Hostile {
         println!("request {} from {:?}", req.request_id, std::env::var("HOME"));
         Ok(Decision {
             worker: 0,
-            encoder: None,
+            encoders: Vec::new(),
             fallbacks: Vec::new(),
         })
     }

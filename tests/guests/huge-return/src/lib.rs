@@ -8,6 +8,6 @@ use hostile_common::sdk::Decision;
 
 hostile_common::hostile_router!(|_req| Ok(Decision {
     worker: 0,
-    encoder: None,
+    encoders: alloc::vec::Vec::new(),
     fallbacks: alloc::vec![0; 1 << 16]
 }));

@@ -1,0 +1,481 @@
+//! Batching policies at the encoder queues: loading `batcher` components, checking their
+//! answers, and the live switch between versions with a native fallback.
+//!
+//! Each encoder queue asks [`BatcherSwitch::form_batches`] how to split what is waiting into
+//! micro-batches when it flushes. The active version answers if it can; an answer that breaks
+//! the contract (an index out of range or twice, a batch over `max-items` or over its token
+//! budget, items left out while fewer than `max-batches` batches were formed), a trap, or a
+//! call past the deadline is replaced by [`fallback`] (first come, first served, packed into
+//! the budgets), so no item is ever lost to a policy. Failures count against the version and
+//! roll it back as routers' do ([`crate::policy::versions`]). Calls are rare (one per flush per
+//! encoder) and come from any runtime thread, so instances are pooled behind a mutex rather
+//! than kept per thread.
+
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use wasmtime::Store;
+
+use crate::policy::PolicyError;
+pub use crate::policy::bindings::switchyard::policy::types::{Batch, Budget, PendingTable};
+use crate::policy::bindings::{BatcherPre, BatcherWorld};
+use crate::policy::host::HostState;
+use crate::policy::runtime::{PolicyRuntime, initial_memory_bytes};
+use crate::policy::versions::{Labels, Named, SwitchConfig, Version, Versions};
+
+/// Instances kept for reuse; more concurrent flushes instantiate and drop their own.
+const POOLED_INSTANCES: usize = 8;
+
+/// A validated batcher policy: compiled code ready to instantiate. Immutable and shared.
+pub struct BatcherPolicy {
+    /// The policy's name.
+    pub name: String,
+    /// sha256 of the `.wasm` it was loaded from.
+    pub sha256: String,
+    pre: BatcherPre<HostState>,
+    config: Arc<toml::Table>,
+    runtime: Arc<PolicyRuntime>,
+    initial_memory_bytes: u64,
+}
+
+impl std::fmt::Debug for BatcherPolicy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BatcherPolicy")
+            .field("name", &self.name)
+            .field("sha256", &self.sha256)
+            .field("initial_memory_bytes", &self.initial_memory_bytes)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Named for BatcherPolicy {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn sha256(&self) -> &str {
+        &self.sha256
+    }
+}
+
+impl PolicyRuntime {
+    /// Compiles (or loads from the cache), validates and self-tests a batcher policy.
+    ///
+    /// # Errors
+    ///
+    /// Returns [`PolicyError`] if the bytes are not a component, import anything outside the
+    /// host world, do not export the `batcher` world, fail `init`, or answer the self-test
+    /// against the contract.
+    pub fn load_batcher(
+        self: &Arc<Self>,
+        name: &str,
+        wasm: &[u8],
+        policy_config: toml::Table,
+    ) -> Result<BatcherPolicy, PolicyError> {
+        let (sha256, component, pre) = self.prepare(wasm)?;
+        let pre = BatcherPre::new(pre)
+            .map_err(|err| PolicyError::Invalid(format!("does not export the batcher world: {err:#}")))?;
+        let policy = BatcherPolicy {
+            name: name.to_string(),
+            sha256,
+            pre,
+            config: Arc::new(policy_config),
+            runtime: self.clone(),
+            initial_memory_bytes: initial_memory_bytes(&component),
+        };
+        let (queue, budget) = synthetic_queue();
+        // As for routers: a first call preempted past the deadline on a loaded machine is
+        // tried again on a fresh instance; one interrupted every time is refused.
+        let mut interrupted = 0;
+        loop {
+            match policy.instantiate()?.form_batches(&queue, &budget) {
+                Err(PolicyError::Trap(message)) if message.contains("interrupt") && interrupted < 2 => {
+                    interrupted += 1;
+                }
+                Err(PolicyError::InvalidAnswer(why)) => {
+                    return Err(PolicyError::Invalid(format!(
+                        "self-test answer breaks the contract: {why}"
+                    )));
+                }
+                answer => {
+                    answer?;
+                    return Ok(policy);
+                }
+            }
+        }
+    }
+}
+
+impl BatcherPolicy {
+    /// A fresh instance with its own store, after a successful `init`.
+    ///
+    /// # Errors
+    ///
+    /// Returns [`PolicyError`] if instantiation traps or `init` fails.
+    pub fn instantiate(&self) -> Result<BatcherInstance, PolicyError> {
+        let mut store = self.runtime.armed_store(self.config.clone());
+        let bindings = self.pre.instantiate(&mut store).map_err(trap)?;
+        self.runtime.arm(&mut store);
+        bindings
+            .call_init(&mut store)
+            .map_err(trap)?
+            .map_err(|err| PolicyError::Refused(err.message))?;
+        Ok(BatcherInstance {
+            store,
+            bindings,
+            runtime: self.runtime.clone(),
+        })
+    }
+}
+
+fn trap(err: wasmtime::Error) -> PolicyError {
+    PolicyError::Trap(format!("{err:#}"))
+}
+
+/// One live instance of a batcher policy.
+pub struct BatcherInstance {
+    store: Store<HostState>,
+    bindings: BatcherWorld,
+    runtime: Arc<PolicyRuntime>,
+}
+
+impl std::fmt::Debug for BatcherInstance {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BatcherInstance").finish_non_exhaustive()
+    }
+}
+
+impl BatcherInstance {
+    /// Calls `form-batches` under the deadline and checks the answer against the contract.
+    ///
+    /// # Errors
+    ///
+    /// [`PolicyError::Trap`] (deadline, memory, a trap) or [`PolicyError::InvalidAnswer`].
+    pub fn form_batches(&mut self, queue: &PendingTable, budget: &Budget) -> Result<Vec<Batch>, PolicyError> {
+        self.runtime.arm(&mut self.store);
+        let batches = self
+            .bindings
+            .call_form_batches(&mut self.store, queue, budget)
+            .map_err(trap)?;
+        validate(queue, budget, &batches).map_err(PolicyError::InvalidAnswer)?;
+        Ok(batches)
+    }
+}
+
+/// Checks `batches` against the contract for `queue` and `budget` (see the module docs).
+///
+/// # Errors
+///
+/// What is wrong, for the operator's log.
+pub fn validate(queue: &PendingTable, budget: &Budget, batches: &[Batch]) -> Result<(), String> {
+    let count = queue.ids.len();
+    let max_batches = budget.max_batches.max(1) as usize;
+    let max_items = budget.max_items.max(1) as usize;
+    let largest = budget.token_budgets.iter().copied().max();
+    if batches.len() > max_batches {
+        return Err(format!("{} batches, at most {max_batches} allowed", batches.len()));
+    }
+    let mut placed = vec![false; count];
+    for (number, batch) in batches.iter().enumerate() {
+        if batch.items.is_empty() || batch.items.len() > max_items {
+            return Err(format!(
+                "batch {number} holds {} items (1..={max_items} allowed)",
+                batch.items.len()
+            ));
+        }
+        let mut tokens = 0u64;
+        for &index in &batch.items {
+            let slot = placed
+                .get_mut(index as usize)
+                .ok_or_else(|| format!("batch {number} names item {index} of {count}"))?;
+            if std::mem::replace(slot, true) {
+                return Err(format!("item {index} is in two batches"));
+            }
+            tokens += u64::from(queue.tokens.get(index as usize).copied().unwrap_or(0));
+        }
+        let Some(largest) = largest else { continue };
+        let label = u64::from(batch.token_budget);
+        let in_budget = budget.token_budgets.contains(&batch.token_budget) && tokens <= label;
+        let oversize_alone = batch.items.len() == 1 && tokens > u64::from(largest) && label >= tokens;
+        if !in_budget && !oversize_alone {
+            return Err(format!(
+                "batch {number} holds {tokens} tokens under budget {label}; budgets are {:?}",
+                budget.token_budgets
+            ));
+        }
+    }
+    if batches.len() < max_batches
+        && let Some(missing) = placed.iter().position(|placed| !placed)
+    {
+        return Err(format!(
+            "item {missing} is in no batch, and fewer than {max_batches} batches were formed"
+        ));
+    }
+    Ok(())
+}
+
+/// The native fallback: first come, first served (higher priority classes first), packed in
+/// that order until the next item would pass the largest budget or `max-items`; each batch is
+/// labelled with the smallest budget it fits, an item larger than every budget goes alone.
+pub fn fallback(queue: &PendingTable, budget: &Budget) -> Vec<Batch> {
+    let mut order: Vec<usize> = (0..queue.ids.len()).collect();
+    order.sort_by(|&a, &b| {
+        let priority = |i: usize| queue.priority.get(i).copied().unwrap_or(0);
+        let waited = |i: usize| queue.waited_ms.get(i).copied().unwrap_or(0.0);
+        priority(b).cmp(&priority(a)).then(waited(b).total_cmp(&waited(a)))
+    });
+    let largest = budget.token_budgets.iter().copied().max().unwrap_or(u32::MAX);
+    let label = |total: u32| {
+        let mut fitting: Vec<u32> = budget.token_budgets.iter().copied().filter(|b| *b >= total).collect();
+        fitting.sort_unstable();
+        fitting.first().copied().unwrap_or(total)
+    };
+    let max_items = budget.max_items.max(1) as usize;
+    let mut batches = Vec::new();
+    let mut items: Vec<u32> = Vec::new();
+    let mut total = 0u32;
+    for index in order {
+        let need = queue.tokens.get(index).copied().unwrap_or(0);
+        if !items.is_empty() && (total.saturating_add(need) > largest || items.len() >= max_items) {
+            batches.push(Batch {
+                token_budget: label(total),
+                items: std::mem::take(&mut items),
+            });
+            total = 0;
+            if batches.len() >= budget.max_batches.max(1) as usize {
+                return batches;
+            }
+        }
+        items.push(index as u32);
+        total = total.saturating_add(need);
+    }
+    if !items.is_empty() {
+        batches.push(Batch {
+            token_budget: label(total),
+            items,
+        });
+    }
+    batches
+}
+
+/// A queue the self-test asks a batcher to split: mixed kinds, sizes, waits and readiness.
+fn synthetic_queue() -> (PendingTable, Budget) {
+    let tokens = vec![576, 64, 1800, 256, 5760, 100, 576, 50];
+    let n = tokens.len();
+    let queue = PendingTable {
+        ids: (1..=n as u64).collect(),
+        tokens,
+        waited_ms: (0..n).map(|i| (n - i) as f32 * 0.7).collect(),
+        priority: vec![0; n],
+        kinds: vec![1, 2, 3, 1, 3, 2, 1, 2],
+        ready: (0..n).map(|i| i % 3 == 1).collect(),
+    };
+    let budget = Budget {
+        token_budgets: vec![1024, 2048, 4096],
+        max_items: 4,
+        max_batches: 8,
+    };
+    (queue, budget)
+}
+
+/// How a flush was batched.
+#[derive(Debug, Clone)]
+pub enum BatchedBy {
+    /// By this batcher version.
+    Policy(Arc<Version<BatcherPolicy>>),
+    /// By the native fallback, because of the named failure kind.
+    Fallback(&'static str),
+}
+
+/// The live batcher policy of a gateway's encoder queues.
+#[derive(Debug)]
+pub struct BatcherSwitch {
+    versions: Versions<BatcherPolicy>,
+    instances: Mutex<Vec<(u64, BatcherInstance)>>,
+    decisions: Family<Labels, Counter>,
+}
+
+impl BatcherSwitch {
+    /// A switch whose active version is `policy`.
+    pub fn new(policy: BatcherPolicy, config: SwitchConfig) -> BatcherSwitch {
+        BatcherSwitch {
+            versions: Versions::new("batcher", policy, config),
+            instances: Mutex::new(Vec::new()),
+            decisions: Family::default(),
+        }
+    }
+
+    /// Registers the switch's metrics.
+    pub fn register_metrics(&self, registry: &mut prometheus_client::registry::Registry) {
+        registry.register(
+            "batcher_decisions",
+            "Encoder-queue flushes batched, by batcher version and outcome (policy, fallback)",
+            self.decisions.clone(),
+        );
+        registry.register(
+            "batcher_failures",
+            "Batcher calls that failed, by version and kind",
+            self.versions.failures.clone(),
+        );
+        registry.register(
+            "batcher_rollbacks",
+            "Automatic rollbacks to a previous batcher version",
+            self.versions.rollbacks.clone(),
+        );
+    }
+
+    /// The active version.
+    pub fn active(&self) -> Arc<Version<BatcherPolicy>> {
+        self.versions.active()
+    }
+
+    /// The versions kept for rollback, oldest first.
+    pub fn previous(&self) -> Vec<Arc<Version<BatcherPolicy>>> {
+        self.versions.previous()
+    }
+
+    /// Makes `policy` the active version; flushes after this one use it.
+    pub fn publish(&self, policy: Arc<BatcherPolicy>) -> Arc<Version<BatcherPolicy>> {
+        self.versions.publish(policy)
+    }
+
+    /// Restores the most recent previous version, if there is one.
+    pub fn rollback(&self) -> Option<Arc<Version<BatcherPolicy>>> {
+        self.versions.rollback()
+    }
+
+    /// Splits `queue` (not empty) into batches within `budget`: the active version's answer if
+    /// it keeps the contract, the [`fallback`]'s otherwise.
+    pub fn form_batches(&self, queue: &PendingTable, budget: &Budget) -> (Vec<Batch>, BatchedBy) {
+        let version = self.versions.active();
+        let outcome = self.call(&version, queue, budget);
+        let (batches, by, outcome) = match outcome {
+            Ok(batches) => (batches, BatchedBy::Policy(version.clone()), "policy"),
+            Err(kind) => (fallback(queue, budget), BatchedBy::Fallback(kind), "fallback"),
+        };
+        self.decisions
+            .get_or_create(&vec![("version", version.label()), ("outcome", outcome.into())])
+            .inc();
+        (batches, by)
+    }
+
+    fn call(
+        &self,
+        version: &Arc<Version<BatcherPolicy>>,
+        queue: &PendingTable,
+        budget: &Budget,
+    ) -> Result<Vec<Batch>, &'static str> {
+        let pooled = {
+            let mut instances = self.instances.lock();
+            let live = self.versions.active_generation();
+            instances.retain(|(generation, _)| *generation == live);
+            instances
+                .iter()
+                .position(|(generation, _)| *generation == version.generation)
+                .map(|position| instances.swap_remove(position).1)
+        };
+        let instance = match pooled {
+            Some(instance) => Ok(instance),
+            None if !version.may_instantiate(self.versions.now_ms()) => return Err("backoff"),
+            None => version.policy.instantiate(),
+        };
+        let result = instance.and_then(|mut instance| {
+            let batches = instance.form_batches(queue, budget)?;
+            // Only an instance that answered well goes back; a trapped one cannot be entered.
+            let mut instances = self.instances.lock();
+            if instances.len() < POOLED_INSTANCES {
+                instances.push((version.generation, instance));
+            }
+            Ok(batches)
+        });
+        result.map_err(|err| {
+            if self.versions.record_failure(version, &err) {
+                self.versions.roll_back_if_active(version);
+            }
+            err.kind()
+        })
+    }
+}
+
+impl BatchedBy {
+    /// `NAME@SHA#GENERATION` for a policy, `fallback:KIND` otherwise.
+    pub fn label(&self) -> String {
+        match self {
+            BatchedBy::Policy(version) => format!("{}#{}", version.label(), version.generation),
+            BatchedBy::Fallback(kind) => format!("fallback:{kind}"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn queue(tokens: &[u32]) -> PendingTable {
+        let n = tokens.len();
+        PendingTable {
+            ids: (0..n as u64).collect(),
+            tokens: tokens.to_vec(),
+            waited_ms: (0..n).map(|i| (n - i) as f32).collect(),
+            priority: vec![0; n],
+            kinds: vec![1; n],
+            ready: vec![false; n],
+        }
+    }
+
+    fn budget(budgets: &[u32], max_items: u32, max_batches: u32) -> Budget {
+        Budget {
+            token_budgets: budgets.to_vec(),
+            max_items,
+            max_batches,
+        }
+    }
+
+    #[test]
+    fn the_fallback_keeps_the_contract_and_arrival_order() {
+        let queue = queue(&[300, 100, 5000, 700, 200]);
+        let budget = budget(&[512, 1024], 3, 8);
+        let batches = fallback(&queue, &budget);
+        validate(&queue, &budget, &batches).expect("the fallback keeps the contract");
+        let order: Vec<u32> = batches.iter().flat_map(|b| b.items.clone()).collect();
+        assert_eq!(order, [0, 1, 2, 3, 4], "oldest first");
+        assert_eq!(batches[0].items, [0, 1]);
+        assert_eq!(batches[0].token_budget, 512);
+        assert_eq!(batches[1].items, [2], "larger than every budget: alone");
+        assert_eq!(batches[1].token_budget, 5000);
+    }
+
+    #[test]
+    fn answers_that_break_the_contract_are_named() {
+        let queue = queue(&[300, 100, 700]);
+        let budget = budget(&[512, 1024], 2, 4);
+        let batch = |items: &[u32], token_budget| Batch {
+            items: items.to_vec(),
+            token_budget,
+        };
+        let cases = [
+            (vec![batch(&[0, 1], 512), batch(&[2], 1024)], None),
+            (vec![batch(&[0, 1], 512)], Some("in no batch")),
+            (vec![batch(&[0, 3], 512), batch(&[2], 1024)], Some("names item 3")),
+            (vec![batch(&[0, 0], 512), batch(&[2], 1024)], Some("two batches")),
+            (vec![batch(&[0, 1, 2], 2048)], Some("holds 3 items")),
+            (vec![batch(&[0, 2], 1024), batch(&[1], 100)], Some("budget 100")),
+            (vec![batch(&[0, 1], 300), batch(&[2], 1024)], Some("budget 300")),
+            (vec![], Some("in no batch")),
+        ];
+        for (batches, expected) in cases {
+            let result = validate(&queue, &budget, &batches);
+            match expected {
+                None => result.expect("valid"),
+                Some(text) => assert!(result.expect_err("refused").contains(text), "{batches:?}"),
+            }
+        }
+        let full = Budget {
+            max_batches: 1,
+            ..budget
+        };
+        validate(&queue, &full, &[batch(&[0, 1], 512)]).expect("max-batches formed: the rest may wait");
+    }
+}
