@@ -283,7 +283,8 @@ pub struct VllmEventsConfig {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct PolicyConfig {
-    /// A built-in policy (`round-robin`, `least-load`, `kv-aware`, `predicted-ttft`) or a path to a `.wasm`.
+    /// A built-in policy (`round-robin`, `least-load`, `kv-aware`, `predicted-ttft`,
+    /// `modality-aware`) or a path to a `.wasm`.
     pub router: String,
     /// CPU time one policy call may take, in milliseconds.
     pub deadline_ms: u64,

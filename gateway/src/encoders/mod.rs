@@ -38,6 +38,7 @@ use crate::config::{EncodersConfig, Role};
 use crate::kv::KvState;
 use crate::media::MediaItem;
 use crate::policy::batching::{BatcherSwitch, Budget, PendingTable};
+use crate::policy::table::EncoderRow;
 use crate::workers::client::WorkerClient;
 use crate::workers::{Worker, WorkerPool};
 
@@ -160,13 +161,60 @@ impl Encoders {
 
     /// The healthy encoders of `model` that take `kind`, except those in `exclude`.
     pub(crate) fn candidates(&self, model: &str, kind: MediaKind, exclude: &[u32]) -> Vec<Arc<Worker>> {
-        let role = role_for(kind);
+        self.of_role(model, role_for(kind), exclude)
+    }
+
+    fn of_role(&self, model: &str, role: Role, exclude: &[u32]) -> Vec<Arc<Worker>> {
         self.pool
             .workers()
             .iter()
             .filter(|w| w.role == role && w.model == model && w.is_healthy() && !exclude.contains(&w.kv_id))
             .cloned()
             .collect()
+    }
+
+    /// The encoders `items` may go to, as rows of the router's table: per encoder of a role the
+    /// items need, its queue, the time to encode the items of its role it does not hold (the
+    /// reference cost curves), and the tokens of those it holds.
+    pub(crate) fn rows(&self, model: &str, items: &[MediaItem]) -> Vec<EncoderRow> {
+        let holders: Vec<Vec<u32>> = items
+            .iter()
+            .map(|item| {
+                self.kv
+                    .lookup(&[media_block_hash(item.id())])
+                    .iter()
+                    .filter(|o| o.device > 0)
+                    .map(|o| o.worker)
+                    .collect()
+            })
+            .collect();
+        let mut roles: Vec<Role> = items.iter().map(|item| role_for(item.info.kind)).collect();
+        roles.sort_by_key(|role| *role as u8);
+        roles.dedup();
+        let micros = |ms: f64| (ms * 1000.0).clamp(0.0, f64::from(u32::MAX)) as u32;
+        let mut rows = Vec::new();
+        for role in roles {
+            for encoder in self.of_role(model, role, &[]) {
+                let (mut encode_ms, mut cached_tokens) = (0.0, 0u32);
+                for (item, holders) in items.iter().zip(&holders) {
+                    if role_for(item.info.kind) != role {
+                        continue;
+                    }
+                    if holders.contains(&encoder.kv_id) {
+                        cached_tokens = cached_tokens.saturating_add(item.tokens);
+                    } else {
+                        encode_ms += estimate_ms(item.info.kind, item.frames.len(), item.info.duration_s);
+                    }
+                }
+                rows.push(EncoderRow {
+                    queued_us: micros(self.queued_ms(&encoder)),
+                    encode_us: micros(encode_ms),
+                    cached_tokens,
+                    worker: encoder,
+                });
+            }
+        }
+        rows
     }
 
     /// Estimated work queued at `encoder`, in milliseconds.

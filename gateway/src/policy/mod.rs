@@ -43,7 +43,7 @@ pub enum PolicyError {
     InvalidAnswer(String),
     /// The named built-in policy does not exist.
     #[error(
-        "no built-in policy named `{0}`; routers: round-robin, least-load, kv-aware, predicted-ttft; batchers: fcfs, token-budget, mixed-modality"
+        "no built-in policy named `{0}`; routers: round-robin, least-load, kv-aware, predicted-ttft, modality-aware; batchers: fcfs, token-budget, mixed-modality"
     )]
     UnknownBuiltIn(String),
 }
@@ -88,6 +88,7 @@ pub fn built_in_router(name: &str) -> Result<&'static [u8], PolicyError> {
         "least-load" => Ok(include_bytes!(concat!(env!("OUT_DIR"), "/least_load.wasm"))),
         "kv-aware" => Ok(include_bytes!(concat!(env!("OUT_DIR"), "/kv_aware.wasm"))),
         "predicted-ttft" => Ok(include_bytes!(concat!(env!("OUT_DIR"), "/predicted_ttft.wasm"))),
+        "modality-aware" => Ok(include_bytes!(concat!(env!("OUT_DIR"), "/modality_aware.wasm"))),
         other => Err(PolicyError::UnknownBuiltIn(other.to_string())),
     }
 }

@@ -169,17 +169,32 @@ impl WorkerTable {
     }
 }
 
+/// An encoder as a row of the router's table: what its media-only columns hold for the request
+/// being routed.
+#[derive(Debug, Clone)]
+pub struct EncoderRow {
+    /// The encoder.
+    pub worker: std::sync::Arc<Worker>,
+    /// Work this gateway has queued at it, estimated in microseconds.
+    pub queued_us: u32,
+    /// Estimated time to encode the request's items of its role it does not hold, in µs.
+    pub encode_us: u32,
+    /// Tokens of the request's items of its role whose features it announced cached.
+    pub cached_tokens: u32,
+}
+
 /// Builds the table for `candidates` (which the caller has already filtered to healthy workers
 /// of the requested model) with `columns` and the fallback's, from each one's prefix
 /// `overlaps` (sorted by worker id, as the index returns them) and live `loads` (aligned with
-/// `candidates`).
+/// `candidates`), followed by one row per encoder in `encoders`.
 pub fn build(
     candidates: &[std::sync::Arc<Worker>],
     overlaps: &[Overlap],
     loads: &[Load],
+    encoders: &[EncoderRow],
     columns: Columns,
 ) -> WorkerTable {
-    let n = candidates.len();
+    let n = candidates.len() + encoders.len();
     let present = columns | fallback_columns();
     let mut table = WorkerTable::zeroed(n, present);
     let saturate = |value: u64| u32::try_from(value).unwrap_or(u32::MAX);
@@ -211,6 +226,33 @@ pub fn build(
             0,
             0,
             0,
+        ];
+        for &(k, start) in &slots {
+            table.data[start + index] = row[k];
+        }
+        if let Some(cost) = table.cost.get_mut(index) {
+            *cost = worker.cost as f32;
+        }
+    }
+    for (offset, encoder) in encoders.iter().enumerate() {
+        let index = candidates.len() + offset;
+        let worker = &encoder.worker;
+        let in_flight = u64::try_from(worker.in_flight().max(0)).unwrap_or(0);
+        let row: [u32; 14] = [
+            worker.kv_id,
+            role_value(worker.role),
+            capability_mask(&worker.capabilities),
+            0,
+            0,
+            0,
+            0,
+            saturate(in_flight),
+            0,
+            0,
+            node_number(&worker.node),
+            encoder.queued_us,
+            encoder.encode_us,
+            encoder.cached_tokens,
         ];
         for &(k, start) in &slots {
             table.data[start + index] = row[k];

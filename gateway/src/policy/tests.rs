@@ -397,3 +397,43 @@ fn built_in_batchers_load_and_keep_the_contract() {
         "{router:?}"
     );
 }
+
+#[test]
+fn modality_aware_picks_worker_and_encoder_together_and_text_as_predicted_ttft() {
+    let runtime = runtime();
+    let mut joint = load(&runtime, "modality-aware").instantiate().expect("instance");
+    let mut predicted = load(&runtime, "predicted-ttft").instantiate().expect("instance");
+    // Text: the same answers as predicted-ttft, ties included.
+    let mut table = table::synthetic(6);
+    set(&mut table, Columns::OVERLAP_DEVICE_BLOCKS, &[0; 6]);
+    set(&mut table, Columns::PREFILL_TOKENS, &[0; 6]);
+    set(&mut table, Columns::ACTIVE_REQUESTS, &[0; 6]);
+    set(&mut table, Columns::ACTIVE_BLOCKS, &[0; 6]);
+    for id in 0..20 {
+        let request = table::RequestInfo {
+            request_id: id,
+            ..table::synthetic_request()
+        };
+        assert_eq!(
+            joint.route(&request, &table).expect("answer"),
+            predicted.route(&request, &table).expect("answer")
+        );
+    }
+    // Media: two LLM workers on nodes 1 and 2, a vision encoder on each; the one on node 1
+    // has a long queue, so the media goes to node 2's encoder and the request beside it.
+    let mut table = table::synthetic(4);
+    set(&mut table, Columns::ROLES, &[0, 0, 1, 1]);
+    set(&mut table, Columns::NODE, &[1, 2, 1, 2]);
+    set(&mut table, Columns::QUEUED_US, &[0, 0, 300_000, 0]);
+    set(&mut table, Columns::ENCODE_US, &[0, 0, 10_000, 10_000]);
+    set(&mut table, Columns::OVERLAP_DEVICE_BLOCKS, &[0; 4]);
+    set(&mut table, Columns::PREFILL_TOKENS, &[0; 4]);
+    set(&mut table, Columns::ACTIVE_REQUESTS, &[0; 4]);
+    let request = table::RequestInfo {
+        media_tokens: 5760,
+        prompt_tokens: 6784,
+        ..table::synthetic_request()
+    };
+    let pick = joint.route(&request, &table).expect("answer");
+    assert_eq!((pick.worker, pick.encoders), (1, vec![3]));
+}

@@ -40,6 +40,8 @@ pub struct Request<'a> {
     pub media_tokens: u32,
     /// Hash of its affinity key (the split rollout's header), 0 when absent.
     pub affinity: u64,
+    /// The encoders its media may go to, as rows of the router's table (empty without media).
+    pub encoders: &'a [table::EncoderRow],
 }
 
 /// The routing core: pool, KV state and policy, answering where each request goes.
@@ -118,10 +120,18 @@ impl Router {
             affinity: request.affinity,
             ttft_target_ms: 0.0,
         };
-        let (pick, routed) = self
-            .policy
-            .route(&info, |columns| table::build(&candidates, &overlaps, &loads, columns));
+        let (pick, routed) = self.policy.route(&info, |columns| {
+            table::build(&candidates, &overlaps, &loads, request.encoders, columns)
+        });
         let pick = pick?;
+        // Indices past the LLM workers name encoder rows (checked to be encoders by the runtime).
+        let encoders = pick
+            .encoders
+            .iter()
+            .filter_map(|&index| (index as usize).checked_sub(candidates.len()))
+            .filter_map(|row| request.encoders.get(row))
+            .map(|row| row.worker.clone())
+            .collect();
         let overlap_of = |worker: &Worker| {
             overlaps
                 .binary_search_by_key(&worker.kv_id, |o| o.worker)
@@ -135,10 +145,9 @@ impl Router {
             .map(|worker| (worker.clone(), overlap_of(worker)))
             .collect();
         let overlap = overlap_of(&chosen);
-        Some(Choice {
-            lease: self.lease(request, chosen, overlap, routed),
-            fallbacks,
-        })
+        let mut lease = self.lease(request, chosen, overlap, routed);
+        lease.encoders = encoders;
+        Some(Choice { lease, fallbacks })
     }
 
     /// Starts counting `request` on `worker` (in flight, and in the active-sequence tracker
@@ -158,6 +167,7 @@ impl Router {
             active,
             routed,
             overlap,
+            encoders: Vec::new(),
         }
     }
 
@@ -218,6 +228,8 @@ pub struct Lease {
     active: ActiveGuard,
     routed: Routed,
     overlap: u32,
+    /// The encoders the policy chose with the worker (at most one per role).
+    encoders: Vec<Arc<Worker>>,
 }
 
 impl Lease {
@@ -234,6 +246,11 @@ impl Lease {
     /// The prompt's leading blocks cached on the worker's device.
     pub fn overlap(&self) -> u32 {
         self.overlap
+    }
+
+    /// The encoder the policy chose for media of `role` with this worker, if it chose one.
+    pub fn encoder_for(&self, role: crate::config::Role) -> Option<&Arc<Worker>> {
+        self.encoders.iter().find(|encoder| encoder.role == role)
     }
 
     /// The request's first token came back: its prompt no longer counts as prefill work.

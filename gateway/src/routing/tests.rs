@@ -104,6 +104,7 @@ fn request(prompt: &PromptBlocks, id: u64) -> Request<'_> {
         max_tokens: Some(16),
         media_tokens: 0,
         affinity: 0,
+        encoders: &[],
     }
 }
 

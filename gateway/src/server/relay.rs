@@ -152,6 +152,11 @@ pub(crate) async fn generate(
         .iter()
         .map(|item| state.encoders.choose(model, item, &[]))
         .collect();
+    // The encoders join the router's table, so a policy may choose them with the worker.
+    let encoder_rows = match &chosen {
+        Some(_) if !media_items.is_empty() => state.encoders.rows(model, &media_items),
+        _ => Vec::new(),
+    };
     let id = router.next_request_id();
     let affinity = router.affinity(|header| parts.headers.get(header).map(|value| value.as_bytes().to_vec()));
     let mut attempts = router.attempts(routing::Request {
@@ -161,6 +166,7 @@ pub(crate) async fn generate(
         max_tokens: parsed.token_limit(),
         media_tokens,
         affinity,
+        encoders: &encoder_rows,
     });
     let mut last_failure: Option<String> = None;
     for attempt in 0..=state.forwarding.retries {
@@ -171,6 +177,19 @@ pub(crate) async fn generate(
             state.metrics.retry();
         }
         let worker = lease.worker().clone();
+        // The policy's encoder for a role wins; the host's choice fills the rest.
+        let chosen = chosen.as_ref().map(|host| {
+            media_items
+                .iter()
+                .zip(host)
+                .map(|(item, host)| {
+                    lease
+                        .encoder_for(encoders::role_for(item.info.kind))
+                        .unwrap_or(host)
+                        .clone()
+                })
+                .collect::<Vec<_>>()
+        });
         let (outcome, text_only) = match &chosen {
             Some(chosen) if !media_items.is_empty() => {
                 let plan = MediaPlan {
