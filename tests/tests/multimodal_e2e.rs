@@ -237,3 +237,70 @@ async fn without_an_encoder_the_answer_is_text_only_and_flagged() -> anyhow::Res
     );
     Ok(())
 }
+
+/// `modality-aware` chooses the encoder with the worker: two machines, each with an LLM worker
+/// and a vision encoder (separate processes, told apart by `node`). With idle queues the
+/// features never cross machines, so every image is encoded beside the worker that answers;
+/// and with the router's encoders named in the decision, the host's cache-first placement is
+/// not what put it there (the first sight of each image is a miss everywhere).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn modality_aware_encodes_on_the_answering_workers_machine() -> anyhow::Result<()> {
+    let llm = switchyard_e2e::Mockers::start(&["--num-workers", "2", "--speedup", "100"])?;
+    let vision = switchyard_e2e::Mockers::start(&["--role", "encoder", "--num-workers", "2"])?;
+    let ca = TestCa::new()?;
+    let mut config = format!(
+        "mode = \"production\"\n{}\n[policy]\nrouter = \"modality-aware\"\ndeadline_ms = 50\n",
+        ca.tls_toml()
+    );
+    let workers = [
+        (llm.addrs[0], "llm", "llm-a", "machine-a"),
+        (llm.addrs[1], "llm", "llm-b", "machine-b"),
+        (vision.addrs[0], "vision", "vision-a", "machine-a"),
+        (vision.addrs[1], "vision", "vision-b", "machine-b"),
+    ];
+    for (addr, role, name, node) in workers {
+        config.push_str(&format!(
+            "[[workers]]\nname = \"{name}\"\nurl = \"http://{addr}\"\nmodel = \"mock\"\nrole = \"{role}\"\nnode = \"{node}\"\n"
+        ));
+    }
+    let gateway = Gateway::start(&config)?;
+    let client = Client::tls(gateway.addr, &ca.ca_der, Alpn::H2, None)?;
+    let encoded = |metrics: &str, encoder: &str| {
+        metric_sum(
+            metrics,
+            "switchyard_encoder_items_total",
+            &[&format!("encoder=\"{encoder}\"")],
+        )
+    };
+    let mut answered_by = std::collections::HashSet::new();
+    let mut before = String::from_utf8(client.send("GET", "/metrics", "").await?.body())?;
+    for index in 0..16u32 {
+        let image = image_part(fixtures::data_url("image/png", &fixtures::png(40 + index, 40)));
+        let reply = client
+            .post_json(
+                "/v1/chat/completions",
+                &chat_with_parts(json!([text_part(&format!("picture {index}")), image]), 2, false),
+            )
+            .await?;
+        assert_eq!(reply.status, 200);
+        assert!(reply.headers.contains_key("x-switchyard-merge"), "request {index}");
+        let policy = reply.headers["x-switchyard-policy"].to_str()?;
+        assert!(policy.starts_with("modality-aware@"), "{policy}");
+        let worker = reply.headers["x-switchyard-worker"].to_str()?.to_string();
+        let after = String::from_utf8(client.send("GET", "/metrics", "").await?.body())?;
+        let beside = worker.replace("llm-", "vision-");
+        assert_eq!(
+            encoded(&after, &beside) - encoded(&before, &beside),
+            1.0,
+            "request {index} answered by {worker}: its image must be encoded by {beside}"
+        );
+        answered_by.insert(worker);
+        before = after;
+    }
+    assert_eq!(
+        answered_by.len(),
+        2,
+        "idle, equal workers share the requests: {answered_by:?}"
+    );
+    Ok(())
+}
