@@ -32,6 +32,12 @@ pub fn base64(bytes: &[u8]) -> String {
 
 /// A `width` x `height` RGB PNG (a colour gradient), with stored (uncompressed) zlib blocks.
 pub fn png(width: u32, height: u32) -> Vec<u8> {
+    png_tagged(width, height, &[])
+}
+
+/// [`png`] with `tag` in a `tEXt` chunk after the header (none when `tag` is empty): images of
+/// one size whose bytes, and so whose media ids, differ.
+pub fn png_tagged(width: u32, height: u32, tag: &[u8]) -> Vec<u8> {
     assert!(width > 0 && height > 0, "a PNG needs pixels");
     fn chunk(out: &mut Vec<u8>, kind: &[u8; 4], data: &[u8]) {
         out.extend_from_slice(&(data.len() as u32).to_be_bytes());
@@ -71,6 +77,10 @@ pub fn png(width: u32, height: u32) -> Vec<u8> {
     ihdr.extend_from_slice(&height.to_be_bytes());
     ihdr.extend_from_slice(&[8, 2, 0, 0, 0]); // 8-bit RGB, deflate, no filter method, no interlace
     chunk(&mut out, b"IHDR", &ihdr);
+    if !tag.is_empty() {
+        let text: Vec<u8> = b"Comment\0".iter().chain(tag).copied().collect();
+        chunk(&mut out, b"tEXt", &text);
+    }
     chunk(&mut out, b"IDAT", &z);
     chunk(&mut out, b"IEND", &[]);
     out

@@ -346,6 +346,8 @@ pub struct Gateway {
     pub addr: SocketAddr,
     /// Name and address of each embedded mocker, as the gateway printed them.
     pub mockers: Vec<(String, SocketAddr)>,
+    /// Name and address of each embedded encoder, as the gateway printed them.
+    pub encoders: Vec<(String, SocketAddr)>,
     /// The folder holding its config file.
     pub dir: tempfile::TempDir,
 }
@@ -387,18 +389,21 @@ impl Gateway {
             .context("no listening line")?
             .parse()
             .context("bad listening address")?;
-        let mockers = lines
-            .iter()
-            .filter_map(|line| line.strip_prefix("embedded mocker "))
-            .filter_map(|rest| {
-                let (name, url) = rest.split_once(" at http://")?;
-                Some((name.to_string(), url.trim().parse().ok()?))
-            })
-            .collect();
+        let embedded = |prefix: &str| -> Vec<(String, SocketAddr)> {
+            lines
+                .iter()
+                .filter_map(|line| line.strip_prefix(prefix))
+                .filter_map(|rest| {
+                    let (name, url) = rest.split_once(" at http://")?;
+                    Some((name.to_string(), url.trim().parse().ok()?))
+                })
+                .collect()
+        };
         Ok(Gateway {
             process,
             addr,
-            mockers,
+            mockers: embedded("embedded mocker "),
+            encoders: embedded("embedded encoder "),
             dir,
         })
     }

@@ -26,6 +26,7 @@ fn conversation_trace(sessions: u64, turns: u64, gap_ms: u64, output: u32) -> Ve
                 input_length: (blocks - 1) * 64 + 40,
                 output_length: output,
                 hash_ids: history.clone(),
+                media: Vec::new(),
             });
         }
     }
@@ -358,5 +359,93 @@ fn compare_repeats_rounds_and_passes_policy_settings() -> anyhow::Result<()> {
         anyhow::bail!("`kv-aware:weight` was accepted");
     };
     assert!(format!("{err:#}").contains("not KEY=VALUE"), "{err:#}");
+    Ok(())
+}
+
+#[test]
+fn a_multimodal_workload_is_synthesized_replayed_and_reported_by_modality() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let source = conversation_trace(8, 4, 60, 4);
+    let source_path = dir.path().join("source.jsonl");
+    write_trace(&source_path, &source)?;
+    let workload = dir.path().join("multimodal.jsonl");
+    let output = bench(&[
+        "synth",
+        source_path.to_str().unwrap_or_default(),
+        "--output",
+        workload.to_str().unwrap_or_default(),
+        "--block-tokens",
+        "64",
+        "--image-share",
+        "0.4",
+        "--audio-share",
+        "0.2",
+        "--video-share",
+        "0.2",
+        "--media-repeat",
+        "0.5",
+        "--video-seconds",
+        "1..3",
+        "--audio-seconds",
+        "1..4",
+        "--seed",
+        "3",
+    ])?;
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(stdout.contains("repeats"), "{stdout}");
+    let synthesized = read_trace(&workload)?;
+    for modality in ["text", "image", "audio", "video"] {
+        assert!(
+            synthesized.iter().any(|r| r.modality() == modality),
+            "no {modality} request in the workload"
+        );
+    }
+    let out = dir.path().join("report");
+    bench(&[
+        "compare",
+        workload.to_str().unwrap_or_default(),
+        "--block-tokens",
+        "64",
+        "--workers",
+        "2",
+        "--policies",
+        "kv-aware,modality-aware,kv-aware:encoders.blocking=true",
+        "--mocker-speedup",
+        "10",
+        "--out",
+        out.to_str().unwrap_or_default(),
+        "--no-progress",
+    ])?;
+    let report = std::fs::read_to_string(out.join("report.md"))?;
+    for needle in [
+        "### By modality",
+        "### What the encoders did",
+        "| modality-aware |",
+        "| kv-aware:encoders.blocking=true |",
+    ] {
+        assert!(report.contains(needle), "report.md lacks {needle}:\n{report}");
+    }
+    let summary: serde_json::Value = serde_json::from_slice(&std::fs::read(out.join("summary-modality-aware.json"))?)?;
+    assert_eq!(summary["succeeded"], 32, "{summary}");
+    assert_eq!(summary["text_only"], 0, "every item encoded: {summary}");
+    for modality in ["text", "image", "audio", "video"] {
+        assert!(
+            summary["ttft_by_modality"][modality]["count"].as_u64().unwrap_or(0) > 0,
+            "{modality}: {summary}"
+        );
+    }
+    // The encoders' row: items were encoded, repeats were served from feature caches.
+    let row = report
+        .lines()
+        .skip_while(|line| !line.starts_with("### What the encoders did"))
+        .find(|line| line.starts_with("| modality-aware |"))
+        .unwrap_or_default()
+        .to_string();
+    let cells: Vec<&str> = row.split('|').map(str::trim).collect();
+    assert!(
+        cells.get(2).and_then(|c| c.parse::<u64>().ok()).unwrap_or(0) > 0,
+        "{row}"
+    );
+    assert!(!cells.get(3).unwrap_or(&"0").starts_with('0'), "no cache hit: {row}");
     Ok(())
 }

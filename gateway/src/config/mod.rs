@@ -447,6 +447,12 @@ pub struct EmbeddedMockers {
     pub vision_encoders: usize,
     /// Simulated audio encoders to start beside the engines.
     pub audio_encoders: usize,
+    /// Engines prefill the text before a request's first media item while it is encoded
+    /// (off: a request with media waits for all of it first; the baseline overlap is measured
+    /// against).
+    pub overlap_prefill: bool,
+    /// Multiplies every encode time of the simulated encoders' measured curves.
+    pub encoder_cost_scale: f64,
 }
 
 impl Default for EmbeddedMockers {
@@ -462,6 +468,8 @@ impl Default for EmbeddedMockers {
             default_max_tokens: 32,
             vision_encoders: 1,
             audio_encoders: 1,
+            overlap_prefill: true,
+            encoder_cost_scale: 1.0,
         }
     }
 }
@@ -637,11 +645,13 @@ impl Config {
                     return Err(invalid(key, "must be greater than 0".into()));
                 }
             }
-            if !(mockers.speedup.is_finite() && mockers.speedup > 0.0) {
-                return Err(invalid(
-                    "embedded_mockers.speedup",
-                    format!("must be a positive number, got {}", mockers.speedup),
-                ));
+            for (key, value) in [
+                ("embedded_mockers.speedup", mockers.speedup),
+                ("embedded_mockers.encoder_cost_scale", mockers.encoder_cost_scale),
+            ] {
+                if !(value.is_finite() && value > 0.0) {
+                    return Err(invalid(key, format!("must be a positive number, got {value}")));
+                }
             }
         }
         if self.policy.router.is_empty() {

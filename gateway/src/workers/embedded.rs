@@ -74,6 +74,7 @@ pub async fn start(config: &EmbeddedMockers) -> std::io::Result<(EmbeddedFleet, 
     let server = ServerConfig {
         model: config.model.clone(),
         default_max_tokens: config.default_max_tokens,
+        overlap_prefill: config.overlap_prefill,
         ..ServerConfig::default()
     };
     let engines = mocker::spawn_fleet(config.count, loopback, 0, &engine, &server).await?;
@@ -106,6 +107,7 @@ pub async fn start(config: &EmbeddedMockers) -> std::io::Result<(EmbeddedFleet, 
             role,
             model: config.model.clone(),
             speedup: config.speedup,
+            cost_scale: config.encoder_cost_scale,
             ..EncoderConfig::default()
         };
         for (index, server) in encoder::spawn_encoders(count, loopback, 0, &encoder_config)

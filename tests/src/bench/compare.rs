@@ -118,6 +118,10 @@ pub struct CompareConfig {
     /// How many times every policy is replayed (rounds run the policies in turn, so slow drift
     /// of the machine touches them all alike); figures pool the requests of every round.
     pub repeats: usize,
+    /// Embedded vision encoders (images, video) per run.
+    pub vision_encoders: usize,
+    /// Embedded audio encoders per run.
+    pub audio_encoders: usize,
 }
 
 /// The outcome of one policy's runs.
@@ -133,6 +137,65 @@ pub struct PolicyRun {
     pub round_summaries: Vec<Summary>,
     /// The engines' own counters at the end of each round, summed over workers and rounds.
     pub engines: EngineCounters,
+    /// What the encoders did, summed over rounds.
+    pub media: MediaCounters,
+}
+
+/// What the encoder pool did in a run: the gateway's counters and the encoders' own.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct MediaCounters {
+    /// Items encoded (features computed).
+    pub encoded: u64,
+    /// Items served from an encoder's feature cache.
+    pub cached: u64,
+    /// Items that failed at an encoder (any other outcome).
+    pub failed: u64,
+    /// Micro-batches sent to encoders.
+    pub batches: u64,
+    /// Items in those batches.
+    pub batch_items: u64,
+    /// Seconds the encoders' devices were busy, summed over encoders.
+    pub busy_s: f64,
+    /// Encoder-seconds of wall time (encoders × wall time), for utilization.
+    pub encoder_wall_s: f64,
+}
+
+impl MediaCounters {
+    /// Adds another run's counters to these.
+    pub fn add(&mut self, other: &MediaCounters) {
+        self.encoded += other.encoded;
+        self.cached += other.cached;
+        self.failed += other.failed;
+        self.batches += other.batches;
+        self.batch_items += other.batch_items;
+        self.busy_s += other.busy_s;
+        self.encoder_wall_s += other.encoder_wall_s;
+    }
+
+    /// Adds the gateway's encoder-queue counters from its Prometheus text.
+    pub fn add_gateway_metrics(&mut self, text: &str) {
+        for line in text.lines().filter(|line| !line.starts_with('#')) {
+            let Some((name, value)) = line.rsplit_once(' ') else {
+                continue;
+            };
+            let Ok(value) = value.trim().parse::<f64>() else {
+                continue;
+            };
+            if name.starts_with("switchyard_encoder_items_total{") {
+                if name.contains("outcome=\"encoded\"") {
+                    self.encoded += value as u64;
+                } else if name.contains("outcome=\"cached\"") {
+                    self.cached += value as u64;
+                } else {
+                    self.failed += value as u64;
+                }
+            } else if name == "switchyard_encoder_batch_items_count" {
+                self.batches += value as u64;
+            } else if name == "switchyard_encoder_batch_items_sum" {
+                self.batch_items += value as u64;
+            }
+        }
+    }
 }
 
 /// Counters the mockers keep themselves (their `/metrics`), summed over the fleet.
@@ -190,10 +253,10 @@ pub async fn compare(config: &CompareConfig) -> anyhow::Result<Vec<PolicyRun>> {
     std::fs::create_dir_all(&config.out_dir).with_context(|| format!("cannot create {}", config.out_dir.display()))?;
     anyhow::ensure!(config.repeats > 0, "at least one round is needed");
     // Per policy: each round's replay, its figures, and the engines' counters summed.
-    let mut rounds: Vec<(Vec<ReplayRun>, Vec<Summary>, EngineCounters)> =
+    let mut rounds: Vec<(Vec<ReplayRun>, Vec<Summary>, EngineCounters, MediaCounters)> =
         vec![Default::default(); config.policies.len()];
     for round in 1..=config.repeats {
-        for (policy, (runs, summaries, engines_total)) in config.policies.iter().zip(&mut rounds) {
+        for (policy, (runs, summaries, engines_total, media_total)) in config.policies.iter().zip(&mut rounds) {
             let of_rounds = if config.repeats > 1 {
                 format!(" (round {round} of {})", config.repeats)
             } else {
@@ -205,7 +268,7 @@ pub async fn compare(config: &CompareConfig) -> anyhow::Result<Vec<PolicyRun>> {
                 config.requests.len(),
                 config.workers
             );
-            let (run, engines) = run_policy(config, policy).await?;
+            let (run, engines, media) = run_policy(config, policy).await?;
             let summary = Summary::of(&run);
             eprintln!(
                 "   TTFT avg {:.1} ms, p99 {:.1} ms; E2E avg {:.1} ms; {} of {} answered",
@@ -228,12 +291,13 @@ pub async fn compare(config: &CompareConfig) -> anyhow::Result<Vec<PolicyRun>> {
                 &run.records,
             )?;
             engines_total.add(&engines);
+            media_total.add(&media);
             runs.push(run);
             summaries.push(summary);
         }
     }
     let mut runs = Vec::with_capacity(rounds.len());
-    for (policy, (replays, round_summaries, engines)) in config.policies.iter().zip(rounds) {
+    for (policy, (replays, round_summaries, engines, media)) in config.policies.iter().zip(rounds) {
         let pooled = ReplayRun {
             records: replays.iter().flat_map(|r| r.records.iter().cloned()).collect(),
             wall_s: replays.iter().map(|r| r.wall_s).sum(),
@@ -249,14 +313,45 @@ pub async fn compare(config: &CompareConfig) -> anyhow::Result<Vec<PolicyRun>> {
             summary,
             round_summaries,
             engines,
+            media,
         });
     }
     write_report(config, &runs)?;
     Ok(runs)
 }
 
-/// The gateway configuration of one run.
-pub fn gateway_config(config: &CompareConfig, policy: &PolicySpec, tls_toml: &str) -> String {
+/// The gateway configuration of one run. A policy setting whose key names a table
+/// (`encoders.blocking=true`, `embedded_mockers.audio_encoders=0`) sets that key of the
+/// gateway's configuration instead of the policy's, so runs can differ in more than the router.
+pub fn gateway_config(config: &CompareConfig, policy: &PolicySpec, tls_toml: &str) -> anyhow::Result<String> {
+    let (gateway, own): (toml::Table, toml::Table) = policy
+        .settings
+        .clone()
+        .into_iter()
+        .partition(|(key, _)| key.contains('.'));
+    let spec = PolicySpec {
+        settings: own,
+        ..policy.clone()
+    };
+    let text = base_config(config, &spec, tls_toml);
+    let mut table: toml::Table = toml::from_str(&text).context("the generated gateway configuration")?;
+    for (key, value) in gateway {
+        let (section, name) = key.split_once('.').context("a dotted key")?;
+        let section = table
+            .entry(section.to_string())
+            .or_insert_with(|| toml::Value::Table(toml::Table::new()));
+        let toml::Value::Table(section) = section else {
+            anyhow::bail!(
+                "`{key}`: the gateway's `{}` is not a table",
+                key.split('.').next().unwrap_or("")
+            );
+        };
+        section.insert(name.to_string(), value);
+    }
+    Ok(toml::to_string(&table)?)
+}
+
+fn base_config(config: &CompareConfig, policy: &PolicySpec, tls_toml: &str) -> String {
     let m = &config.mocker;
     format!(
         "mode = \"production\"\n\
@@ -273,6 +368,8 @@ pub fn gateway_config(config: &CompareConfig, policy: &PolicySpec, tls_toml: &st
          max_num_batched_tokens = {batched}\n\
          max_num_seqs = {seqs}\n\
          speedup = {speedup:?}\n\
+         vision_encoders = {vision}\n\
+         audio_encoders = {audio}\n\
          [policy]\n\
          router = {router:?}\n\
          [policy.config]\n\
@@ -285,14 +382,19 @@ pub fn gateway_config(config: &CompareConfig, policy: &PolicySpec, tls_toml: &st
         batched = m.max_num_batched_tokens,
         seqs = m.max_num_seqs,
         speedup = m.speedup,
+        vision = config.vision_encoders,
+        audio = config.audio_encoders,
         router = policy.router,
         settings = policy.settings,
     )
 }
 
-async fn run_policy(config: &CompareConfig, policy: &PolicySpec) -> anyhow::Result<(ReplayRun, EngineCounters)> {
+async fn run_policy(
+    config: &CompareConfig,
+    policy: &PolicySpec,
+) -> anyhow::Result<(ReplayRun, EngineCounters, MediaCounters)> {
     let ca = TestCa::new()?;
-    let gateway = Gateway::start(&gateway_config(config, policy, &ca.tls_toml()))
+    let gateway = Gateway::start(&gateway_config(config, policy, &ca.tls_toml())?)
         .with_context(|| format!("starting the gateway for `{}`", policy.name))?;
     let client = Client::tls(gateway.addr, &ca.ca_der, Alpn::Http1, None)?;
     let run = replay::replay(&client, &config.requests, &config.replay).await?;
@@ -309,8 +411,22 @@ async fn run_policy(config: &CompareConfig, policy: &PolicySpec) -> anyhow::Resu
             .with_context(|| format!("reading the metrics of mocker {name}"))?;
         engines.add_metrics_text(&String::from_utf8_lossy(&text.body()));
     }
+    let mut media = MediaCounters::default();
+    media.add_gateway_metrics(&String::from_utf8_lossy(&metrics.body()));
+    for (name, addr) in &gateway.encoders {
+        let text = Client::plain(*addr)
+            .send("GET", "/metrics", Vec::new())
+            .await
+            .with_context(|| format!("reading the metrics of encoder {name}"))?;
+        media.busy_s += crate::metric_sum(
+            &String::from_utf8_lossy(&text.body()),
+            "switchyard_encoder_busy_seconds_total",
+            &[],
+        );
+        media.encoder_wall_s += run.wall_s;
+    }
     drop(gateway);
-    Ok((run, engines))
+    Ok((run, engines, media))
 }
 
 fn file_stem(name: &str) -> String {
@@ -393,6 +509,61 @@ fn write_report(config: &CompareConfig, runs: &[PolicyRun]) -> anyhow::Result<()
     let path = dir.join("report.md");
     std::fs::write(&path, report).with_context(|| format!("cannot write {}", path.display()))?;
     Ok(())
+}
+
+/// The multimodal section: TTFT per modality, and what the encoder pool did.
+fn render_media(out: &mut String, config: &CompareConfig, runs: &[PolicyRun]) {
+    let mut modalities: Vec<&'static str> = config.requests.iter().map(|r| r.modality()).collect();
+    modalities.sort_unstable();
+    modalities.dedup();
+    let _ = writeln!(
+        out,
+        "\n### By modality (TTFT p50 / p99, ms; {} vision and {} audio encoders)\n",
+        config.vision_encoders, config.audio_encoders
+    );
+    let header: String = modalities.iter().map(|m| format!(" {m} |")).collect();
+    let _ = writeln!(out, "| policy |{header} answered text-only |");
+    let _ = writeln!(out, "|---|{}---:|", "---:|".repeat(modalities.len()));
+    for r in runs {
+        let cells: String = modalities
+            .iter()
+            .map(|m| match r.summary.ttft_by_modality.get(*m) {
+                Some(d) => format!(" {:.0} / {:.0} |", d.p50, d.p99),
+                None => " n/a |".into(),
+            })
+            .collect();
+        let _ = writeln!(out, "| {} |{cells} {} |", r.policy.name, r.summary.text_only);
+    }
+    let _ = writeln!(out, "\n### What the encoders did\n");
+    let _ = writeln!(
+        out,
+        "| policy | items encoded | feature-cache hits | failed | batches | mean batch | encoder utilization |"
+    );
+    let _ = writeln!(out, "|---|---:|---:|---:|---:|---:|---:|");
+    for r in runs {
+        let m = &r.media;
+        let served = m.encoded + m.cached;
+        let hits = if served > 0 {
+            format!("{} ({:.1} %)", m.cached, m.cached as f64 * 100.0 / served as f64)
+        } else {
+            "n/a".into()
+        };
+        let mean_batch = if m.batches > 0 {
+            format!("{:.2}", m.batch_items as f64 / m.batches as f64)
+        } else {
+            "n/a".into()
+        };
+        let utilization = if m.encoder_wall_s > 0.0 {
+            format!("{:.1} %", m.busy_s * 100.0 / m.encoder_wall_s)
+        } else {
+            "n/a".into()
+        };
+        let _ = writeln!(
+            out,
+            "| {} | {} | {hits} | {} | {} | {mean_batch} | {utilization} |",
+            r.policy.name, m.encoded, m.failed, m.batches
+        );
+    }
 }
 
 /// The Markdown report (also printed by the `compare` command).
@@ -512,6 +683,9 @@ pub fn render_report(config: &CompareConfig, runs: &[PolicyRun]) -> String {
         };
         let _ = writeln!(out, "| {} | {} | {} | {} |", r.policy.name, hit, e.preemptions, e.steps);
     }
+    if config.requests.iter().any(|r| !r.media.is_empty()) {
+        render_media(&mut out, config, runs);
+    }
     let _ = writeln!(out, "\n## Plots\n");
     let _ = writeln!(out, "![TTFT CDF per policy](ttft_cdf.svg)\n");
     let _ = writeln!(out, "![Latency per policy](latency.svg)\n");
@@ -580,13 +754,42 @@ mod tests {
             out_dir: PathBuf::new(),
             command: String::new(),
             repeats: 1,
+            vision_encoders: 1,
+            audio_encoders: 1,
         };
-        let text = gateway_config(&config, &spec, "");
+        let text = gateway_config(&config, &spec, "").expect("a config");
         let parsed: toml::Table = toml::from_str(&text).expect("the gateway config is TOML");
         assert_eq!(parsed["policy"]["config"]["decode_weight"].as_float(), Some(0.2));
+        // A dotted key sets the gateway's own table, not the policy's.
+        let blocking =
+            PolicySpec::parse("kv-aware:encoders.blocking=true:embedded_mockers.audio_encoders=0").expect("a spec");
+        let text = gateway_config(&config, &blocking, "").expect("a config");
+        let parsed: toml::Table = toml::from_str(&text).expect("the gateway config is TOML");
+        assert_eq!(parsed["encoders"]["blocking"].as_bool(), Some(true));
+        assert_eq!(parsed["embedded_mockers"]["audio_encoders"].as_integer(), Some(0));
+        assert_eq!(parsed["embedded_mockers"]["vision_encoders"].as_integer(), Some(1));
+        assert!(
+            parsed["policy"]
+                .get("config")
+                .is_none_or(|c| c.as_table().is_some_and(|t| t.is_empty()))
+        );
         assert!(PolicySpec::parse("kv-aware:weight").is_err());
         assert!(PolicySpec::parse("kv-aware:weight=not toml").is_err());
         assert!(PolicySpec::parse(":weight=1").is_err());
+    }
+
+    #[test]
+    fn media_counters_read_the_gateways_encoder_metrics() {
+        let mut media = MediaCounters::default();
+        media.add_gateway_metrics(
+            "switchyard_encoder_items_total{encoder=\"v\",outcome=\"encoded\"} 7\n\
+             switchyard_encoder_items_total{encoder=\"v\",outcome=\"cached\"} 3\n\
+             switchyard_encoder_items_total{encoder=\"a\",outcome=\"unreachable\"} 1\n\
+             switchyard_encoder_batch_items_sum 10.0\n\
+             switchyard_encoder_batch_items_count 4\n",
+        );
+        assert_eq!((media.encoded, media.cached, media.failed), (7, 3, 1));
+        assert_eq!((media.batches, media.batch_items), (4, 10));
     }
 
     #[test]

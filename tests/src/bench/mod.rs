@@ -12,3 +12,4 @@ pub mod replay;
 pub mod stats;
 pub mod synth;
 pub mod trace;
+pub mod workload;

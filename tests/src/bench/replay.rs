@@ -76,8 +76,18 @@ pub struct RequestRecord {
     pub worker: Option<String>,
     /// HTTP status (0 when there was no response).
     pub status: u16,
+    /// `text`, or the kind of the request's media (`image`, `audio`, `video`, `mixed`).
+    #[serde(default = "text_modality")]
+    pub modality: String,
+    /// Why the gateway answered without the request's media (`x-switchyard-media`), if it did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub text_only: Option<String>,
     /// Why the request failed, if it did.
     pub error: Option<String>,
+}
+
+fn text_modality() -> String {
+    "text".into()
 }
 
 impl RequestRecord {
@@ -132,6 +142,7 @@ pub async fn replay(client: &Client, requests: &[TraceRequest], options: &Replay
             scheduled_ms: offset.as_secs_f64() * 1000.0,
             input_tokens: request.input_length,
             max_tokens: request.output_length.max(1),
+            modality: request.modality(),
         };
         let client = client.clone();
         let pool = pool.clone();
@@ -177,11 +188,19 @@ fn progress_bar(len: u64, enabled: bool) -> indicatif::ProgressBar {
     bar
 }
 
-/// The streamed chat request for `request`.
+/// The streamed chat request for `request`: its prompt text, then its media parts, if any.
 fn request_body(model: &str, builder: &PromptBuilder, request: &TraceRequest, unique: u64) -> bytes::Bytes {
+    let text = builder.prompt(request, unique);
+    let content = if request.media.is_empty() {
+        serde_json::Value::String(text)
+    } else {
+        let mut parts = vec![serde_json::json!({"type": "text", "text": text})];
+        parts.extend(request.media.iter().map(super::trace::media_part));
+        serde_json::Value::Array(parts)
+    };
     let body = serde_json::json!({
         "model": model,
-        "messages": [{"role": "user", "content": builder.prompt(request, unique)}],
+        "messages": [{"role": "user", "content": content}],
         "max_tokens": request.output_length.max(1),
         "stream": true,
         "stream_options": {"include_usage": true},
@@ -197,6 +216,7 @@ struct OneRequest {
     scheduled_ms: f64,
     input_tokens: u32,
     max_tokens: u32,
+    modality: &'static str,
 }
 
 impl OneRequest {
@@ -221,6 +241,8 @@ impl OneRequest {
             cached_tokens: None,
             worker: None,
             status: 0,
+            modality: self.modality.to_string(),
+            text_only: None,
             error: None,
         };
         let exchange = async {
@@ -249,6 +271,11 @@ impl OneRequest {
         record.status = reply.status.as_u16();
         let worker = reply.worker();
         record.worker = (!worker.is_empty()).then_some(worker);
+        record.text_only = reply
+            .headers
+            .get("x-switchyard-media")
+            .and_then(|value| value.to_str().ok())
+            .map(str::to_string);
         if let Some((end, _)) = reply.frames.last() {
             record.e2e_ms = Some(ms(self.scheduled, *end));
         }
@@ -369,6 +396,12 @@ pub struct Summary {
     pub lag_ms: Distribution,
     /// Requests served per worker.
     pub per_worker: BTreeMap<String, usize>,
+    /// Time to first token by modality (`text`, `image`, `audio`, `video`, `mixed`), ms.
+    #[serde(default)]
+    pub ttft_by_modality: BTreeMap<String, Distribution>,
+    /// Requests answered without their media (the gateway's text-only fallback).
+    #[serde(default)]
+    pub text_only: usize,
     /// The first few distinct failure reasons.
     pub errors: Vec<String>,
 }
@@ -396,6 +429,12 @@ impl Summary {
             }
         }
         let wall_s = run.wall_s.max(f64::MIN_POSITIVE);
+        let mut by_modality: BTreeMap<String, Vec<f64>> = BTreeMap::new();
+        for record in &ok {
+            if let Some(ttft) = record.ttft_ms {
+                by_modality.entry(record.modality.clone()).or_default().push(ttft);
+            }
+        }
         Summary {
             requests: run.records.len(),
             succeeded: ok.len(),
@@ -408,6 +447,11 @@ impl Summary {
             cache_hit_ratio: (prompt > 0).then(|| cached as f64 / prompt as f64),
             lag_ms: Distribution::of(run.records.iter().map(|r| r.lag_ms)),
             per_worker,
+            ttft_by_modality: by_modality
+                .into_iter()
+                .map(|(modality, samples)| (modality, Distribution::of(samples)))
+                .collect(),
+            text_only: ok.iter().filter(|r| r.text_only.is_some()).count(),
             errors,
         }
     }
@@ -440,6 +484,16 @@ impl Summary {
             "dispatch lag: p99 {:.2} ms, max {:.2} ms\n",
             self.lag_ms.p99, self.lag_ms.max
         ));
+        if self.ttft_by_modality.keys().any(|modality| modality != "text") {
+            out.push_str("\n| TTFT by modality (ms) | requests | avg | p50 | p99 |\n|---|---:|---:|---:|---:|\n");
+            for (modality, d) in &self.ttft_by_modality {
+                out.push_str(&format!(
+                    "| {modality} | {} | {:.1} | {:.1} | {:.1} |\n",
+                    d.count, d.avg, d.p50, d.p99
+                ));
+            }
+            out.push_str(&format!("answered text-only (media left out): {}\n", self.text_only));
+        }
         let workers: Vec<String> = self.per_worker.iter().map(|(w, n)| format!("{w} {n}")).collect();
         out.push_str(&format!("requests per worker: {}\n", workers.join(", ")));
         for error in &self.errors {
@@ -497,6 +551,8 @@ mod tests {
             cached_tokens: Some(25),
             worker: Some(worker.into()),
             status: 200,
+            modality: "text".into(),
+            text_only: None,
             error: error.map(str::to_string),
         }
     }

@@ -229,6 +229,7 @@ mod tests {
             input_length,
             output_length,
             hash_ids: hash_ids.to_vec(),
+            media: Vec::new(),
         }
     }
 

@@ -501,6 +501,7 @@ impl Synthesizer {
                 input_length,
                 output_length,
                 hash_ids,
+                media: Vec::new(),
             });
         }
         Ok(requests)
@@ -555,6 +556,7 @@ mod tests {
                     input_length: ((ids.len() - 1) * BLOCK) as u32 + rng.random_range(1..=BLOCK as u32),
                     output_length: 10 + (1500.0 * skew * skew * skew) as u32,
                     hash_ids: ids.clone(),
+                    media: Vec::new(),
                 });
             }
         }
@@ -894,6 +896,7 @@ mod tests {
             input_length: (ids.len() * BLOCK) as u32,
             output_length: 1,
             hash_ids: ids.to_vec(),
+            media: Vec::new(),
         };
         let learned = Synthesizer::learn(
             &[request(&[1, 2, 3, 4]), request(&[1, 2, 3, 5]), request(&[1, 6])],

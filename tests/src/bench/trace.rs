@@ -2,7 +2,10 @@
 //!
 //! A trace is JSON lines of `{timestamp, input_length, output_length, hash_ids}`: arrival time
 //! in milliseconds, prompt and output lengths in tokens, and one id per `block_tokens`-token
-//! prompt block (512 in Mooncake's traces), where equal ids mean an equal block. [`PromptBuilder`]
+//! prompt block (512 in Mooncake's traces), where equal ids mean an equal block. A multimodal
+//! trace adds `media`: items of `{kind, id, size}` (image side in pixels, audio or video
+//! seconds), where equal ids are equal bytes; [`media_part`] builds each as its chat content
+//! part. [`PromptBuilder`]
 //! expands ids into text deterministically, so two requests that share leading ids share a
 //! leading text prefix, and the gateway's own block hashes see exactly the trace's prefix
 //! structure. With the byte-level fallback tokenizer one byte is one token.
@@ -24,6 +27,87 @@ pub struct TraceRequest {
     pub output_length: u32,
     /// One id per prompt block; equal ids are equal blocks.
     pub hash_ids: Vec<u64>,
+    /// Media items sent with the prompt (absent in text traces).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub media: Vec<TraceMedia>,
+}
+
+/// The kind of a media item in a trace.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TraceMediaKind {
+    /// A PNG image.
+    Image,
+    /// A WAV recording.
+    Audio,
+    /// An MP4 (H.264) video.
+    Video,
+}
+
+impl TraceMediaKind {
+    /// The lowercase name (`image`, `audio`, `video`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TraceMediaKind::Image => "image",
+            TraceMediaKind::Audio => "audio",
+            TraceMediaKind::Video => "video",
+        }
+    }
+}
+
+/// One media item of a trace request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TraceMedia {
+    /// What it is.
+    pub kind: TraceMediaKind,
+    /// Equal ids are equal bytes (a repeated item, cacheable at an encoder).
+    pub id: u64,
+    /// Image: width and height in pixels; audio and video: seconds.
+    pub size: u32,
+}
+
+/// The chat content part of `media`: a square PNG gradient, a mono 16 kHz WAV, or a 30 fps
+/// 336x336 MP4, whose bytes are a function of the id and size alone.
+pub fn media_part(media: &TraceMedia) -> serde_json::Value {
+    use switchyard_media::fixtures;
+    let variant = mix(media.id);
+    match media.kind {
+        TraceMediaKind::Image => {
+            let side = media.size.max(1);
+            let png = fixtures::png_tagged(side, side, format!("id {}", media.id).as_bytes());
+            serde_json::json!({"type": "image_url", "image_url": {"url": fixtures::data_url("image/png", &png)}})
+        }
+        TraceMediaKind::Audio => {
+            // Up to 1/16 s of extra samples makes every id's bytes differ (and its tokens by 0-1).
+            let seconds = f64::from(media.size.max(1)) + (variant % 1000) as f64 / 16_000.0;
+            let wav = fixtures::wav(16_000, 1, seconds);
+            serde_json::json!({"type": "input_audio", "input_audio": {"data": fixtures::base64(&wav), "format": "wav"}})
+        }
+        TraceMediaKind::Video => {
+            let mp4 = fixtures::Mp4Video {
+                width: 336,
+                height: 336,
+                frames: media.size.max(1) * 30,
+                fps: 30.0,
+                // The frame size only changes the bytes, not the tokens.
+                frame_bytes: 64 + (variant % 4096) as u32,
+                ..fixtures::Mp4Video::default()
+            }
+            .build();
+            serde_json::json!({"type": "video_url", "video_url": {"url": fixtures::data_url("video/mp4", &mp4)}})
+        }
+    }
+}
+
+impl TraceRequest {
+    /// What the request carries besides text: `text`, the kind of its one media kind, or `mixed`.
+    pub fn modality(&self) -> &'static str {
+        match self.media.first() {
+            None => "text",
+            Some(first) if self.media.iter().all(|m| m.kind == first.kind) => first.kind.as_str(),
+            Some(_) => "mixed",
+        }
+    }
 }
 
 /// Reads a Mooncake-format JSON-lines trace. Blank lines are skipped; requests are returned
@@ -184,6 +268,7 @@ mod tests {
             input_length,
             output_length: 1,
             hash_ids: hash_ids.to_vec(),
+            media: Vec::new(),
         }
     }
 

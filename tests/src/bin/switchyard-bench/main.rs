@@ -3,7 +3,8 @@
 //! - `overhead`: the gateway's added latency and throughput against a mocker reached directly.
 //! - `replay`: replays a Mooncake-format trace against a running gateway, open loop, and writes
 //!   one JSON line per request plus a summary table.
-//! - `synth`: derives a new trace from a trace's prefix tree and distributions, with knobs.
+//! - `synth`: derives a new trace from a trace's prefix tree and distributions, with knobs;
+//!   `--image-share`, `--audio-share`, `--video-share` and `--media-repeat` make it multimodal.
 //! - `compare`: starts a gateway with mockers per policy, replays a trace under each, and
 //!   writes a Markdown report with plots.
 //!
@@ -21,6 +22,7 @@ use switchyard_e2e::bench::replay::{self, ReplayOptions, Summary};
 use switchyard_e2e::bench::stats;
 use switchyard_e2e::bench::synth::{SynthConfig, Synthesizer};
 use switchyard_e2e::bench::trace::{self, TraceRequest};
+use switchyard_e2e::bench::workload::{self, MediaMix};
 
 #[derive(Debug, Parser)]
 #[command(name = "switchyard-bench", version, about = "Switchyard benchmark programs")]
@@ -146,6 +148,36 @@ struct SynthArgs {
     /// Random seed; the same seed gives the same trace.
     #[arg(long, default_value_t = 0)]
     seed: u64,
+    /// Share of requests that carry one image (a multimodal workload), in [0, 1].
+    #[arg(long, default_value_t = 0.0)]
+    image_share: f64,
+    /// Share of requests that carry one audio clip.
+    #[arg(long, default_value_t = 0.0)]
+    audio_share: f64,
+    /// Share of requests that carry one video.
+    #[arg(long, default_value_t = 0.0)]
+    video_share: f64,
+    /// Probability that a media item repeats an earlier one of its kind (same bytes).
+    #[arg(long, default_value_t = 0.0)]
+    media_repeat: f64,
+    /// Image sides in pixels to draw from.
+    #[arg(long, value_delimiter = ',', default_values_t = [224u32, 336, 448])]
+    image_sides: Vec<u32>,
+    /// Audio lengths in seconds, drawn uniformly from MIN..=MAX.
+    #[arg(long, value_parser = parse_range, default_value = "2..15")]
+    audio_seconds: (u32, u32),
+    /// Video lengths in seconds, drawn uniformly from MIN..=MAX.
+    #[arg(long, value_parser = parse_range, default_value = "2..8")]
+    video_seconds: (u32, u32),
+}
+
+/// `MIN..MAX` (inclusive) as a pair.
+fn parse_range(text: &str) -> Result<(u32, u32), String> {
+    let (min, max) = text
+        .split_once("..")
+        .ok_or_else(|| format!("`{text}` is not MIN..MAX"))?;
+    let parse = |part: &str| part.trim().parse::<u32>().map_err(|err| format!("`{part}`: {err}"));
+    Ok((parse(min)?, parse(max)?))
 }
 
 #[derive(Debug, clap::Args)]
@@ -196,6 +228,12 @@ struct CompareArgs {
     /// Do not draw progress bars.
     #[arg(long)]
     no_progress: bool,
+    /// Embedded vision encoders (images, video) in each run.
+    #[arg(long, default_value_t = 1)]
+    vision_encoders: usize,
+    /// Embedded audio encoders in each run.
+    #[arg(long, default_value_t = 1)]
+    audio_encoders: usize,
 }
 
 #[tokio::main]
@@ -269,7 +307,20 @@ fn synth_command(args: &SynthArgs) -> anyhow::Result<()> {
         seed: args.seed,
         block_tokens: args.block_tokens,
     };
-    let synthesized = synthesizer.generate(&config)?;
+    let mut synthesized = synthesizer.generate(&config)?;
+    let mix = MediaMix {
+        image_share: args.image_share,
+        audio_share: args.audio_share,
+        video_share: args.video_share,
+        repeat_rate: args.media_repeat,
+        image_sides: args.image_sides.clone(),
+        audio_seconds: args.audio_seconds,
+        video_seconds: args.video_seconds,
+        seed: args.seed,
+    };
+    if !mix.is_empty() {
+        workload::add_media(&mut synthesized, &mix)?;
+    }
     trace::write_trace(&args.output, &synthesized)?;
     println!("# switchyard-bench synth\n");
     println!(
@@ -283,6 +334,21 @@ fn synth_command(args: &SynthArgs) -> anyhow::Result<()> {
         "{}",
         stats::markdown_table(&[("source", &source_stats), ("synthesized", &synthesized_stats)])
     );
+    if !mix.is_empty() {
+        let items: Vec<_> = synthesized.iter().flat_map(|r| &r.media).collect();
+        let distinct: std::collections::HashSet<(u64, u8)> = items.iter().map(|m| (m.id, m.kind as u8)).collect();
+        println!();
+        for modality in ["text", "image", "audio", "video"] {
+            let count = synthesized.iter().filter(|r| r.modality() == modality).count();
+            println!("{modality}: {count} requests");
+        }
+        println!(
+            "media items: {}, distinct: {} ({:.1} % repeats)",
+            items.len(),
+            distinct.len(),
+            100.0 * (1.0 - distinct.len() as f64 / items.len().max(1) as f64)
+        );
+    }
     Ok(())
 }
 
@@ -327,6 +393,8 @@ async fn compare_command(args: CompareArgs) -> anyhow::Result<()> {
         out_dir: args.out.clone(),
         command: std::env::args().collect::<Vec<_>>().join(" "),
         repeats: args.repeat as usize,
+        vision_encoders: args.vision_encoders,
+        audio_encoders: args.audio_encoders,
     };
     let runs = compare::compare(&config).await?;
     print!("{}", compare::render_report(&config, &runs));
