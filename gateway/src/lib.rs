@@ -19,6 +19,7 @@ mod admin;
 mod config;
 mod encoders;
 mod events;
+mod fetch;
 mod kv;
 mod media;
 mod metrics;
@@ -82,8 +83,8 @@ pub enum Error {
     /// The embedded mockers could not start.
     #[error("cannot start the embedded mockers: {0}")]
     Mockers(std::io::Error),
-    /// The router policy could not be loaded.
-    #[error("router policy `{name}`: {source}")]
+    /// The router or batcher policy could not be loaded.
+    #[error("policy `{name}`: {source}")]
     Policy {
         /// The configured policy.
         name: String,
@@ -93,6 +94,9 @@ pub enum Error {
     /// A model's tokenizer could not be loaded.
     #[error(transparent)]
     Kv(#[from] kv::KvSetupError),
+    /// Media fetching (`[media] fetch`) could not be set up.
+    #[error("{0}")]
+    Fetch(String),
     /// The NATS server could not be reached.
     #[error("cannot connect to NATS at `{url}`: {reason}")]
     Nats {
@@ -286,6 +290,7 @@ impl Gateway {
             tasks.push(tokio::spawn(admin::serve(listener, token.clone(), admin_state)));
             admin_token = Some(token);
         }
+        let fetcher = fetch::Fetcher::new(&config.media).map_err(|err| Error::Fetch(err.to_string()))?;
         let state = Arc::new(AppState {
             server: config.server.clone(),
             forwarding: config.forwarding.clone(),
@@ -293,6 +298,7 @@ impl Gateway {
             client: client.clone(),
             metrics,
             media: media::MediaSettings::from_config(&config),
+            fetcher,
             encoders: Arc::new(encoders::Encoders::new(
                 config.encoders.clone(),
                 client,

@@ -106,8 +106,9 @@ impl MediaItem {
 ///
 /// # Errors
 ///
-/// A 400 naming the content part for a part that is not a `data:` URL (or base64 audio), is
-/// not valid base64, is of an unsupported or mismatched format, is truncated or corrupt as far
+/// A 400 naming the content part for a part that is not a `data:` URL (or base64 audio) or a
+/// URL fetched beforehand (`fetched`, by message and part index: see [`crate::fetch`]), is not
+/// valid base64, is of an unsupported or mismatched format, is truncated or corrupt as far
 /// as its headers show, or is over a `[media]` limit; and a 400 for more than `max_items`
 /// items.
 pub(crate) fn inspect(
@@ -115,6 +116,7 @@ pub(crate) fn inspect(
     settings: &MediaConfig,
     limits: &MediaLimits,
     model: &ModelMedia,
+    fetched: &mut std::collections::HashMap<(usize, usize), Vec<u8>>,
 ) -> Result<Vec<MediaItem>, ApiError> {
     let GenerateRequest::Chat(chat) = request else {
         return Ok(Vec::new());
@@ -141,16 +143,16 @@ pub(crate) fn inspect(
                 )
                 .with_param(Some(part_path(m, p))));
             }
-            let read = || -> Result<(MediaInfo, Vec<u8>), MediaError> {
+            let mut read = || -> Result<(MediaInfo, Vec<u8>), MediaError> {
                 let (info, bytes) = match kind {
                     MediaKind::Image => {
                         let url = part.image_url.as_ref().map_or("", |u| u.url.as_str());
-                        let bytes = url_bytes(url, settings, limits)?;
+                        let bytes = url_bytes(url, fetched.remove(&(m, p)), limits)?;
                         (probe_image(&bytes)?, bytes)
                     }
                     MediaKind::Video => {
                         let url = part.video_url.as_ref().map_or("", |u| u.url.as_str());
-                        let bytes = url_bytes(url, settings, limits)?;
+                        let bytes = url_bytes(url, fetched.remove(&(m, p)), limits)?;
                         (probe_video(&bytes)?, bytes)
                     }
                     MediaKind::Audio => {
@@ -224,15 +226,15 @@ pub(crate) fn size_videos(
     Ok(())
 }
 
-/// The bytes of a `data:` URL; other URLs are refused while fetching is off.
-fn url_bytes(url: &str, settings: &MediaConfig, limits: &MediaLimits) -> Result<Vec<u8>, MediaError> {
-    if url.starts_with("http://") || url.starts_with("https://") {
-        // `fetch = true` is refused at config load until fetching exists, so this is the only
-        // answer for http(s) URLs today.
-        debug_assert!(!settings.fetch);
-        return Err(MediaError::Refused(
-            "media URLs are not fetched ([media] fetch is off); send the bytes as a data: URL".into(),
-        ));
+/// The bytes of a `data:` URL, or of an `http(s)` one fetched beforehand (`fetched`: none
+/// when fetching is off).
+fn url_bytes(url: &str, fetched: Option<Vec<u8>>, limits: &MediaLimits) -> Result<Vec<u8>, MediaError> {
+    if crate::fetch::is_fetched(url) {
+        return fetched.ok_or_else(|| {
+            MediaError::Refused(
+                "media URLs are not fetched ([media] fetch is off); send the bytes as a data: URL".into(),
+            )
+        });
     }
     // Oversized payloads are refused before they are decoded (an upper bound from the length).
     limits.check_encoded_len(url.len())?;
@@ -241,6 +243,15 @@ fn url_bytes(url: &str, settings: &MediaConfig, limits: &MediaLimits) -> Result<
 
 fn part_path(message: usize, part: usize) -> String {
     format!("messages[{message}].content[{part}]")
+}
+
+/// The 400 for content part `part` of message `message` whose URL could not be fetched.
+pub(crate) fn fetch_error(message: usize, part: usize, why: String) -> ApiError {
+    media_error(
+        message,
+        part,
+        &MediaError::Refused(format!("cannot fetch the media: {why}")),
+    )
 }
 
 fn media_error(message: usize, part: usize, err: &MediaError) -> ApiError {
@@ -285,8 +296,14 @@ mod tests {
             video(60),
         ]));
         let model = ModelMedia::default();
-        let mut items =
-            inspect(&parsed, &MediaConfig::default(), &MediaLimits::default(), &model).expect("valid media");
+        let mut items = inspect(
+            &parsed,
+            &MediaConfig::default(),
+            &MediaLimits::default(),
+            &model,
+            &mut Default::default(),
+        )
+        .expect("valid media");
         assert_eq!(
             items.iter().map(|item| (item.message, item.part)).collect::<Vec<_>>(),
             [(0, 0), (0, 1), (0, 2)]
@@ -317,6 +334,7 @@ mod tests {
             &MediaConfig::default(),
             &MediaLimits::default(),
             &ModelMedia::default(),
+            &mut Default::default(),
         )
         .expect_err("a PNG is not WAV audio");
         assert_eq!(err.param(), Some("messages[0].content[1]"));
@@ -329,8 +347,14 @@ mod tests {
             {"type": "image_url", "image_url": {"url": image}},
             {"type": "image_url", "image_url": {"url": image}},
         ]));
-        let err =
-            inspect(&two, &settings, &MediaLimits::default(), &ModelMedia::default()).expect_err("over max_items");
+        let err = inspect(
+            &two,
+            &settings,
+            &MediaLimits::default(),
+            &ModelMedia::default(),
+            &mut Default::default(),
+        )
+        .expect_err("over max_items");
         assert_eq!(err.code(), "too_many_media_items");
         assert_eq!(err.param(), Some("messages[0].content[1]"));
     }

@@ -31,6 +31,8 @@ pub(crate) struct AppState {
     pub(crate) metrics: Arc<Metrics>,
     /// Media limits and each model's media settings.
     pub(crate) media: MediaSettings,
+    /// Fetches media URLs (`[media] fetch`), when on.
+    pub(crate) fetcher: Option<crate::fetch::Fetcher>,
     /// The queues in front of encoder workers.
     pub(crate) encoders: Arc<Encoders>,
 }

@@ -37,6 +37,18 @@ fn bad_configs_fail_at_start_naming_file_and_key() {
             "server.tls.cert",
         ),
         ("this is not toml", "bad.toml"),
+        (
+            "[server]\nplaintext = true\n[embedded_mockers]\n[media]\nfetch = true\n",
+            "media.allow_hosts",
+        ),
+        (
+            "[server]\nplaintext = true\n[embedded_mockers]\n[media]\nfetch = true\nallow_hosts = [\"a\"]\nfetch_ca_file = \"/nonexistent/ca.pem\"\n",
+            "fetch_ca_file",
+        ),
+        (
+            "[server]\nplaintext = true\n[embedded_mockers]\n[encoders]\nbatcher = \"nope\"\n",
+            "nope",
+        ),
     ];
     for (config, key) in cases {
         let (ok, stderr) = run_with(config);

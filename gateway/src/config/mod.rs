@@ -155,6 +155,8 @@ pub struct MediaConfig {
     pub max_items: usize,
     /// How long one URL fetch may take.
     pub fetch_timeout_ms: u64,
+    /// Extra CA certificates (PEM) trusted for `https` media URLs, beside the Mozilla roots.
+    pub fetch_ca_file: Option<PathBuf>,
 }
 
 impl Default for MediaConfig {
@@ -169,6 +171,7 @@ impl Default for MediaConfig {
             max_duration_s: limits.max_duration_s,
             max_items: 16,
             fetch_timeout_ms: 5_000,
+            fetch_ca_file: None,
         }
     }
 }
@@ -654,11 +657,25 @@ impl Config {
                 }
             }
         }
-        if self.policy.router.is_empty() {
-            return Err(invalid(
-                "policy.router",
-                "must name a built-in policy or a .wasm file".into(),
-            ));
+        type BuiltIn = fn(&str) -> Result<&'static [u8], crate::policy::PolicyError>;
+        let policies: [(&str, &str, BuiltIn); 2] = [
+            ("policy.router", &self.policy.router, crate::policy::built_in_router),
+            (
+                "encoders.batcher",
+                &self.encoders.batcher,
+                crate::policy::built_in_batcher,
+            ),
+        ];
+        for (key, name, built_in) in policies {
+            if name.ends_with(".wasm") {
+                continue;
+            }
+            if let Err(err) = built_in(name) {
+                return Err(invalid(
+                    key,
+                    format!("must name a built-in policy or a .wasm file: {err}"),
+                ));
+            }
         }
         if self.policy.deadline_ms == 0 || self.policy.memory_limit_mib == 0 || self.policy.max_failures == 0 {
             let key = if self.policy.deadline_ms == 0 {
@@ -739,10 +756,18 @@ impl Config {
             ));
         }
         let media = &self.media;
-        if media.fetch {
+        if let Some(path) = media.fetch_ca_file.as_ref().filter(|_| media.fetch)
+            && !path.is_file()
+        {
             return Err(invalid(
-                "media.fetch",
-                "fetching media from http(s) URLs is not implemented yet; leave `fetch` off and send media as data: URLs".into(),
+                "media.fetch_ca_file",
+                format!("`{}` is not a readable file", path.display()),
+            ));
+        }
+        if media.fetch && media.allow_hosts.is_empty() {
+            return Err(invalid(
+                "media.allow_hosts",
+                "`fetch = true` needs the hosts media may be fetched from (e.g. [\"images.example.com\", \"*.cdn.example.net\"])".into(),
             ));
         }
         for (key, zero) in [

@@ -133,7 +133,20 @@ pub(crate) async fn generate(
     let stream = parsed.is_stream();
     let fallback_block_size = || pool.candidates(model, &[]).first().map_or(64, |w| w.block_size);
     let model_limits = state.media.model(model);
-    let mut media_items = media::inspect(&parsed, &state.media.config, &state.media.limits, &model_limits.media)?;
+    let mut fetched = match &state.fetcher {
+        Some(fetcher) => fetcher
+            .fetch_request(&parsed)
+            .await
+            .map_err(|(message, part, why)| media::fetch_error(message, part, why))?,
+        None => Default::default(),
+    };
+    let mut media_items = media::inspect(
+        &parsed,
+        &state.media.config,
+        &state.media.limits,
+        &model_limits.media,
+        &mut fetched,
+    )?;
     let (prompt, spans) = if media_items.is_empty() {
         let prompt = router
             .kv()

@@ -96,10 +96,11 @@ pub fn add_media(requests: &mut [TraceRequest], mix: &MediaMix) -> anyhow::Resul
     mix.validate()?;
     let mut rng = SmallRng::seed_from_u64(mix.seed ^ 0x4D45_4449_4100_0000);
     let mut sent: [Vec<TraceMedia>; 3] = Default::default();
-    let mut next_id = 1u64;
     for request in requests.iter_mut() {
         request.media.clear();
-        let draw: f64 = rng.random();
+        // Every request takes the same four draws, whatever it gets, so two mixes differing
+        // only in one share give the same items to every request the change does not touch.
+        let (draw, repeat, pick, size): (f64, f64, f64, f64) = (rng.random(), rng.random(), rng.random(), rng.random());
         let kind = if draw < mix.image_share {
             TraceMediaKind::Image
         } else if draw < mix.image_share + mix.audio_share {
@@ -110,21 +111,20 @@ pub fn add_media(requests: &mut [TraceRequest], mix: &MediaMix) -> anyhow::Resul
             continue;
         };
         let earlier = &mut sent[kind as usize];
-        let repeat = rng.random::<f64>() < mix.repeat_rate;
-        let item = if repeat && !earlier.is_empty() {
-            earlier[rng.random_range(0..earlier.len())]
+        let within = |len: usize, at: f64| ((at * len as f64) as usize).min(len.saturating_sub(1));
+        let between = |(min, max): (u32, u32)| min + within((max - min + 1) as usize, size) as u32;
+        let item = if repeat < mix.repeat_rate && !earlier.is_empty() {
+            earlier[within(earlier.len(), pick)]
         } else {
             let size = match kind {
-                TraceMediaKind::Image => mix.image_sides[rng.random_range(0..mix.image_sides.len())],
-                TraceMediaKind::Audio => rng.random_range(mix.audio_seconds.0..=mix.audio_seconds.1),
-                TraceMediaKind::Video => rng.random_range(mix.video_seconds.0..=mix.video_seconds.1),
+                TraceMediaKind::Image => mix.image_sides[within(mix.image_sides.len(), size)],
+                TraceMediaKind::Audio => between(mix.audio_seconds),
+                TraceMediaKind::Video => between(mix.video_seconds),
             };
-            let item = TraceMedia {
-                kind,
-                id: next_id,
-                size,
-            };
-            next_id += 1;
+            // Ids count up per kind from a base of its own, so one kind's items never shift
+            // another's ids.
+            let id = (kind as u64 + 1) << 48 | (earlier.len() as u64 + 1);
+            let item = TraceMedia { kind, id, size };
             earlier.push(item);
             item
         };
@@ -173,6 +173,22 @@ mod tests {
         let mut again = requests(4000);
         add_media(&mut again, &mix).expect("valid");
         assert_eq!(trace, again, "equal seeds, equal workloads");
+        // Without video, the requests that had one are text and every other keeps its item.
+        let mut without = requests(4000);
+        add_media(
+            &mut without,
+            &MediaMix {
+                video_share: 0.0,
+                ..mix
+            },
+        )
+        .expect("valid");
+        for (with, without) in trace.iter().zip(&without) {
+            match with.modality() {
+                "video" => assert!(without.media.is_empty()),
+                _ => assert_eq!(with.media, without.media),
+            }
+        }
     }
 
     #[test]
