@@ -25,6 +25,7 @@ use http_body_util::{BodyExt, Full};
 use parking_lot::Mutex;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 use switchyard_media::{MediaKind, ModelMedia};
@@ -51,6 +52,7 @@ const MAX_REPLY_BYTES: usize = 1 << 20;
 #[derive(Debug)]
 pub(crate) struct EncoderMetrics {
     items: Family<Labels, Counter>,
+    queued_ms: Family<Labels, Gauge<f64, AtomicU64>>,
     batch_items: Histogram,
     retries: Counter,
     cache_routed: Counter,
@@ -61,10 +63,18 @@ impl EncoderMetrics {
     pub(crate) fn new() -> EncoderMetrics {
         EncoderMetrics {
             items: Family::default(),
+            queued_ms: Family::default(),
             batch_items: Histogram::new([1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0]),
             retries: Counter::default(),
             cache_routed: Counter::default(),
         }
+    }
+
+    /// Records the work now queued at `encoder`.
+    fn set_queued(&self, encoder: &str, pending_us: u64) {
+        self.queued_ms
+            .get_or_create(&vec![("encoder", encoder.to_string())])
+            .set(pending_us as f64 / 1000.0);
     }
 
     /// Registers the families in `registry`.
@@ -73,6 +83,11 @@ impl EncoderMetrics {
             "encoder_items",
             "Media items sent to encoders, by encoder and outcome",
             self.items.clone(),
+        );
+        registry.register(
+            "encoder_queued_ms",
+            "Estimated encode work queued at or running on each encoder, in milliseconds (the reference cost curves)",
+            self.queued_ms.clone(),
         );
         registry.register(
             "encoder_batch_items",
@@ -95,6 +110,8 @@ impl EncoderMetrics {
 /// One queued item.
 struct Job {
     item: EncodeItem,
+    /// Its estimated encode time, added to the queue's pending work until its batch ends.
+    estimate_us: u64,
     reply: oneshot::Sender<Result<ItemOutcome, String>>,
 }
 
@@ -253,7 +270,7 @@ impl Encoders {
     pub(crate) async fn encode(&self, encoder: &Arc<Worker>, item: EncodeItem) -> Result<ItemOutcome, String> {
         let estimate_us = (estimate_ms(item.kind, item.frames.len(), item.duration_s) * 1000.0) as u64;
         let (reply, answer) = oneshot::channel();
-        let pending = {
+        {
             let mut queues = self.queues.lock();
             if !queues.contains_key(&encoder.kv_id) {
                 // Queues of encoders that have left the pool are dropped (their tasks end).
@@ -264,33 +281,34 @@ impl Encoders {
             let Some(queue) = queues.get(&encoder.kv_id) else {
                 return Err("the encoder queue is gone".into());
             };
-            if queue.jobs.send(Job { item, reply }).is_err() {
+            // Counted before it is queued, and taken off (and the outcome counted) by the
+            // queue when its batch ends, whether or not this caller still waits for it: a
+            // request answered before the encoder's reply arrives drops this future.
+            let now = queue.pending_us.fetch_add(estimate_us, Ordering::Relaxed) + estimate_us;
+            self.metrics.set_queued(&encoder.name, now);
+            let job = Job {
+                item,
+                estimate_us,
+                reply,
+            };
+            if queue.jobs.send(job).is_err() {
+                let now = queue.pending_us.fetch_sub(estimate_us, Ordering::Relaxed) - estimate_us;
+                self.metrics.set_queued(&encoder.name, now);
                 return Err("the encoder queue stopped".into());
             }
-            queue.pending_us.clone()
-        };
-        pending.fetch_add(estimate_us, Ordering::Relaxed);
-        let result = tokio::time::timeout(Duration::from_millis(self.config.timeout_ms), answer).await;
-        pending.fetch_sub(estimate_us, Ordering::Relaxed);
-        let outcome = match result {
+        }
+        match tokio::time::timeout(Duration::from_millis(self.config.timeout_ms), answer).await {
             Ok(Ok(outcome)) => outcome,
             Ok(Err(_)) => Err("the encoder queue dropped the item".into()),
             Err(_) => Err(format!("no answer within {} ms", self.config.timeout_ms)),
-        };
-        let label = match &outcome {
-            Ok(outcome) => outcome.status.as_str(),
-            Err(_) => "unreachable",
-        };
-        self.metrics
-            .items
-            .get_or_create(&vec![("encoder", encoder.name.clone()), ("outcome", label.to_string())])
-            .inc();
-        outcome
+        }
     }
 
     fn start_queue(&self, encoder: Arc<Worker>) -> Queue {
         let (jobs, receiver) = mpsc::unbounded_channel();
+        let pending_us = Arc::new(AtomicU64::new(0));
         let queue = EncoderQueue {
+            pending_us: pending_us.clone(),
             encoder,
             client: self.client.clone(),
             config: self.config.clone(),
@@ -300,10 +318,7 @@ impl Encoders {
             next_id: 0,
         };
         tokio::spawn(queue.run(receiver));
-        Queue {
-            jobs,
-            pending_us: Arc::new(AtomicU64::new(0)),
-        }
+        Queue { jobs, pending_us }
     }
 }
 
@@ -319,6 +334,8 @@ struct Waiting {
 /// The task behind one encoder's queue: flushes, batches by the live policy, sends.
 struct EncoderQueue {
     encoder: Arc<Worker>,
+    /// The estimated work queued or running (shared with [`Queue`]).
+    pending_us: Arc<AtomicU64>,
     client: WorkerClient,
     config: EncodersConfig,
     metrics: Arc<EncoderMetrics>,
@@ -364,7 +381,7 @@ impl EncoderQueue {
             while let Ok(job) = jobs.try_recv() {
                 waiting.push(self.arrive(job));
             }
-            waiting = self.flush(waiting);
+            waiting = self.flush(waiting).await;
             if !open && waiting.is_empty() {
                 return;
             }
@@ -383,10 +400,10 @@ impl EncoderQueue {
         }
     }
 
-    /// Batches `waiting` and sends the batches; answers the items left for the next flush.
-    fn flush(&self, waiting: Vec<Waiting>) -> Vec<Waiting> {
+    /// What waits, as the batcher sees it.
+    fn pending_table(&self, waiting: &[Waiting]) -> PendingTable {
         let now = tokio::time::Instant::now();
-        let queue = PendingTable {
+        PendingTable {
             ids: waiting.iter().map(|w| w.id).collect(),
             tokens: waiting.iter().map(|w| w.job.item.tokens).collect(),
             waited_ms: waiting
@@ -396,16 +413,42 @@ impl EncoderQueue {
             priority: vec![0; waiting.len()],
             kinds: waiting.iter().map(|w| kind_value(w.job.item.kind)).collect(),
             ready: waiting.iter().map(|w| w.ready).collect(),
-        };
+        }
+    }
+
+    /// The room a batch at this encoder may fill.
+    fn budget(&self) -> Budget {
         let mut budgets = self.encoder.token_budgets.clone();
         budgets.sort_unstable();
         budgets.dedup();
-        let budget = Budget {
+        Budget {
             token_budgets: budgets,
             max_items: u32::try_from(self.config.max_items).unwrap_or(u32::MAX),
             max_batches: self.config.max_batches,
+        }
+    }
+
+    /// Batches `waiting` and sends the batches; answers the items left for the next flush.
+    async fn flush(&self, waiting: Vec<Waiting>) -> Vec<Waiting> {
+        let queue = self.pending_table(&waiting);
+        let budget = self.budget();
+        // The policy runs on a blocking thread: a batcher that loops holds it until its
+        // deadline (longer on a machine too busy to give it the CPU), and the runtime's
+        // threads must keep serving requests and health checks meanwhile.
+        let batchers = self.batchers.clone();
+        let formed = tokio::task::spawn_blocking(move || batchers.form_batches(&queue, &budget)).await;
+        let (batches, by) = match formed {
+            Ok(formed) => formed,
+            Err(err) => {
+                tracing::error!(encoder = %self.encoder.name, error = %err, "the batcher task failed; batching first come, first served");
+                let queue = self.pending_table(&waiting);
+                let budget = self.budget();
+                (
+                    crate::policy::batching::fallback(&queue, &budget),
+                    crate::policy::batching::BatchedBy::Fallback("panic"),
+                )
+            }
         };
-        let (batches, by) = self.batchers.form_batches(&queue, &budget);
         tracing::trace!(encoder = %self.encoder.name, items = waiting.len(), batches = batches.len(), by = %by.label(), "encoder queue flushed");
         let mut slots: Vec<Option<Waiting>> = waiting.into_iter().map(Some).collect();
         for batch in batches {
@@ -424,6 +467,8 @@ impl EncoderQueue {
                 jobs,
                 self.client.clone(),
                 self.config.timeout_ms,
+                self.metrics.clone(),
+                self.pending_us.clone(),
             ));
         }
         slots.into_iter().flatten().collect()
@@ -439,32 +484,47 @@ fn kind_value(kind: MediaKind) -> u8 {
     }
 }
 
-async fn send_batch(encoder: Arc<Worker>, batch: Vec<Job>, client: WorkerClient, timeout_ms: u64) {
+/// Posts one micro-batch, hands each item its outcome, counts it, and takes the batch's
+/// estimated work off the queue's pending total.
+async fn send_batch(
+    encoder: Arc<Worker>,
+    batch: Vec<Job>,
+    client: WorkerClient,
+    timeout_ms: u64,
+    metrics: Arc<EncoderMetrics>,
+    pending_us: Arc<AtomicU64>,
+) {
+    let estimate_us: u64 = batch.iter().map(|job| job.estimate_us).sum();
     let (items, replies): (Vec<EncodeItem>, Vec<_>) = batch.into_iter().map(|job| (job.item, job.reply)).unzip();
-    let result = post_batch(&encoder, EncodeBatch { items }, &client, timeout_ms).await;
-    match result {
-        Ok(reply) if reply.items.len() == replies.len() => {
-            for (outcome, reply) in reply.items.into_iter().zip(replies) {
-                let _ = reply.send(Ok(outcome));
+    let count = replies.len();
+    let outcomes: Vec<Result<ItemOutcome, String>> =
+        match post_batch(&encoder, EncodeBatch { items }, &client, timeout_ms).await {
+            Ok(reply) if reply.items.len() == count => reply.items.into_iter().map(Ok).collect(),
+            Ok(reply) => {
+                let reason = format!(
+                    "encoder `{}` answered {} outcomes for {count} items",
+                    encoder.name,
+                    reply.items.len()
+                );
+                vec![Err(reason); count]
             }
-        }
-        Ok(reply) => {
-            let reason = format!(
-                "encoder `{}` answered {} outcomes for {} items",
-                encoder.name,
-                reply.items.len(),
-                replies.len()
-            );
-            for reply in replies {
-                let _ = reply.send(Err(reason.clone()));
+            Err(reason) => {
+                tracing::warn!(encoder = %encoder.name, %reason, "encode batch failed");
+                vec![Err(reason); count]
             }
-        }
-        Err(reason) => {
-            tracing::warn!(encoder = %encoder.name, %reason, "encode batch failed");
-            for reply in replies {
-                let _ = reply.send(Err(reason.clone()));
-            }
-        }
+        };
+    let now = pending_us.fetch_sub(estimate_us, Ordering::Relaxed) - estimate_us;
+    metrics.set_queued(&encoder.name, now);
+    for (outcome, reply) in outcomes.into_iter().zip(replies) {
+        let label = match &outcome {
+            Ok(outcome) => outcome.status.as_str(),
+            Err(_) => "unreachable",
+        };
+        metrics
+            .items
+            .get_or_create(&vec![("encoder", encoder.name.clone()), ("outcome", label.to_string())])
+            .inc();
+        let _ = reply.send(outcome);
     }
 }
 
