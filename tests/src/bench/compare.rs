@@ -122,6 +122,8 @@ pub struct CompareConfig {
     pub vision_encoders: usize,
     /// Embedded audio encoders per run.
     pub audio_encoders: usize,
+    /// Multiplies the simulated encoders' measured encode times.
+    pub encoder_cost_scale: f64,
 }
 
 /// The outcome of one policy's runs.
@@ -370,6 +372,7 @@ fn base_config(config: &CompareConfig, policy: &PolicySpec, tls_toml: &str) -> S
          speedup = {speedup:?}\n\
          vision_encoders = {vision}\n\
          audio_encoders = {audio}\n\
+         encoder_cost_scale = {encoder_cost:?}\n\
          [policy]\n\
          router = {router:?}\n\
          [policy.config]\n\
@@ -384,6 +387,7 @@ fn base_config(config: &CompareConfig, policy: &PolicySpec, tls_toml: &str) -> S
         speedup = m.speedup,
         vision = config.vision_encoders,
         audio = config.audio_encoders,
+        encoder_cost = config.encoder_cost_scale,
         router = policy.router,
         settings = policy.settings,
     )
@@ -518,8 +522,8 @@ fn render_media(out: &mut String, config: &CompareConfig, runs: &[PolicyRun]) {
     modalities.dedup();
     let _ = writeln!(
         out,
-        "\n### By modality (TTFT p50 / p99, ms; {} vision and {} audio encoders)\n",
-        config.vision_encoders, config.audio_encoders
+        "\n### By modality (TTFT p50 / p99, ms; {} vision and {} audio encoders at {}x the measured encode times)\n",
+        config.vision_encoders, config.audio_encoders, config.encoder_cost_scale
     );
     let header: String = modalities.iter().map(|m| format!(" {m} |")).collect();
     let _ = writeln!(out, "| policy |{header} answered text-only |");
@@ -756,6 +760,7 @@ mod tests {
             repeats: 1,
             vision_encoders: 1,
             audio_encoders: 1,
+            encoder_cost_scale: 1.0,
         };
         let text = gateway_config(&config, &spec, "").expect("a config");
         let parsed: toml::Table = toml::from_str(&text).expect("the gateway config is TOML");

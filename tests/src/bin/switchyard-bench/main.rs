@@ -234,6 +234,9 @@ struct CompareArgs {
     /// Embedded audio encoders in each run.
     #[arg(long, default_value_t = 1)]
     audio_encoders: usize,
+    /// Multiplies the embedded encoders' measured encode times (slower encoders).
+    #[arg(long, default_value_t = 1.0)]
+    encoder_cost_scale: f64,
 }
 
 #[tokio::main]
@@ -395,6 +398,7 @@ async fn compare_command(args: CompareArgs) -> anyhow::Result<()> {
         repeats: args.repeat as usize,
         vision_encoders: args.vision_encoders,
         audio_encoders: args.audio_encoders,
+        encoder_cost_scale: args.encoder_cost_scale,
     };
     let runs = compare::compare(&config).await?;
     print!("{}", compare::render_report(&config, &runs));
