@@ -146,21 +146,11 @@ async fn handle(
         }
         (Method::GET, ["admin", "batchers"]) => Ok(list_batchers(state, candidates)),
         (Method::PUT, ["admin", "batchers", name]) => {
-            let name = valid_name(name)?;
-            let (parts, body) = request.into_parts();
-            let wasm = respond::read_limited(&parts.headers, body, MAX_POLICY_BYTES).await?;
-            let config = candidates
-                .batcher_configs
-                .lock()
-                .ok()
-                .and_then(|configs| configs.get(&name).cloned())
-                .unwrap_or_else(|| state.batcher_config.clone());
-            let runtime = state.runtime.clone();
-            let loaded = tokio::task::spawn_blocking(move || runtime.load_batcher(&name, &wasm, config))
-                .await
-                .map_err(|err| internal(format!("validation task failed: {err}")))?
-                .map_err(rejected)?;
-            let policy = Arc::new(loaded);
+            let configs = (&candidates.batcher_configs, &state.batcher_config);
+            let policy = upload(state, request, name, configs, |runtime, name, wasm, config| {
+                runtime.load_batcher(&name, &wasm, config)
+            })
+            .await?;
             let body = if activate_requested(&query) {
                 let version = state.batchers.publish(policy.clone());
                 json!({"name": policy.name, "sha256": policy.sha256, "active": true, "generation": version.generation})
@@ -188,21 +178,11 @@ async fn handle(
             None => Err(no_previous_version()),
         },
         (Method::PUT, ["admin", "policies", name]) => {
-            let name = valid_name(name)?;
-            let (parts, body) = request.into_parts();
-            let wasm = respond::read_limited(&parts.headers, body, MAX_POLICY_BYTES).await?;
-            let config = candidates
-                .configs
-                .lock()
-                .ok()
-                .and_then(|configs| configs.get(&name).cloned())
-                .unwrap_or_else(|| state.policy_config.clone());
-            let runtime = state.runtime.clone();
-            let loaded = tokio::task::spawn_blocking(move || runtime.load_router(&name, &wasm, config))
-                .await
-                .map_err(|err| internal(format!("validation task failed: {err}")))?
-                .map_err(rejected)?;
-            let policy = Arc::new(loaded);
+            let configs = (&candidates.configs, &state.policy_config);
+            let policy = upload(state, request, name, configs, |runtime, name, wasm, config| {
+                runtime.load_router(&name, &wasm, config)
+            })
+            .await?;
             let body = if activate_requested(&query) {
                 let version = state.router.policy().publish(policy.clone());
                 json!({"name": policy.name, "sha256": policy.sha256, "active": true, "generation": version.generation})
@@ -365,6 +345,40 @@ fn list_batchers(state: &AdminState, candidates: &Candidates) -> Response<Body> 
             "candidates": uploaded,
         }),
     )
+}
+
+/// Reads an uploaded `.wasm` named `name` and validates it with `load` on a blocking thread,
+/// with the settings stored for `name` (or the configured ones): `configs` is that store and
+/// the configured default.
+async fn upload<P: Send + 'static>(
+    state: &AdminState,
+    request: Request<Incoming>,
+    name: &str,
+    configs: (&Mutex<HashMap<String, toml::Table>>, &toml::Table),
+    load: impl FnOnce(
+        Arc<crate::policy::runtime::PolicyRuntime>,
+        String,
+        Vec<u8>,
+        toml::Table,
+    ) -> Result<P, crate::policy::PolicyError>
+    + Send
+    + 'static,
+) -> Result<Arc<P>, ApiError> {
+    let name = valid_name(name)?;
+    let (parts, body) = request.into_parts();
+    let wasm = respond::read_limited(&parts.headers, body, MAX_POLICY_BYTES).await?;
+    let config = configs
+        .0
+        .lock()
+        .ok()
+        .and_then(|stored| stored.get(&name).cloned())
+        .unwrap_or_else(|| configs.1.clone());
+    let runtime = state.runtime.clone();
+    let loaded = tokio::task::spawn_blocking(move || load(runtime, name, wasm.to_vec(), config))
+        .await
+        .map_err(|err| internal(format!("validation task failed: {err}")))?
+        .map_err(rejected)?;
+    Ok(Arc::new(loaded))
 }
 
 fn activate_requested(query: &str) -> bool {

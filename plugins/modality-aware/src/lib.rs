@@ -30,16 +30,13 @@ use switchyard_policy_sdk::{Columns, Decision, PolicyError, RequestInfo, Router,
 
 #[path = "../../predicted-ttft/src/model.rs"]
 mod model;
-use model::{Model, mix};
+use model::Model;
 
 /// The policy.
 pub struct ModalityAware;
 
 /// How many next-best workers the decision names as fallbacks.
 const FALLBACKS: usize = 2;
-
-/// Costs within this fraction of the lowest one count as equal (as in `predicted-ttft`).
-const TIE_TOLERANCE: f64 = 1e-9;
 
 /// Milliseconds to move the request's media features from encoder `e` to LLM worker `i`.
 fn transfer_ms(req: &RequestInfo, workers: &WorkerTable, e: usize, i: usize) -> f64 {
@@ -84,7 +81,7 @@ impl Router for ModalityAware {
             .into_iter()
             .filter(|r| req.media_tokens > 0 && workers.roles.contains(r))
             .collect();
-        // (overflows, estimated cost, worker, encoders)
+        // (overflows, estimated cost, worker, encoders); ranked and tie-broken as predicted-ttft.
         let mut ranked: Vec<(bool, f64, usize, Vec<u32>)> = workers
             .llm_indices()
             .map(|i| {
@@ -101,28 +98,11 @@ impl Router for ModalityAware {
                 (prediction.overflows, cost, i, encoders)
             })
             .collect();
-        ranked.sort_unstable_by(|a, b| a.0.cmp(&b.0).then(a.1.total_cmp(&b.1)).then(a.2.cmp(&b.2)));
-        let Some((best_overflows, min)) = ranked.first().map(|r| (r.0, r.1)) else {
-            return Err(PolicyError::new("no LLM worker in the table"));
-        };
-        // Ties are broken by a hash of the request id, exactly as `predicted-ttft` breaks them.
-        let limit = min + TIE_TOLERANCE * min.abs();
-        let tied = ranked
-            .iter()
-            .take_while(|r| r.0 == best_overflows && r.1 <= limit)
-            .count()
-            .max(1);
-        let draw = (mix(req.request_id) >> 11) as f64 / (1u64 << 53) as f64;
-        let pick = ((draw * tied as f64) as usize).min(tied - 1);
+        let pick =
+            model::rank(&mut ranked, req.request_id).ok_or_else(|| PolicyError::new("no LLM worker in the table"))?;
         let mut decision = Decision::to(ranked[pick].2);
         decision.encoders = core::mem::take(&mut ranked[pick].3);
-        decision.fallbacks = ranked
-            .iter()
-            .enumerate()
-            .filter(|(rank, _)| *rank != pick)
-            .take(FALLBACKS)
-            .map(|(_, r)| r.2 as u32)
-            .collect();
+        decision.fallbacks = model::fallbacks(&ranked, pick, FALLBACKS);
         Ok(decision)
     }
 }

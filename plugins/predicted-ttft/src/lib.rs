@@ -76,11 +76,7 @@ pub struct PredictedTtft;
 /// How many next-best workers the decision names as fallbacks.
 const FALLBACKS: usize = 2;
 
-/// Costs within this fraction of the lowest one count as equal (float noise, not preference).
-const TIE_TOLERANCE: f64 = 1e-9;
-
 mod model;
-use model::mix;
 pub use model::{Model, Prediction};
 
 impl Router for PredictedTtft {
@@ -95,35 +91,17 @@ impl Router for PredictedTtft {
 
     fn route(req: &RequestInfo, workers: &WorkerTable) -> Result<Decision, PolicyError> {
         let model = Model::from_config();
-        let mut ranked: Vec<(bool, f64, usize)> = workers
+        let mut ranked: Vec<(bool, f64, usize, ())> = workers
             .llm_indices()
             .map(|i| {
                 let prediction = model.predict(req, workers, i);
-                (prediction.overflows, prediction.cost, i)
+                (prediction.overflows, prediction.cost, i, ())
             })
             .collect();
-        // Workers that fit first (`false` < `true`), then by cost, then by index so that the
-        // order of tied workers, and hence the hash's pick among them, is stable.
-        ranked.sort_unstable_by(|a, b| a.0.cmp(&b.0).then(a.1.total_cmp(&b.1)).then(a.2.cmp(&b.2)));
-        let Some(&(best_overflows, min, _)) = ranked.first() else {
-            return Err(PolicyError::new("no LLM worker in the table"));
-        };
-        let limit = min + TIE_TOLERANCE * min.abs();
-        let tied = ranked
-            .iter()
-            .take_while(|(overflows, cost, _)| *overflows == best_overflows && *cost <= limit)
-            .count()
-            .max(1);
-        let draw = (mix(req.request_id) >> 11) as f64 / (1u64 << 53) as f64;
-        let pick = ((draw * tied as f64) as usize).min(tied - 1);
+        let pick =
+            model::rank(&mut ranked, req.request_id).ok_or_else(|| PolicyError::new("no LLM worker in the table"))?;
         let mut decision = Decision::to(ranked[pick].2);
-        decision.fallbacks = ranked
-            .iter()
-            .enumerate()
-            .filter(|(rank, _)| *rank != pick)
-            .take(FALLBACKS)
-            .map(|(_, (_, _, index))| *index as u32)
-            .collect();
+        decision.fallbacks = model::fallbacks(&ranked, pick, FALLBACKS);
         Ok(decision)
     }
 }

@@ -177,3 +177,35 @@ pub fn mix(mut x: u64) -> u64 {
     x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
     x ^ (x >> 31)
 }
+
+/// Costs within this fraction of the lowest one count as equal (float noise, not preference).
+const TIE_TOLERANCE: f64 = 1e-9;
+
+/// Sorts `ranked` (overflows, cost, worker index, anything) best first: workers that fit
+/// before those that would overflow, then by cost, then by index, so that the order of tied
+/// workers is stable; then picks among the workers tied for best by a hash of `request_id`
+/// (policies have no random source, and this keeps equal workers evenly used). Answers the
+/// pick's position, or `None` when `ranked` is empty.
+pub fn rank<T>(ranked: &mut [(bool, f64, usize, T)], request_id: u64) -> Option<usize> {
+    ranked.sort_unstable_by(|a, b| a.0.cmp(&b.0).then(a.1.total_cmp(&b.1)).then(a.2.cmp(&b.2)));
+    let (best_overflows, min) = ranked.first().map(|r| (r.0, r.1))?;
+    let limit = min + TIE_TOLERANCE * min.abs();
+    let tied = ranked
+        .iter()
+        .take_while(|r| r.0 == best_overflows && r.1 <= limit)
+        .count()
+        .max(1);
+    let draw = (mix(request_id) >> 11) as f64 / (1u64 << 53) as f64;
+    Some(((draw * tied as f64) as usize).min(tied - 1))
+}
+
+/// The worker indices of `ranked` after [`rank`], but the pick, best first, at most `count`.
+pub fn fallbacks<T>(ranked: &[(bool, f64, usize, T)], pick: usize, count: usize) -> alloc::vec::Vec<u32> {
+    ranked
+        .iter()
+        .enumerate()
+        .filter(|(position, _)| *position != pick)
+        .take(count)
+        .map(|(_, r)| r.2 as u32)
+        .collect()
+}
