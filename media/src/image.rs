@@ -53,6 +53,37 @@ pub fn probe_image(b: &[u8]) -> Result<MediaInfo, MediaError> {
     Ok(info)
 }
 
+/// What a decoder checks before it inflates a PNG and the header probe does not: every
+/// chunk's CRC-32. A PNG whose headers are sound but whose data was damaged in transit passes
+/// [`probe_image`] and fails here, as it would fail to decode.
+///
+/// # Errors
+///
+/// [`MediaError`] naming the first chunk whose CRC does not match (or the truncation).
+pub fn verify_png_crcs(b: &[u8]) -> Result<(), MediaError> {
+    const C: Container = Container::Png;
+    check_png(b)?;
+    let mut pos = 8usize;
+    while let (Some(len), Some(kind)) = (be32(b, pos), bytes(b, pos + 4, 4)) {
+        let data_end = pos + 8 + len as usize;
+        let (Some(covered), Some(stored)) = (b.get(pos + 4..data_end), be32(b, data_end)) else {
+            break;
+        };
+        if crc32fast::hash(covered) != stored {
+            let kind = String::from_utf8_lossy(kind);
+            return Err(MediaError::malformed(
+                C,
+                format!("the {kind} chunk at byte {pos} fails its CRC: the data is damaged"),
+            ));
+        }
+        if kind == b"IEND" {
+            break;
+        }
+        pos = data_end + 4;
+    }
+    Ok(())
+}
+
 /// PNG: signature, then chunks (length, type, data, CRC) up to and including `IEND`.
 fn check_png(b: &[u8]) -> Result<(), MediaError> {
     const C: Container = Container::Png;
@@ -251,4 +282,21 @@ fn check_webp(b: &[u8]) -> Result<(), MediaError> {
         return Err(MediaError::malformed(C, "no image chunk"));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod integrity_tests {
+    use super::*;
+
+    #[test]
+    fn a_damaged_idat_passes_the_probe_and_fails_the_crc_check() {
+        let png = crate::fixtures::png(16, 16);
+        verify_png_crcs(&png).expect("a sound PNG");
+        let mut damaged = png.clone();
+        // Inside the IDAT chunk's data: after the signature (8), IHDR (25) and IDAT's header (8).
+        damaged[8 + 25 + 8 + 20] ^= 0x55;
+        probe_image(&damaged).expect("the headers are intact");
+        let err = verify_png_crcs(&damaged).expect_err("damaged");
+        assert!(err.to_string().contains("IDAT chunk"), "{err}");
+    }
 }

@@ -40,7 +40,7 @@ mod tests;
 pub use audio::probe_audio;
 pub use data_url::{DataUrl, decode_base64, decode_data_url};
 pub use error::{MediaError, ParseMediaIdError};
-pub use image::probe_image;
+pub use image::{probe_image, verify_png_crcs};
 pub use info::{Container, MediaId, MediaInfo, MediaKind};
 pub use limits::MediaLimits;
 pub use tokens::{

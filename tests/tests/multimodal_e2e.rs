@@ -318,3 +318,55 @@ async fn modality_aware_encodes_on_the_answering_workers_machine() -> anyhow::Re
     );
     Ok(())
 }
+
+/// An image whose headers are sound but whose data is damaged passes the gateway's header
+/// probe and fails to decode at the encoder: that is the client's error, a 400 naming the part
+/// (streamed or not: no response has begun, since the worker waits for the features), not an
+/// encoder failure: no retry elsewhere and no text-only answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn media_that_fails_to_decode_at_the_encoder_is_the_clients_error() -> anyhow::Result<()> {
+    let ca = TestCa::new()?;
+    let config = format!(
+        "mode = \"production\"\n{}\n[embedded_mockers]\ncount = 1\nspeedup = 100.0\nvision_encoders = 2\n",
+        ca.tls_toml()
+    );
+    let gateway = Gateway::start(&config)?;
+    let client = Client::tls(gateway.addr, &ca.ca_der, Alpn::H2, None)?;
+    let mut damaged = fixtures::png(64, 64);
+    // A byte inside the IDAT chunk's data (signature 8, IHDR 25, IDAT header 8).
+    damaged[8 + 25 + 8 + 100] ^= 0xA5;
+    for stream in [false, true] {
+        let parts = json!([
+            text_part("what is it?"),
+            image_part(fixtures::data_url("image/png", &damaged))
+        ]);
+        let reply = client
+            .post_json("/v1/chat/completions", &chat_with_parts(parts, 4, stream))
+            .await?;
+        assert_part_error(&reply, "messages[0].content[1]", "cannot decode");
+        assert!(reply.headers.get("x-switchyard-media").is_none());
+    }
+    let metrics = String::from_utf8(client.send("GET", "/metrics", "").await?.body())?;
+    assert_eq!(
+        metric_sum(
+            &metrics,
+            "switchyard_encoder_items_total",
+            &["outcome=\"decode_error\""]
+        ),
+        2.0,
+        "{metrics}"
+    );
+    assert_eq!(metric_sum(&metrics, "switchyard_encoder_retries_total", &[]), 0.0);
+    assert_eq!(metric_sum(&metrics, "switchyard_media_text_only_total", &[]), 0.0);
+    // The same image undamaged goes through.
+    let parts = json!([
+        text_part("what is it?"),
+        image_part(fixtures::data_url("image/png", &fixtures::png(64, 64)))
+    ]);
+    let reply = client
+        .post_json("/v1/chat/completions", &chat_with_parts(parts, 4, false))
+        .await?;
+    assert_eq!(reply.status, 200);
+    assert!(reply.headers.contains_key("x-switchyard-merge"));
+    Ok(())
+}

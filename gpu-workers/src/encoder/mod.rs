@@ -365,7 +365,13 @@ fn check_item(item: &EncodeItem) -> Result<(), String> {
         MediaKind::Audio => switchyard_media::probe_audio(&bytes, &item.format),
         MediaKind::Video => switchyard_media::probe_video(&bytes),
     };
-    probed.map(|_| ()).map_err(|err| err.to_string())
+    let info = probed.map_err(|err| err.to_string())?;
+    // Decoding checks what the gateway's header probe does not; of that, the simulation checks
+    // what it can without pixels: a PNG's chunk CRCs.
+    if info.container == switchyard_media::Container::Png {
+        switchyard_media::verify_png_crcs(&bytes).map_err(|err| err.to_string())?;
+    }
+    Ok(())
 }
 
 async fn encode(shared: &Arc<Shared>, request: Request<Incoming>) -> Result<Response<Body>, ApiError> {
