@@ -84,6 +84,9 @@ pub struct ServerConfig {
     pub overlap_prefill: bool,
     /// Largest feature push accepted.
     pub max_feature_bytes: usize,
+    /// Multiplies the reference encode time of items this worker encodes itself
+    /// (`encoder = "local"` in the media plan).
+    pub local_encode_scale: f64,
 }
 
 impl Default for ServerConfig {
@@ -101,6 +104,7 @@ impl Default for ServerConfig {
             feature_timeout: Duration::from_secs(30),
             overlap_prefill: true,
             max_feature_bytes: 512 << 20,
+            local_encode_scale: 1.0,
         }
     }
 }

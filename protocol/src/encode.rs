@@ -223,9 +223,18 @@ pub struct PlannedItem {
     pub tokens: u32,
     /// Where its span starts in the prompt, as the gateway computed it.
     pub start: u32,
-    /// The encoder that will push its features.
+    /// The encoder that will push its features, or [`LOCAL_ENCODER`]: the LLM worker encodes
+    /// the item itself.
     pub encoder: String,
+    /// The item's encode time by the reference cost curves, in microseconds: what a worker
+    /// encoding locally spends on it.
+    #[serde(default)]
+    pub estimate_us: u64,
 }
+
+/// The `encoder` of a planned item the LLM worker encodes itself, on its own device and one
+/// item at a time (`[encoders] local`: the deployment without an encoder pool).
+pub const LOCAL_ENCODER: &str = "local";
 
 /// What an LLM worker needs to know about a request's media: the id the features will arrive
 /// under, and one entry per media part in request order.

@@ -370,3 +370,32 @@ async fn media_that_fails_to_decode_at_the_encoder_is_the_clients_error() -> any
     assert!(reply.headers.contains_key("x-switchyard-merge"));
     Ok(())
 }
+
+/// Without an encoder pool (`[encoders] local = true`) each LLM worker encodes its requests'
+/// media itself: the request is answered with its media merged although no encoder exists.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_an_encoder_pool_the_worker_encodes_locally() -> anyhow::Result<()> {
+    let ca = TestCa::new()?;
+    let config = format!(
+        "mode = \"production\"\n{}\n[embedded_mockers]\ncount = 1\nspeedup = 100.0\nvision_encoders = 0\naudio_encoders = 0\n[encoders]\nlocal = true\n",
+        ca.tls_toml()
+    );
+    let gateway = Gateway::start(&config)?;
+    let client = Client::tls(gateway.addr, &ca.ca_der, Alpn::H2, None)?;
+    let audio = audio_part(fixtures::base64(&fixtures::wav(16_000, 1, 2.0)), "wav");
+    let image = image_part(fixtures::data_url("image/png", &fixtures::png(336, 336)));
+    for stream in [false, true] {
+        let parts = json!([text_part("describe both"), image.clone(), audio.clone()]);
+        let reply = client
+            .post_json("/v1/chat/completions", &chat_with_parts(parts, 4, stream))
+            .await?;
+        assert_eq!(reply.status, 200, "{}", String::from_utf8_lossy(&reply.body()));
+        assert!(reply.headers.get("x-switchyard-media").is_none(), "{:?}", reply.headers);
+        let merge = parse_merge(reply.headers["x-switchyard-merge"].to_str()?).expect("a merge report");
+        let lengths: Vec<u32> = merge.1.iter().map(|span| span.end - span.start).collect();
+        assert_eq!(lengths, [576, 50], "the image's and the audio's spans");
+    }
+    let metrics = String::from_utf8(client.send("GET", "/metrics", "").await?.body())?;
+    assert_eq!(metric_sum(&metrics, "switchyard_encoder_items_total", &[]), 0.0);
+    Ok(())
+}

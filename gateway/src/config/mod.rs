@@ -111,6 +111,9 @@ pub struct EncodersConfig {
     /// Send the LLM request only once the media is encoded, instead of at once (the
     /// baseline that encode/prefill overlap is measured against).
     pub blocking: bool,
+    /// No encoder pool: each LLM worker encodes its requests' media itself, on its own
+    /// device, one item at a time (the deployment encoder pools are measured against).
+    pub local: bool,
     /// The batching policy at every encoder queue: a built-in (`mixed-modality`, `fcfs`,
     /// `token-budget`) or a path to a `.wasm` exporting the `batcher` world.
     pub batcher: String,
@@ -127,6 +130,7 @@ impl Default for EncodersConfig {
             deadline_ms: 5,
             timeout_ms: 10_000,
             blocking: false,
+            local: false,
             batcher: "mixed-modality".into(),
             max_batches: 4,
             batcher_config: toml::Table::new(),

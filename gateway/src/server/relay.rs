@@ -27,7 +27,9 @@ use switchyard_protocol::respond::{self, Body};
 
 use switchyard_tokenize::{MediaSlot, media_token};
 
-use switchyard_protocol::encode::{MEDIA_PLAN_HEADER, MERGE_HEADER, MediaPlan, PlannedItem, abandon_path};
+use switchyard_protocol::encode::{
+    LOCAL_ENCODER, MEDIA_PLAN_HEADER, MERGE_HEADER, MediaPlan, PlannedItem, abandon_path, estimate_ms,
+};
 
 use crate::encoders::{self, Verdict};
 use crate::kv::PromptBlocks;
@@ -165,10 +167,27 @@ pub(crate) async fn generate(
         .iter()
         .map(|item| state.encoders.choose(model, item, &[]))
         .collect();
-    // The encoders join the router's table, so a policy may choose them with the worker.
+    // The encoders join the router's table, so a policy may choose them with the worker;
+    // without an encoder pool (`[encoders] local`) each worker encodes its own media.
+    let local = state.encoders.config().local;
     let encoder_rows = match &chosen {
-        Some(_) if !media_items.is_empty() => state.encoders.rows(model, &media_items),
+        Some(_) if !media_items.is_empty() && !local => state.encoders.rows(model, &media_items),
         _ => Vec::new(),
+    };
+    let planned = |request: String, encoders: &mut dyn Iterator<Item = String>| MediaPlan {
+        request,
+        items: media_items
+            .iter()
+            .zip(&spans)
+            .map(|(item, span)| PlannedItem {
+                media_id: item.id(),
+                kind: item.info.kind,
+                tokens: item.tokens,
+                start: span.start,
+                encoder: encoders.next().unwrap_or_default(),
+                estimate_us: (estimate_ms(item.info.kind, item.frames.len(), item.info.duration_s) * 1000.0) as u64,
+            })
+            .collect(),
     };
     let id = router.next_request_id();
     let affinity = router.affinity(|header| parts.headers.get(header).map(|value| value.as_bytes().to_vec()));
@@ -203,23 +222,18 @@ pub(crate) async fn generate(
                 })
                 .collect::<Vec<_>>()
         });
+        let request_key = format!("{:016x}-{id}-{attempt}", router.kv().origin());
         let (outcome, text_only) = match &chosen {
+            _ if local && !media_items.is_empty() => {
+                let plan = planned(request_key, &mut std::iter::repeat(LOCAL_ENCODER.to_string()));
+                let header = serde_json::to_string(&plan).unwrap_or_default();
+                (
+                    attempt_on(state, &worker, endpoint, body.clone(), stream, Some(&header)).await,
+                    None,
+                )
+            }
             Some(chosen) if !media_items.is_empty() => {
-                let plan = MediaPlan {
-                    request: format!("{:016x}-{id}-{attempt}", router.kv().origin()),
-                    items: media_items
-                        .iter()
-                        .zip(chosen)
-                        .zip(&spans)
-                        .map(|((item, encoder), span)| PlannedItem {
-                            media_id: item.id(),
-                            kind: item.info.kind,
-                            tokens: item.tokens,
-                            start: span.start,
-                            encoder: encoder.name.clone(),
-                        })
-                        .collect(),
-                };
+                let plan = planned(request_key, &mut chosen.iter().map(|encoder| encoder.name.clone()));
                 let media = MediaRequest {
                     model,
                     settings: &model_limits.media,

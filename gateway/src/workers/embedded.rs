@@ -75,6 +75,7 @@ pub async fn start(config: &EmbeddedMockers) -> std::io::Result<(EmbeddedFleet, 
         model: config.model.clone(),
         default_max_tokens: config.default_max_tokens,
         overlap_prefill: config.overlap_prefill,
+        local_encode_scale: config.encoder_cost_scale,
         ..ServerConfig::default()
     };
     let engines = mocker::spawn_fleet(config.count, loopback, 0, &engine, &server).await?;

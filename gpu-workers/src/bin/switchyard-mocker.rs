@@ -41,7 +41,8 @@ struct Args {
     /// Encoders: feature cache size in MiB.
     #[arg(long, default_value_t = 1024)]
     feature_cache_mib: u64,
-    /// Encoders: multiplies every encode time of the measured curves.
+    /// Multiplies every encode time of the measured curves (encoders, and LLM workers
+    /// encoding media themselves).
     #[arg(long, default_value_t = 1.0)]
     cost_scale: f64,
     /// Encoders: the token budgets they batch to (comma-separated, ascending).
@@ -161,6 +162,8 @@ async fn run() -> anyhow::Result<()> {
     let server = ServerConfig {
         model: args.model.clone(),
         default_max_tokens: args.default_max_tokens,
+        // LLM workers that encode media themselves take the same cost scale as encoders.
+        local_encode_scale: args.cost_scale,
         ..ServerConfig::default()
     };
     let fleet = mocker::spawn_fleet(args.num_workers, args.host, args.port, &engine, &server)

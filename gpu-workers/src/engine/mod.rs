@@ -218,6 +218,9 @@ pub(crate) enum Submission {
     ClearCache(tokio::sync::oneshot::Sender<usize>),
     /// Nothing to do but plan again (a [`PrefillGate`] opened).
     Wake,
+    /// Hold the device for this long (before speed-up) for other work, such as encoding media
+    /// on the LLM's own device: no step runs meanwhile. Answered when done.
+    Occupy(std::time::Duration, tokio::sync::oneshot::Sender<()>),
 }
 
 /// How far into its prompt a request may be prefilled, raised as its inputs arrive.
@@ -374,6 +377,16 @@ impl EngineHandle {
     /// Makes an idle engine plan again; call it after opening a [`PrefillGate`].
     pub fn wake(&self) {
         let _ = self.submissions.send(Submission::Wake);
+    }
+
+    /// Holds the engine's device for `work` (simulated time, divided by the speed-up) between
+    /// steps, as local media encoding does; returns when it is done (at once if the engine
+    /// has stopped).
+    pub async fn occupy(&self, work: std::time::Duration) {
+        let (done, finished) = tokio::sync::oneshot::channel();
+        if self.submissions.send(Submission::Occupy(work, done)).is_ok() {
+            let _ = finished.await;
+        }
     }
 
     /// The engine's settings.

@@ -201,6 +201,12 @@ impl Scheduler {
                 return;
             }
             Submission::Wake => return,
+            Submission::Occupy(work, done) => {
+                // This is the engine's thread: while it sleeps, no step runs.
+                std::thread::sleep(work.div_f64(self.config.speedup.max(f64::MIN_POSITIVE)));
+                let _ = done.send(());
+                return;
+            }
         };
         let hashes = block_hashes(&submission.prompt, self.config.block_size);
         self.stats.requests.fetch_add(1, Ordering::Relaxed);

@@ -8,13 +8,16 @@
 //! Encoders push each item's features to `POST /v1/features/{request}/{slot}`; when all have
 //! arrived they are staged, merged by the position map, and the gate opens. If the features
 //! arrive with other row counts than planned (an encoder retried with fewer frames) the prompt
-//! is rebuilt with the real counts. If the gateway abandons the media
+//! is rebuilt with the real counts. Items planned with the encoder [`LOCAL_ENCODER`] (a fleet
+//! without an encoder pool) are encoded here, one at a time, holding the engine's device for
+//! their reference encode time. If the gateway abandons the media
 //! (`POST /v1/features/{request}/abandon`), a feature is evicted, or nothing arrives within the
 //! feature timeout, the request is answered from its text alone and says so in
 //! [`MEDIA_HEADER`]. Whatever happens, the request's features are released when it ends.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::{HeaderMap, Request, Response, StatusCode};
@@ -22,8 +25,8 @@ use hyper::body::Incoming;
 use switchyard_media::MediaId;
 use switchyard_protocol::api::{ApiError, GenerateRequest};
 use switchyard_protocol::encode::{
-    FEATURE_DIM_HEADER, MEDIA_HEADER, MEDIA_ID_HEADER, MEDIA_PLAN_HEADER, MERGE_HEADER, MediaPlan, TOKENS_HEADER,
-    format_merge, valid_request_id,
+    FEATURE_DIM_HEADER, LOCAL_ENCODER, MEDIA_HEADER, MEDIA_ID_HEADER, MEDIA_PLAN_HEADER, MERGE_HEADER, MediaPlan,
+    TOKENS_HEADER, format_merge, valid_request_id,
 };
 use switchyard_protocol::respond::{self, Body};
 use switchyard_tokenize::{MediaSlot, PromptEncoder, media_token};
@@ -158,6 +161,7 @@ pub(super) async fn start(
         .engine
         .submit_gated(prompt.tokens.clone(), params.clone(), Some(gate.clone()))
         .map_err(submit_error)?;
+    encode_locally(state, &plan);
     let deadline = tokio::time::Instant::now() + state.config.feature_timeout;
     let failure = loop {
         let readiness = state.features.lock().map_err(|_| poisoned())?.readiness(&plan.request);
@@ -216,6 +220,44 @@ pub(super) async fn start(
         guard: None,
         header: Some((MEDIA_HEADER, format!("text-only; reason={failure}"))),
     })
+}
+
+/// Feature width of the items a worker encodes itself (the simulated encoders' default).
+const LOCAL_FEATURE_DIM: usize = 64;
+
+/// Encodes the plan's items marked [`LOCAL_ENCODER`] on this worker's own engine, one after
+/// another: each holds the device for its reference encode time (no step runs meanwhile, as
+/// when a vision tower shares the LLM's GPU), then its features are delivered as an encoder's
+/// push would be.
+fn encode_locally(state: &Arc<State>, plan: &MediaPlan) {
+    let local: Vec<(usize, MediaId, u32, u64)> = plan
+        .items
+        .iter()
+        .enumerate()
+        .filter(|(_, item)| item.encoder == LOCAL_ENCODER)
+        .map(|(slot, item)| (slot, item.media_id, item.tokens, item.estimate_us))
+        .collect();
+    if local.is_empty() {
+        return;
+    }
+    let state = state.clone();
+    let request = plan.request.clone();
+    tokio::spawn(async move {
+        for (slot, media_id, tokens, estimate_us) in local {
+            let work = Duration::from_micros(estimate_us).mul_f64(state.config.local_encode_scale.max(0.0));
+            state.engine.occupy(work).await;
+            let rows = Bytes::from(vec![0u8; tokens as usize * LOCAL_FEATURE_DIM * 2]);
+            let delivered = state
+                .features
+                .lock()
+                .map(|mut tracker| tracker.deliver(&request, slot, media_id, tokens, rows));
+            match delivered {
+                Ok(Ok(())) => {}
+                Ok(Err(err)) => tracing::warn!(%request, slot, error = %err, "locally encoded features not taken"),
+                Err(_) => tracing::error!(%request, "the feature tracker is poisoned"),
+            }
+        }
+    });
 }
 
 /// Stages and merges a request's arrived features, waiting for staging room until the
