@@ -24,7 +24,7 @@ pub mod weights;
 
 pub use config::{ModelConfig, RopeScaling};
 pub use engine::{CpuExecutor, kv_block_bytes, spawn_cpu_engine};
-pub use model::{Chunk, ForwardError, Logits, Model, PagedKv, SequenceKv};
+pub use model::{Chunk, ForwardError, Logits, MediaRows, Model, PagedKv, SequenceKv};
 pub use switchyard_workers::engine::sampling::{FinishReason, Sampler, SamplingError, SamplingParams};
 
 /// Why a model directory could not be loaded.

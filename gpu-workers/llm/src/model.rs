@@ -156,9 +156,32 @@ fn parallelism(m: usize, n: usize, k: usize) -> gemm::Parallelism {
     }
 }
 
+/// Feature rows that stand in for a media item's placeholder tokens in a forward pass.
+#[derive(Debug, Clone, Copy)]
+pub struct MediaRows<'a> {
+    /// The first placeholder's offset within the chunk.
+    pub offset: usize,
+    /// `[len, hidden_size]` row-major: one row per placeholder.
+    pub rows: &'a [f32],
+}
+
 /// Why a forward pass was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ForwardError {
+    /// Media rows that do not fit their chunk.
+    #[error(
+        "media rows at offset {offset} ({values} values, hidden size {hidden}) do not fit a chunk of {tokens} tokens"
+    )]
+    MediaOutOfRange {
+        /// Where the rows were to start.
+        offset: usize,
+        /// How many values they hold.
+        values: usize,
+        /// The model's hidden size.
+        hidden: usize,
+        /// The chunk's length.
+        tokens: usize,
+    },
     /// No tokens.
     #[error("the prompt is empty")]
     Empty,
@@ -359,6 +382,75 @@ impl Model {
         Ok(logits.pop().unwrap_or_default())
     }
 
+    /// Loads the language model of a LLaVA-style vision-language checkpoint (`config.json` with
+    /// `model_type` `llava` and a Llama/Qwen2 `text_config`; the decoder's tensors under either
+    /// of the layouts [`Renamed::language_model`](super::weights::Renamed::language_model) knows). Images reach it as feature rows at
+    /// their placeholder positions ([`Model::forward_with_media`]); the vision tower and
+    /// projector run on an encoder.
+    ///
+    /// # Errors
+    ///
+    /// A [`LoadError`] naming the file and the key or tensor.
+    pub fn load_language_model(dir: &Path) -> Result<Model, LoadError> {
+        let path = dir.join("config.json");
+        let text = std::fs::read_to_string(&path).map_err(|err| LoadError::Missing {
+            path: path.clone(),
+            reason: err.to_string(),
+        })?;
+        let bad = |key: &str, reason: String| LoadError::Config {
+            path: path.clone(),
+            key: key.into(),
+            reason,
+        };
+        let value: serde_json::Value = serde_json::from_str(&text).map_err(|err| bad("(file)", err.to_string()))?;
+        let model_type = value.get("model_type").and_then(|v| v.as_str()).unwrap_or_default();
+        if model_type != "llava" {
+            return Err(bad("model_type", format!("`{model_type}` is not `llava`")));
+        }
+        let text_config = value
+            .get("text_config")
+            .filter(|v| v.is_object())
+            .ok_or_else(|| bad("text_config", "missing".into()))?;
+        let config = ModelConfig::parse(&text_config.to_string(), &path).map_err(|err| match err {
+            LoadError::Config { path, key, reason } => LoadError::Config {
+                path,
+                key: format!("text_config.{key}"),
+                reason,
+            },
+            other => other,
+        })?;
+        let weights = Weights::open(dir)?;
+        Model::from_weights(config, &super::weights::Renamed::language_model(&weights))
+    }
+
+    /// As [`Model::forward`], with media: each [`MediaRows`] replaces the embeddings of the
+    /// placeholder tokens at its offset with its feature rows (LLaVA's merge: text rows from the
+    /// embedding table, media spans from the encoder), then the decoder runs as for text.
+    ///
+    /// # Errors
+    ///
+    /// As [`Model::forward`], and [`ForwardError::MediaOutOfRange`] for rows that do not fit.
+    pub fn forward_with_media(&self, tokens: &[u32], media: &[MediaRows<'_>]) -> Result<Vec<f32>, ForwardError> {
+        if tokens.is_empty() {
+            return Err(ForwardError::Empty);
+        }
+        let mut kv = PagedKv::new(&self.config, tokens.len(), 1);
+        let mut sequence = SequenceKv {
+            blocks: vec![0],
+            computed: 0,
+        };
+        let mut logits = self.forward_batch_with_media(
+            &mut kv,
+            &mut [Chunk {
+                sequence: &mut sequence,
+                tokens,
+            }],
+            &[media],
+            Logits::All,
+        )?;
+        Ok(logits.pop().unwrap_or_default())
+    }
+
     /// Computes one engine step: for each chunk, its tokens at positions
     /// `sequence.computed..` of its sequence, attending to everything the sequence has in the
     /// cache before them. Projections and the MLP run once over the rows of every chunk
@@ -375,6 +467,25 @@ impl Model {
         &self,
         kv: &mut PagedKv,
         chunks: &mut [Chunk<'_>],
+        wanted: Logits,
+    ) -> Result<Vec<Vec<f32>>, ForwardError> {
+        self.forward_batch_with_media(kv, chunks, &[], wanted)
+    }
+
+    /// [`Model::forward_batch`] with media rows: `media[i]` (absent for chunks past its end)
+    /// lists the feature rows replacing placeholder embeddings in chunk `i`, at offsets within
+    /// the chunk. A media span split over two prefill chunks is given to each as the rows that
+    /// fall in it.
+    ///
+    /// # Errors
+    ///
+    /// As [`Model::forward_batch`], and [`ForwardError::MediaOutOfRange`] for rows that do not
+    /// fit the chunk or are not whole rows of the hidden size; nothing is written then.
+    pub fn forward_batch_with_media(
+        &self,
+        kv: &mut PagedKv,
+        chunks: &mut [Chunk<'_>],
+        media: &[&[MediaRows<'_>]],
         wanted: Logits,
     ) -> Result<Vec<Vec<f32>>, ForwardError> {
         let c = &self.config;
@@ -417,6 +528,23 @@ impl Model {
                 x.extend_from_slice(&self.embed[row * h..(row + 1) * h]);
                 positions.push(chunk.sequence.computed + offset);
             }
+        }
+        let mut chunk_start = 0;
+        for (index, chunk) in chunks.iter().enumerate() {
+            for span in media.get(index).copied().unwrap_or_default() {
+                let len = span.rows.len() / h;
+                if span.rows.len() % h != 0 || len == 0 || span.offset + len > chunk.tokens.len() {
+                    return Err(ForwardError::MediaOutOfRange {
+                        offset: span.offset,
+                        values: span.rows.len(),
+                        hidden: h,
+                        tokens: chunk.tokens.len(),
+                    });
+                }
+                let start = (chunk_start + span.offset) * h;
+                x[start..start + span.rows.len()].copy_from_slice(span.rows);
+            }
+            chunk_start += chunk.tokens.len();
         }
         for (index, layer) in self.layers.iter().enumerate() {
             let normed = rms_norm(&x, &layer.input_norm, c.rms_norm_eps);

@@ -38,6 +38,56 @@ impl TensorSource for Weights {
     }
 }
 
+/// A checkpoint whose decoder lives under another prefix: a vision-language model's language
+/// model (`language_model.model.…` and `language_model.lm_head.weight` in LLaVA checkpoints,
+/// `model.language_model.…` and `lm_head.weight` as transformers 5 saves them), read by the
+/// decoder's own names (`model.…`, `lm_head.weight`).
+#[derive(Debug)]
+pub struct Renamed<'a, S: TensorSource> {
+    inner: &'a S,
+    body: String,
+    head: String,
+}
+
+impl<'a, S: TensorSource> Renamed<'a, S> {
+    /// The language model of a LLaVA-style checkpoint, whichever of the two layouts it uses.
+    pub fn language_model(inner: &'a S) -> Renamed<'a, S> {
+        if inner.contains("model.language_model.embed_tokens.weight") {
+            Renamed {
+                inner,
+                body: "model.language_model.".into(),
+                head: "lm_head.weight".into(),
+            }
+        } else {
+            Renamed {
+                inner,
+                body: "language_model.model.".into(),
+                head: "language_model.lm_head.weight".into(),
+            }
+        }
+    }
+
+    fn rename(&self, name: &str) -> String {
+        if name == "lm_head.weight" {
+            self.head.clone()
+        } else if let Some(rest) = name.strip_prefix("model.") {
+            format!("{}{rest}", self.body)
+        } else {
+            name.to_string()
+        }
+    }
+}
+
+impl<S: TensorSource> TensorSource for Renamed<'_, S> {
+    fn contains(&self, name: &str) -> bool {
+        self.inner.contains(&self.rename(name))
+    }
+
+    fn f32(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>, LoadError> {
+        self.inner.f32(&self.rename(name), shape)
+    }
+}
+
 /// One mapped weight file.
 struct WeightFile {
     path: PathBuf,
