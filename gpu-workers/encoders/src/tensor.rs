@@ -184,3 +184,11 @@ pub(crate) fn weights_error(path: &Path, tensor: &str, reason: String) -> LoadEr
         reason,
     }
 }
+
+/// `values` as little-endian f16 bytes (round to nearest even): the wire form of feature rows.
+pub fn to_f16_le(values: &[f32]) -> Vec<u8> {
+    values
+        .iter()
+        .flat_map(|&v| half::f16::from_f32(v).to_le_bytes())
+        .collect()
+}

@@ -55,6 +55,21 @@ impl FeatureCache {
         }
     }
 
+    /// The features of `id` whatever their row count, if cached (a native encoder's rows are
+    /// the model's own count, which the gateway's estimate may not match).
+    pub fn get_any(&mut self, id: MediaId) -> Option<Cached> {
+        match self.entries.get(&id) {
+            Some(cached) => {
+                self.hits += 1;
+                Some(cached.clone())
+            }
+            None => {
+                self.misses += 1;
+                None
+            }
+        }
+    }
+
     /// Caches `id`'s features, evicting the least recently used until they fit; returns the
     /// events that announce the change. Features larger than the whole budget are not kept.
     pub fn insert(&mut self, id: MediaId, cached: Cached, events: &mut Vec<KvEvent>) {

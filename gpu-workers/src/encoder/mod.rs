@@ -11,8 +11,14 @@
 //! cached, announced as KV events, and pushed to the LLM worker each item names; the answer
 //! lists each item's outcome in batch order. Fault injection (every n-th encode fails; videos
 //! over a frame count run out of memory) lets tests exercise the gateway's retries.
+//!
+//! The same server runs real encoders: given an [`EncodeDevice`] (`switchyard-encoder`'s
+//! native models), each pass runs the device on a blocking thread instead of the simulated
+//! clock, and the features pushed are the model's, with its own row counts.
 
 pub mod cache;
+#[cfg(feature = "native-encoders")]
+pub mod native;
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -45,7 +51,20 @@ use cache::{Cached, FeatureCache};
 /// How long pushing one item's features to an LLM worker may take.
 const DELIVERY_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// Settings of one simulated encoder.
+/// What runs a micro-batch when the encoder is not simulated: a native model.
+pub trait EncodeDevice: std::fmt::Debug + Send + Sync + 'static {
+    /// Encodes `items` (every one with its bytes, every one of this encoder's role) in one
+    /// pass, on the calling (blocking) thread. One result per item, in order: its features
+    /// (`rows × feature_dim` little-endian f16 values), the row count and the item's share of
+    /// the pass in milliseconds, or why it failed (a decode failure is
+    /// [`ItemStatus::DecodeError`]: the client's error).
+    fn encode(&self, items: &[EncodeItem]) -> Vec<Encoded>;
+
+    /// Width of a feature row.
+    fn feature_dim(&self) -> usize;
+}
+
+/// Settings of one encoder (simulated unless `device` is set).
 #[derive(Debug, Clone)]
 pub struct EncoderConfig {
     /// `vision` (images and video) or `audio`.
@@ -71,6 +90,8 @@ pub struct EncoderConfig {
     /// The numbered event log a gateway resyncs from (`GET /kv/dump`), when the encoder
     /// publishes its events over HTTP.
     pub kv_log: Option<Arc<Mutex<EventLog>>>,
+    /// A native device to run the passes on; `None` simulates one.
+    pub device: Option<Arc<dyn EncodeDevice>>,
 }
 
 impl Default for EncoderConfig {
@@ -87,6 +108,7 @@ impl Default for EncoderConfig {
             fail_every: None,
             oom_above_frames: None,
             kv_log: None,
+            device: None,
         }
     }
 }
@@ -150,11 +172,11 @@ pub struct EncoderStats {
     pub queued: AtomicU64,
 }
 
-/// An item's features and encode milliseconds, or its failure and why.
-type Encoded = Result<(Bytes, f64), (ItemStatus, String)>;
+/// An item's features, their rows and its encode milliseconds, or its failure and why.
+pub type Encoded = Result<(Bytes, u32, f64), (ItemStatus, String)>;
 
 /// As [`Encoded`], and whether the features came from the cache.
-type Served = Result<(Bytes, f64, bool), (ItemStatus, String)>;
+type Served = Result<(Bytes, u32, f64, bool), (ItemStatus, String)>;
 
 struct Pass {
     items: Vec<EncodeItem>,
@@ -179,6 +201,13 @@ impl std::fmt::Debug for Shared {
 }
 
 impl Shared {
+    fn feature_dim(&self) -> usize {
+        self.config
+            .device
+            .as_ref()
+            .map_or(self.config.feature_dim, |device| device.feature_dim())
+    }
+
     fn announce(&self, events: Vec<KvEvent>) {
         if events.is_empty() {
             return;
@@ -290,6 +319,35 @@ async fn run_device(shared: Arc<Shared>, mut passes: mpsc::UnboundedReceiver<Pas
     let mut encoded: u64 = 0;
     while let Some(pass) = passes.recv().await {
         let started = Instant::now();
+        if let Some(device) = &config.device {
+            let device = device.clone();
+            let items = pass.items.clone();
+            let results = tokio::task::spawn_blocking(move || device.encode(&items))
+                .await
+                .unwrap_or_else(|err| {
+                    vec![Err((ItemStatus::Failed, format!("the encoder device panicked: {err}"))); pass.items.len()]
+                });
+            let mut events = Vec::new();
+            if let Ok(mut cache) = shared.cache.lock() {
+                for (item, result) in pass.items.iter().zip(&results) {
+                    if let Ok((data, tokens, _)) = result {
+                        let cached = Cached {
+                            tokens: *tokens,
+                            data: data.clone(),
+                        };
+                        cache.insert(item.media_id, cached, &mut events);
+                    }
+                }
+            }
+            shared.announce(events);
+            shared.stats.passes.fetch_add(1, Ordering::Relaxed);
+            shared
+                .stats
+                .busy_nanos
+                .fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
+            let _ = pass.reply.send(results);
+            continue;
+        }
         let items: Vec<&EncodeItem> = pass.items.iter().collect();
         let (total_ms, shares) = batch_cost_ms(&items);
         let scale = config.cost_scale / config.speedup;
@@ -323,7 +381,7 @@ async fn run_device(shared: Arc<Shared>, mut passes: mpsc::UnboundedReceiver<Pas
                     &mut events,
                 );
             }
-            results.push(Ok((features, share * config.cost_scale)));
+            results.push(Ok((features, item.tokens, share * config.cost_scale)));
         }
         shared.announce(events);
         shared.stats.passes.fetch_add(1, Ordering::Relaxed);
@@ -402,13 +460,16 @@ async fn encode(shared: &Arc<Shared>, request: Request<Incoming>) -> Result<Resp
             results[index] = Some(Err((ItemStatus::DecodeError, reason)));
             continue;
         }
-        let hit = shared
-            .cache
-            .lock()
-            .ok()
-            .and_then(|mut cache| cache.get(item.media_id, item.tokens));
+        let native = shared.config.device.is_some();
+        let hit = shared.cache.lock().ok().and_then(|mut cache| {
+            if native {
+                cache.get_any(item.media_id)
+            } else {
+                cache.get(item.media_id, item.tokens)
+            }
+        });
         match (hit, &item.data) {
-            (Some(cached), _) => results[index] = Some(Ok((cached.data, 0.0, true))),
+            (Some(cached), _) => results[index] = Some(Ok((cached.data, cached.tokens, 0.0, true))),
             (None, None) => {
                 results[index] = Some(Err((
                     ItemStatus::NotCached,
@@ -431,7 +492,7 @@ async fn encode(shared: &Arc<Shared>, request: Request<Incoming>) -> Result<Resp
         match outcomes {
             Some(outcomes) => {
                 for (&index, outcome) in misses.iter().zip(outcomes) {
-                    results[index] = Some(outcome.map(|(data, ms)| (data, ms, false)));
+                    results[index] = Some(outcome.map(|(data, tokens, ms)| (data, tokens, ms, false)));
                 }
             }
             None => {
@@ -443,14 +504,14 @@ async fn encode(shared: &Arc<Shared>, request: Request<Incoming>) -> Result<Resp
     }
     let deliveries = batch.items.iter().zip(results).map(|(item, result)| async move {
         match result {
-            Some(Ok((data, ms, cached))) => {
+            Some(Ok((data, tokens, ms, cached))) => {
                 let status = if cached {
                     ItemStatus::Cached
                 } else {
                     ItemStatus::Encoded
                 };
-                match deliver(shared, item, data).await {
-                    Ok(()) => outcome(item, status, item.tokens, ms, None),
+                match deliver(shared, item, data, tokens).await {
+                    Ok(()) => outcome(item, status, tokens, ms, None),
                     Err(reason) => outcome(item, ItemStatus::DeliveryFailed, 0, ms, Some(reason)),
                 }
             }
@@ -487,7 +548,7 @@ fn outcome(item: &EncodeItem, status: ItemStatus, tokens: u32, encode_ms: f64, m
 }
 
 /// Pushes an item's features to the LLM worker it names.
-async fn deliver(shared: &Shared, item: &EncodeItem, data: Bytes) -> Result<(), String> {
+async fn deliver(shared: &Shared, item: &EncodeItem, data: Bytes, tokens: u32) -> Result<(), String> {
     let target = &item.deliver;
     let url = format!(
         "{}{}",
@@ -497,8 +558,8 @@ async fn deliver(shared: &Shared, item: &EncodeItem, data: Bytes) -> Result<(), 
     let request = Request::post(&url)
         .header(http::header::CONTENT_TYPE, "application/octet-stream")
         .header(MEDIA_ID_HEADER, item.media_id.to_string())
-        .header(TOKENS_HEADER, item.tokens.to_string())
-        .header(FEATURE_DIM_HEADER, shared.config.feature_dim.to_string())
+        .header(TOKENS_HEADER, tokens.to_string())
+        .header(FEATURE_DIM_HEADER, shared.feature_dim().to_string())
         .body(Full::new(data))
         .map_err(|err| format!("bad delivery URL `{url}`: {err}"))?;
     let response = tokio::time::timeout(DELIVERY_TIMEOUT, shared.client.request(request))

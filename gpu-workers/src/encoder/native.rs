@@ -1,0 +1,300 @@
+//! The native encode device: real models from `switchyard-encoders` behind the encoder
+//! server, for `switchyard-encoder`.
+//!
+//! A vision device is a LLaVA-style checkpoint (or a bare CLIP/SigLIP model) with its
+//! `preprocessor_config.json`: each image of a pass is decoded and preprocessed as the
+//! processor says, and all of them go through the tower (and projector) as one micro-batch.
+//! An audio device is a Whisper checkpoint (a Hugging Face directory, or a CTranslate2
+//! `model.bin`): each clip is decoded, resampled to 16 kHz and cut into 30 s windows, every
+//! window of the pass is one row of the batched forward, and a clip's features are its windows'
+//! pooled rows (25 per second of audio) end to end. Features go out as f16 rows of the model's
+//! width, with the model's own row count. Bytes that do not decode are the client's error
+//! ([`ItemStatus::DecodeError`]); video is refused with a clear error until H.264 decoding
+//! lands.
+
+use std::path::Path;
+use std::time::Instant;
+
+use bytes::Bytes;
+use switchyard_encoders::audio;
+use switchyard_encoders::image::{ImageProcessor, PixelValues};
+use switchyard_encoders::mel::{LogMel, MelConfig};
+use switchyard_encoders::tensor::to_f16_le;
+use switchyard_encoders::vit::VisionEncoder;
+use switchyard_encoders::whisper::WhisperEncoder;
+use switchyard_encoders::{LoadError, MediaError};
+use switchyard_media::{MediaId, MediaKind};
+use switchyard_protocol::Role;
+use switchyard_protocol::encode::{EncodeItem, ItemStatus};
+
+use super::{EncodeDevice, Encoded};
+
+/// The longest clip an audio device takes, in seconds (20 windows of 30 s).
+pub const MAX_AUDIO_SECONDS: f64 = 600.0;
+
+enum Model {
+    Vision {
+        encoder: VisionEncoder,
+        processor: ImageProcessor,
+    },
+    Audio {
+        encoder: WhisperEncoder,
+        mel: LogMel,
+    },
+}
+
+/// A loaded model that encodes passes of media items.
+pub struct NativeDevice {
+    model: Model,
+}
+
+impl std::fmt::Debug for NativeDevice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NativeDevice")
+            .field("role", &self.role())
+            .field("feature_dim", &self.feature_dim())
+            .finish()
+    }
+}
+
+impl NativeDevice {
+    /// Loads `path`: a CTranslate2 Whisper `model.bin`, or a directory whose `config.json`
+    /// says `whisper` (audio) or a vision model (`llava`, `clip`, `siglip`, …; its
+    /// `preprocessor_config.json` is required).
+    ///
+    /// # Errors
+    ///
+    /// A [`LoadError`] naming the file and the key or tensor.
+    pub fn load(path: &Path) -> Result<NativeDevice, LoadError> {
+        if path.is_file() {
+            let encoder = WhisperEncoder::load_ct2(path)?;
+            let mel = LogMel::new(MelConfig {
+                n_mels: encoder.config().n_mels,
+                ..MelConfig::default()
+            });
+            return Ok(NativeDevice {
+                model: Model::Audio { encoder, mel },
+            });
+        }
+        let config_path = path.join("config.json");
+        let text = std::fs::read_to_string(&config_path).map_err(|err| LoadError::Missing {
+            path: config_path.clone(),
+            reason: err.to_string(),
+        })?;
+        let value: serde_json::Value = serde_json::from_str(&text).map_err(|err| LoadError::Config {
+            path: config_path.clone(),
+            key: "(file)".into(),
+            reason: err.to_string(),
+        })?;
+        let processor_path = path.join("preprocessor_config.json");
+        if value.get("model_type").and_then(|v| v.as_str()) == Some("whisper") {
+            let encoder = WhisperEncoder::load(path)?;
+            let mel_config = if processor_path.is_file() {
+                MelConfig::from_file(&processor_path)?
+            } else {
+                MelConfig {
+                    n_mels: encoder.config().n_mels,
+                    ..MelConfig::default()
+                }
+            };
+            if mel_config.n_mels != encoder.config().n_mels {
+                return Err(LoadError::Config {
+                    path: processor_path,
+                    key: "feature_size".into(),
+                    reason: format!(
+                        "{} mel bins, the encoder takes {}",
+                        mel_config.n_mels,
+                        encoder.config().n_mels
+                    ),
+                });
+            }
+            if mel_config.frames() != encoder.config().input_frames() {
+                return Err(LoadError::Config {
+                    path: processor_path,
+                    key: "chunk_length".into(),
+                    reason: format!(
+                        "{} frames per window, the encoder takes {}",
+                        mel_config.frames(),
+                        encoder.config().input_frames()
+                    ),
+                });
+            }
+            return Ok(NativeDevice {
+                model: Model::Audio {
+                    encoder,
+                    mel: LogMel::new(mel_config),
+                },
+            });
+        }
+        let encoder = VisionEncoder::load(path)?;
+        let processor = ImageProcessor::from_file(&processor_path)?;
+        Ok(NativeDevice {
+            model: Model::Vision { encoder, processor },
+        })
+    }
+
+    /// `vision` or `audio`.
+    pub fn role(&self) -> Role {
+        match self.model {
+            Model::Vision { .. } => Role::Vision,
+            Model::Audio { .. } => Role::Audio,
+        }
+    }
+
+    /// Rows one image of `height × width` pixels becomes (after preprocessing), for a vision
+    /// device.
+    pub fn tokens_per_image(&self, height: u32, width: u32) -> Option<usize> {
+        match &self.model {
+            Model::Vision { encoder, processor } => {
+                let (h, w) = processor.output_size(height, width);
+                Some(encoder.tokens_per_image(h as usize, w as usize))
+            }
+            Model::Audio { .. } => None,
+        }
+    }
+}
+
+fn bytes_of(item: &EncodeItem) -> Result<Vec<u8>, (ItemStatus, String)> {
+    let data = item
+        .data
+        .as_deref()
+        .ok_or_else(|| (ItemStatus::NotCached, "no bytes for the item".to_string()))?;
+    let bytes = switchyard_media::decode_base64(data).map_err(|err| (ItemStatus::DecodeError, err.to_string()))?;
+    let id = MediaId::of(&bytes);
+    if id != item.media_id {
+        return Err((
+            ItemStatus::DecodeError,
+            format!("the bytes hash to {id}, not {}", item.media_id),
+        ));
+    }
+    Ok(bytes)
+}
+
+/// Bytes that pass the gateway's header checks but do not decode (or decode to more than the
+/// device takes) are the client's error.
+fn media_error(err: MediaError) -> (ItemStatus, String) {
+    (ItemStatus::DecodeError, err.to_string())
+}
+
+impl NativeDevice {
+    fn encode_images(
+        &self,
+        encoder: &VisionEncoder,
+        processor: &ImageProcessor,
+        items: &[EncodeItem],
+    ) -> Vec<Encoded> {
+        let started = Instant::now();
+        let mut results: Vec<Option<Encoded>> = vec![None; items.len()];
+        let mut pixels: Vec<(usize, PixelValues)> = Vec::new();
+        for (index, item) in items.iter().enumerate() {
+            let prepared = match item.kind {
+                MediaKind::Image => bytes_of(item).and_then(|bytes| processor.preprocess(&bytes).map_err(media_error)),
+                MediaKind::Video => Err((
+                    ItemStatus::Failed,
+                    "video is not supported by switchyard-encoder yet (no H.264 decoder)".to_string(),
+                )),
+                MediaKind::Audio => Err((ItemStatus::Failed, "a vision encoder does not encode audio".to_string())),
+            };
+            match prepared {
+                Ok(values) => pixels.push((index, values)),
+                Err(err) => results[index] = Some(Err(err)),
+            }
+        }
+        if !pixels.is_empty() {
+            let batch: Vec<&PixelValues> = pixels.iter().map(|(_, p)| p).collect();
+            match encoder.encode(&batch) {
+                Ok(features) => {
+                    let share = started.elapsed().as_secs_f64() * 1e3 / pixels.len() as f64;
+                    for (k, (index, _)) in pixels.iter().enumerate() {
+                        let rows = features.tokens[k] as u32;
+                        results[*index] = Some(Ok((Bytes::from(to_f16_le(features.item(k))), rows, share)));
+                    }
+                }
+                Err(err) => {
+                    for (index, _) in &pixels {
+                        results[*index] = Some(Err((ItemStatus::Failed, err.to_string())));
+                    }
+                }
+            }
+        }
+        results
+            .into_iter()
+            .map(|r| r.unwrap_or_else(|| Err((ItemStatus::Failed, "not processed".into()))))
+            .collect()
+    }
+
+    fn encode_audio(&self, encoder: &WhisperEncoder, mel: &LogMel, items: &[EncodeItem]) -> Vec<Encoded> {
+        let started = Instant::now();
+        let rate = mel.config().sampling_rate;
+        let window = mel.config().samples();
+        let mut results: Vec<Option<Encoded>> = vec![None; items.len()];
+        // Per item: its windows' (mel, seconds).
+        let mut windows: Vec<(usize, Vec<f32>, f64)> = Vec::new();
+        for (index, item) in items.iter().enumerate() {
+            if item.kind != MediaKind::Audio {
+                results[index] = Some(Err((
+                    ItemStatus::Failed,
+                    format!("an audio encoder does not encode {}", item.kind),
+                )));
+                continue;
+            }
+            let decoded = bytes_of(item)
+                .and_then(|bytes| audio::decode(&bytes, MAX_AUDIO_SECONDS).map_err(media_error))
+                .and_then(|waveform| audio::resample(&waveform, rate).map_err(media_error));
+            match decoded {
+                Ok(waveform) => {
+                    for chunk in waveform.samples.chunks(window) {
+                        windows.push((index, mel.compute(chunk), chunk.len() as f64 / rate as f64));
+                    }
+                }
+                Err(err) => results[index] = Some(Err(err)),
+            }
+        }
+        if !windows.is_empty() {
+            let mels: Vec<&[f32]> = windows.iter().map(|(_, m, _)| m.as_slice()).collect();
+            let seconds: Vec<f64> = windows.iter().map(|(_, _, s)| *s).collect();
+            match encoder.audio_features(&mels, &seconds) {
+                Ok(features) => {
+                    let share = started.elapsed().as_secs_f64() * 1e3 / windows.len() as f64;
+                    let dim = encoder.config().d_model;
+                    let mut per_item: Vec<(Vec<f32>, f64)> = vec![(Vec::new(), 0.0); items.len()];
+                    for ((index, _, _), rows) in windows.iter().zip(features) {
+                        per_item[*index].0.extend_from_slice(&rows);
+                        per_item[*index].1 += share;
+                    }
+                    for (index, (rows, ms)) in per_item.into_iter().enumerate() {
+                        if results[index].is_none() && !rows.is_empty() {
+                            let count = (rows.len() / dim) as u32;
+                            results[index] = Some(Ok((Bytes::from(to_f16_le(&rows)), count, ms)));
+                        }
+                    }
+                }
+                Err(err) => {
+                    for (index, _, _) in &windows {
+                        results[*index] = Some(Err((ItemStatus::Failed, err.to_string())));
+                    }
+                }
+            }
+        }
+        results
+            .into_iter()
+            .map(|r| r.unwrap_or_else(|| Err((ItemStatus::Failed, "not processed".into()))))
+            .collect()
+    }
+}
+
+impl EncodeDevice for NativeDevice {
+    fn encode(&self, items: &[EncodeItem]) -> Vec<Encoded> {
+        match &self.model {
+            Model::Vision { encoder, processor } => self.encode_images(encoder, processor, items),
+            Model::Audio { encoder, mel } => self.encode_audio(encoder, mel, items),
+        }
+    }
+
+    fn feature_dim(&self) -> usize {
+        match &self.model {
+            Model::Vision { encoder, .. } => encoder.feature_dim(),
+            Model::Audio { encoder, .. } => encoder.config().d_model,
+        }
+    }
+}

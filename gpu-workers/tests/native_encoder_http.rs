@@ -1,0 +1,267 @@
+//! `switchyard-encoder` over HTTP with real models: the tiny LLaVA's vision tower and the tiny
+//! Whisper from `tests/fixtures/encoders`. A batch goes in as the gateway sends it; the
+//! features pushed to the (stand-in) LLM worker must be exactly what the library computes for
+//! the same bytes, in f16 rows of the model's width and row count; bad bytes are the client's
+//! error, video is refused with a clear message, a repeat is served from the feature cache, the
+//! metrics count all of it, and SIGTERM ends the process cleanly.
+
+mod common;
+
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpListener};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use switchyard_encoders::audio;
+use switchyard_encoders::image::ImageProcessor;
+use switchyard_encoders::mel::{LogMel, MelConfig};
+use switchyard_encoders::tensor::to_f16_le;
+use switchyard_encoders::vit::VisionEncoder;
+use switchyard_encoders::whisper::WhisperEncoder;
+use switchyard_media::{MediaId, MediaKind};
+use switchyard_protocol::encode::{Delivery, EncodeBatch, EncodeItem, EncodeReply, ItemStatus};
+
+fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/encoders")
+        .join(name)
+}
+
+/// One pushed feature body: its path, headers and bytes.
+#[derive(Debug, Clone)]
+struct Push {
+    path: String,
+    headers: HashMap<String, String>,
+    body: Vec<u8>,
+}
+
+/// A stand-in LLM worker that takes feature pushes and records them.
+fn receiver() -> (SocketAddr, Arc<Mutex<Vec<Push>>>) {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let pushes = Arc::new(Mutex::new(Vec::new()));
+    let sink = pushes.clone();
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { continue };
+            let mut reader = BufReader::new(stream.try_clone().expect("clone"));
+            let mut line = String::new();
+            if reader.read_line(&mut line).is_err() {
+                continue;
+            }
+            let path = line.split_whitespace().nth(1).unwrap_or_default().to_string();
+            let mut headers = HashMap::new();
+            loop {
+                let mut header = String::new();
+                if reader.read_line(&mut header).is_err() || header.trim().is_empty() {
+                    break;
+                }
+                if let Some((name, value)) = header.split_once(':') {
+                    headers.insert(name.trim().to_ascii_lowercase(), value.trim().to_string());
+                }
+            }
+            let len: usize = headers.get("content-length").and_then(|v| v.parse().ok()).unwrap_or(0);
+            let mut body = vec![0u8; len];
+            if reader.read_exact(&mut body).is_err() {
+                continue;
+            }
+            sink.lock().expect("lock").push(Push { path, headers, body });
+            let _ = stream.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\nconnection: close\r\n\r\n");
+        }
+    });
+    (addr, pushes)
+}
+
+fn item(bytes: &[u8], kind: MediaKind, format: &str, worker: SocketAddr, slot: usize, with_data: bool) -> EncodeItem {
+    EncodeItem {
+        media_id: MediaId::of(bytes),
+        kind,
+        tokens: 16,
+        frames: if kind == MediaKind::Video {
+            vec![0, 1]
+        } else {
+            Vec::new()
+        },
+        duration_s: 0.0,
+        format: format.into(),
+        data: with_data.then(|| switchyard_media::fixtures::base64(bytes)),
+        deliver: Delivery {
+            url: format!("http://{worker}"),
+            request: "req-1".into(),
+            slot,
+        },
+    }
+}
+
+fn post_batch(encoder: SocketAddr, items: Vec<EncodeItem>) -> EncodeReply {
+    let body = serde_json::to_string(&EncodeBatch { items }).expect("batch");
+    let (status, reply) = common::post(encoder, "/v1/encode", &body);
+    assert_eq!(status, 200, "{reply}");
+    serde_json::from_str(&reply).expect("reply")
+}
+
+fn metric(text: &str, name: &str) -> f64 {
+    text.lines()
+        .find(|line| line.starts_with(name) && line[name.len()..].starts_with([' ', '{']))
+        .and_then(|line| line.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no {name} in:\n{text}"))
+}
+
+fn sigterm(running: &mut common::Running) {
+    let pid = running.0.id().to_string();
+    let status = std::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .expect("kill");
+    assert!(status.success());
+    let exit = running.0.wait().expect("wait");
+    assert!(exit.success(), "exit status {exit}");
+}
+
+#[test]
+fn vision_encoder_pushes_the_models_features() {
+    let (worker, pushes) = receiver();
+    let model = fixture("tiny-llava");
+    let mut encoder = common::start(
+        env!("CARGO_BIN_EXE_switchyard-encoder"),
+        &[
+            "--model",
+            model.to_str().expect("utf-8"),
+            "--port",
+            "0",
+            "--served-model-name",
+            "tiny-llava",
+        ],
+        "encoder ready",
+    );
+    let addr = encoder.1[0];
+    let png = std::fs::read(fixture("images/gradient.png")).expect("png");
+    let webp = std::fs::read(fixture("images/alpha.webp")).expect("webp");
+    let mut broken = png.clone();
+    let middle = broken.len() / 2;
+    broken[middle] ^= 0xff;
+    let video = switchyard_media::fixtures::Mp4Video::default().build();
+    let reply = post_batch(
+        addr,
+        vec![
+            item(&png, MediaKind::Image, "png", worker, 0, true),
+            item(&broken, MediaKind::Image, "png", worker, 1, true),
+            item(&webp, MediaKind::Image, "webp", worker, 2, true),
+            item(&video, MediaKind::Video, "mp4", worker, 3, true),
+        ],
+    );
+    let statuses: Vec<ItemStatus> = reply.items.iter().map(|i| i.status).collect();
+    assert_eq!(
+        statuses,
+        vec![
+            ItemStatus::Encoded,
+            ItemStatus::DecodeError,
+            ItemStatus::Encoded,
+            ItemStatus::Failed
+        ]
+    );
+    assert_eq!(reply.batch_size, 3, "the damaged PNG is refused before the device");
+    assert!(
+        reply.items[3].message.as_deref().unwrap_or_default().contains("H.264"),
+        "{reply:?}"
+    );
+    assert_eq!(reply.items[0].tokens, 16);
+
+    // What the library computes for the same bytes, as f16 rows.
+    let library = VisionEncoder::load(&model).expect("loads");
+    let processor = ImageProcessor::from_file(&model.join("preprocessor_config.json")).expect("processor");
+    let pushed = pushes.lock().expect("lock").clone();
+    assert_eq!(pushed.len(), 2, "{pushed:?}");
+    for (bytes, slot) in [(&png, 0), (&webp, 2)] {
+        let push = pushed
+            .iter()
+            .find(|p| p.path == format!("/v1/features/req-1/{slot}"))
+            .expect("pushed");
+        assert_eq!(push.headers["x-switchyard-tokens"], "16");
+        assert_eq!(push.headers["x-switchyard-feature-dim"], "48");
+        assert_eq!(push.headers["x-switchyard-media-id"], MediaId::of(bytes).to_string());
+        let pixels = processor.preprocess(bytes).expect("preprocess");
+        let features = library.encode(&[&pixels]).expect("encode");
+        assert_eq!(push.body, to_f16_le(&features.data), "slot {slot}: features differ");
+    }
+
+    // The same image again, without its bytes: served from the feature cache.
+    let reply = post_batch(addr, vec![item(&png, MediaKind::Image, "png", worker, 4, false)]);
+    assert_eq!(reply.items[0].status, ItemStatus::Cached);
+    assert_eq!(reply.batch_size, 0);
+    let (status, text) = common::get(addr, "/metrics");
+    assert_eq!(status, 200);
+    assert_eq!(metric(&text, "switchyard_encoder_encoded_items_total"), 2.0);
+    assert_eq!(metric(&text, "switchyard_encoder_cache_hits_total"), 1.0);
+    assert_eq!(metric(&text, "switchyard_encoder_failed_items_total"), 2.0);
+    assert_eq!(common::get(addr, "/healthz").0, 200);
+    sigterm(&mut encoder);
+}
+
+#[test]
+fn audio_encoder_pushes_whisper_features() {
+    let (worker, pushes) = receiver();
+    let model = fixture("tiny-whisper");
+    let mut encoder = common::start(
+        env!("CARGO_BIN_EXE_switchyard-encoder"),
+        &[
+            "--model",
+            model.to_str().expect("utf-8"),
+            "--port",
+            "0",
+            "--served-model-name",
+            "tiny",
+        ],
+        "encoder ready",
+    );
+    let addr = encoder.1[0];
+    let wav = std::fs::read(fixture("audio/tone.wav")).expect("wav");
+    let mut audio_item = item(&wav, MediaKind::Audio, "wav", worker, 0, true);
+    audio_item.tokens = 93;
+    audio_item.duration_s = 3.7;
+    let reply = post_batch(addr, vec![audio_item]);
+    assert_eq!(reply.items[0].status, ItemStatus::Encoded, "{reply:?}");
+    // ceil(3.7 s × 25) rows of d_model 32.
+    assert_eq!(reply.items[0].tokens, 93);
+    let library = WhisperEncoder::load(&model).expect("loads");
+    let waveform = audio::decode(&wav, 60.0).expect("decodes");
+    let mel = LogMel::new(MelConfig::default()).compute(&waveform.samples);
+    let features = library.audio_features(&[&mel], &[waveform.seconds()]).expect("encodes");
+    let pushed = pushes.lock().expect("lock").clone();
+    assert_eq!(pushed.len(), 1);
+    assert_eq!(pushed[0].headers["x-switchyard-tokens"], "93");
+    assert_eq!(pushed[0].headers["x-switchyard-feature-dim"], "32");
+    assert_eq!(pushed[0].body, to_f16_le(&features[0]));
+    sigterm(&mut encoder);
+}
+
+#[test]
+fn a_bad_model_directory_is_named_at_start() {
+    // Real weights, a config without its vision tower.
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::copy(
+        fixture("tiny-llava/model.safetensors"),
+        dir.path().join("model.safetensors"),
+    )
+    .expect("copy");
+    std::fs::write(dir.path().join("config.json"), r#"{"model_type": "llava"}"#).expect("write");
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_switchyard-encoder"))
+        .args([
+            "--model",
+            dir.path().to_str().expect("utf-8"),
+            "--port",
+            "0",
+            "--served-model-name",
+            "m",
+        ])
+        .output()
+        .expect("runs");
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("config.json") && stderr.contains("`vision_config`"),
+        "{stderr}"
+    );
+}
