@@ -436,6 +436,9 @@ fn submit_error(err: SubmitError) -> ApiError {
         SubmitError::TooLong { .. } | SubmitError::ContextLength { .. } | SubmitError::OverBudget { .. } => {
             ApiError::invalid_request("context_length_exceeded", err.to_string())
         }
+        SubmitError::MediaUnsupported { .. } => {
+            ApiError::invalid_request("media_unsupported", err.to_string()).with_param(Some("messages".into()))
+        }
     }
 }
 

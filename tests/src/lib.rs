@@ -197,6 +197,41 @@ impl NativeWorker {
     }
 }
 
+/// `switchyard-encoder`: a native vision or audio encoder.
+#[derive(Debug)]
+pub struct NativeEncoder {
+    /// The process.
+    pub process: Process,
+    /// The address it listens on.
+    pub addr: SocketAddr,
+}
+
+impl NativeEncoder {
+    /// Starts `switchyard-encoder` with `args` (e.g. `--model DIR --port 0
+    /// --served-model-name M`).
+    ///
+    /// # Errors
+    ///
+    /// Fails if it cannot start, load its model, or report its port.
+    pub fn start(args: &[&str]) -> anyhow::Result<NativeEncoder> {
+        let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+        let (process, lines) = Process::start(
+            &binary("switchyard-encoder")?,
+            &args,
+            |line| line.starts_with("encoder ready"),
+            Duration::from_secs(60),
+        )?;
+        let addr = lines
+            .iter()
+            .find_map(|line| line.split("listening on http://").nth(1))
+            .context("the encoder printed no address")?
+            .trim()
+            .parse()
+            .context("the encoder printed a bad address")?;
+        Ok(NativeEncoder { process, addr })
+    }
+}
+
 /// How many blocks the index holds for `worker`, from a `GET /admin/kv` summary (0 if absent).
 pub fn cached_blocks(summary: &serde_json::Value, worker: &str) -> u64 {
     summary["workers"]

@@ -83,6 +83,7 @@ impl Sequences {
                 blocks,
                 sampler,
                 next_token: None,
+                media: &[],
             })
             .collect();
         executor.execute(&mut items).expect("step");

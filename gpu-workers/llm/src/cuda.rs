@@ -294,6 +294,8 @@ impl CudaExecutor {
         ModelLimits {
             vocab_size: Some(self.config.vocab_size),
             max_model_len: Some(self.config.max_position_embeddings),
+            // The CUDA backend has no media path yet: placeholders are refused at submission.
+            media_dim: None,
         }
     }
 

@@ -2,10 +2,11 @@
 //!
 //! [`CpuExecutor`] is the CPU backend behind the engine's [`Executor`] trait: it owns the
 //! model and its paged KV cache (one block of the cache per block number the scheduler hands
-//! out), runs each step as one [`Model::forward_batch`] over every scheduled chunk, and samples
-//! the sequences that reached their end. [`spawn_cpu_engine`] starts it on its own thread.
+//! out), runs each step as one [`Model::forward_batch_with_media`] over every scheduled chunk
+//! (a chunk's share of its sequence's media feature rows replacing the placeholders'
+//! embeddings), and samples the sequences that reached their end. [`spawn_cpu_engine`] starts it on its own thread.
 
-use crate::model::{Chunk, Logits, Model, PagedKv, SequenceKv};
+use crate::model::{Chunk, Logits, MediaRows, Model, PagedKv, SequenceKv};
 use switchyard_workers::engine::{EngineConfig, EngineHandle, Executor, ModelLimits, StepItem, spawn_native};
 
 /// The CPU backend: the model and its KV cache.
@@ -27,6 +28,7 @@ impl CpuExecutor {
         ModelLimits {
             vocab_size: Some(self.model.config().vocab_size),
             max_model_len: Some(self.model.config().max_position_embeddings),
+            media_dim: Some(self.model.config().hidden_size),
         }
     }
 }
@@ -48,9 +50,25 @@ impl Executor for CpuExecutor {
                 tokens: item.new_tokens(),
             })
             .collect();
+        // Each chunk's share of its sequence's media rows, at offsets within the chunk.
+        let media: Vec<Vec<MediaRows<'_>>> = items
+            .iter()
+            .map(|item| {
+                let range = item.start..item.start + item.count;
+                item.media
+                    .iter()
+                    .filter_map(|span| span.rows_in(range.clone()))
+                    .map(|(from, rows)| MediaRows {
+                        offset: from - item.start,
+                        rows,
+                    })
+                    .collect()
+            })
+            .collect();
+        let media: Vec<&[MediaRows<'_>]> = media.iter().map(Vec::as_slice).collect();
         let logits = self
             .model
-            .forward_batch(&mut self.kv, &mut chunks, Logits::Last)
+            .forward_batch_with_media(&mut self.kv, &mut chunks, &media, Logits::Last)
             .map_err(|err| err.to_string())?;
         drop(chunks);
         for (item, logits) in items.iter_mut().zip(logits) {

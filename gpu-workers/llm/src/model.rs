@@ -156,6 +156,15 @@ fn parallelism(m: usize, n: usize, k: usize) -> gemm::Parallelism {
     }
 }
 
+/// Whether `config.json` describes a LLaVA-style vision-language model (read leniently: a file
+/// that does not parse is left to the decoder's own config reader to report).
+fn is_llava(config: &Path) -> bool {
+    std::fs::read_to_string(config)
+        .ok()
+        .and_then(|text| serde_json::from_str::<serde_json::Value>(&text).ok())
+        .is_some_and(|value| value.get("model_type").and_then(|v| v.as_str()) == Some("llava"))
+}
+
 /// Feature rows that stand in for a media item's placeholder tokens in a forward pass.
 #[derive(Debug, Clone, Copy)]
 pub struct MediaRows<'a> {
@@ -235,7 +244,8 @@ pub struct Model {
 
 impl Model {
     /// Loads a model: a Hugging Face directory (`config.json`, `*.safetensors`, and a
-    /// `tokenizer.json` that is checked to load) or a single `.gguf` file.
+    /// `tokenizer.json` that is checked to load; for a LLaVA-style checkpoint, its language
+    /// model) or a single `.gguf` file.
     ///
     /// # Errors
     ///
@@ -258,7 +268,12 @@ impl Model {
             return Ok((Model::from_weights(config, &file)?, tokenizer));
         }
         let dir = path;
-        let config = ModelConfig::from_file(&dir.join("config.json"))?;
+        // The config first: a missing or bad directory is reported by its config.json.
+        let config = if is_llava(&dir.join("config.json")) {
+            None
+        } else {
+            Some(ModelConfig::from_file(&dir.join("config.json"))?)
+        };
         let tokenizer = dir.join("tokenizer.json");
         if !tokenizer.is_file() {
             return Err(LoadError::Missing {
@@ -270,6 +285,9 @@ impl Model {
             path: tokenizer.clone(),
             reason: err.to_string(),
         })?;
+        let Some(config) = config else {
+            return Ok((Model::load_language_model(dir)?, tokenizer));
+        };
         let weights = Weights::open(dir)?;
         Ok((Model::from_weights(config, &weights)?, tokenizer))
     }
@@ -493,7 +511,16 @@ impl Model {
         let rows: usize = chunks.iter().map(|chunk| chunk.tokens.len()).sum();
         let mut x = Vec::with_capacity(rows * h);
         let mut positions = Vec::with_capacity(rows);
-        for chunk in chunks.iter() {
+        for (index, chunk) in chunks.iter().enumerate() {
+            // Offsets whose rows come from media features, not the embedding table (their ids
+            // are placeholders, outside the vocabulary).
+            let mut from_media = vec![false; chunk.tokens.len()];
+            for span in media.get(index).copied().unwrap_or_default() {
+                let len = span.rows.len() / h;
+                for covered in from_media.iter_mut().skip(span.offset).take(len) {
+                    *covered = true;
+                }
+            }
             if chunk.tokens.is_empty() {
                 return Err(ForwardError::Empty);
             }
@@ -517,6 +544,11 @@ impl Model {
                 });
             }
             for (offset, &id) in chunk.tokens.iter().enumerate() {
+                if from_media[offset] {
+                    x.extend(std::iter::repeat_n(0.0, h));
+                    positions.push(chunk.sequence.computed + offset);
+                    continue;
+                }
                 let row = id as usize;
                 if row >= c.vocab_size {
                     return Err(ForwardError::TokenOutOfRange {

@@ -177,12 +177,7 @@ fn media_error(err: MediaError) -> (ItemStatus, String) {
 }
 
 impl NativeDevice {
-    fn encode_images(
-        &self,
-        encoder: &VisionEncoder,
-        processor: &ImageProcessor,
-        items: &[EncodeItem],
-    ) -> Vec<Encoded> {
+    fn encode_images(&self, encoder: &VisionEncoder, processor: &ImageProcessor, items: &[EncodeItem]) -> Vec<Encoded> {
         let started = Instant::now();
         let mut results: Vec<Option<Encoded>> = vec![None; items.len()];
         let mut pixels: Vec<(usize, PixelValues)> = Vec::new();

@@ -63,6 +63,46 @@ pub struct ModelLimits {
     pub vocab_size: Option<usize>,
     /// Prompt plus generated tokens must not exceed this (`None`: only the KV cache limits).
     pub max_model_len: Option<usize>,
+    /// Width of the media feature rows the model merges at placeholder positions; `None` when
+    /// its executor does not take feature rows (the simulated engine ignores their values; a
+    /// native backend without a media path refuses media placeholders).
+    pub media_dim: Option<usize>,
+}
+
+/// One media item's feature rows, placed in a prompt: positions `start..start + rows / dim`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MediaSpan {
+    /// The first placeholder's position in the prompt.
+    pub start: usize,
+    /// Width of a row.
+    pub dim: usize,
+    /// The rows, row-major.
+    pub rows: Vec<f32>,
+}
+
+impl MediaSpan {
+    /// Positions the span covers.
+    pub fn len(&self) -> usize {
+        self.rows.len() / self.dim.max(1)
+    }
+
+    /// Whether it covers nothing.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The rows of the span's positions within `range` (prompt positions) and the first such
+    /// position, if any.
+    pub fn rows_in(&self, range: std::ops::Range<usize>) -> Option<(usize, &[f32])> {
+        let from = self.start.max(range.start);
+        let to = (self.start + self.len()).min(range.end);
+        (from < to).then(|| {
+            (
+                from,
+                &self.rows[(from - self.start) * self.dim..(to - self.start) * self.dim],
+            )
+        })
+    }
 }
 
 /// What an engine sends back for one request.
@@ -123,6 +163,12 @@ pub enum SubmitError {
         id: u32,
         /// The vocabulary size.
         vocab: usize,
+    },
+    /// A media placeholder reached a model that does not merge feature rows.
+    #[error("the prompt has media at position {position}, and this engine's model does not take media features")]
+    MediaUnsupported {
+        /// Where the first placeholder is.
+        position: usize,
     },
     /// Without chunked prefill, the whole sequence must fit one step's token budget.
     #[error(
@@ -230,23 +276,46 @@ pub(crate) enum Submission {
 /// the features are merged, [`PrefillGate::open`] lets the rest through. Cheap to clone; every
 /// clone is the same gate.
 #[derive(Debug, Clone)]
-pub struct PrefillGate(Arc<AtomicUsize>);
+pub struct PrefillGate {
+    limit: Arc<AtomicUsize>,
+    media: Arc<std::sync::OnceLock<Arc<Vec<MediaSpan>>>>,
+}
 
 impl PrefillGate {
     /// A gate letting the first `tokens` prompt tokens through.
     pub fn new(tokens: usize) -> PrefillGate {
-        PrefillGate(Arc::new(AtomicUsize::new(tokens)))
+        PrefillGate {
+            limit: Arc::new(AtomicUsize::new(tokens)),
+            media: Arc::new(std::sync::OnceLock::new()),
+        }
     }
 
     /// Prompt tokens that may be computed now.
     pub fn limit(&self) -> usize {
-        self.0.load(Ordering::Acquire)
+        self.limit.load(Ordering::Acquire)
     }
 
     /// Lets the whole prompt through.
     pub fn open(&self) {
-        self.0.store(usize::MAX, Ordering::Release);
+        self.limit.store(usize::MAX, Ordering::Release);
     }
+
+    /// Hands the engine the request's feature rows, then lets the whole prompt through (a
+    /// gate's media are set once; a second call keeps the first).
+    pub fn open_with_media(&self, media: Vec<MediaSpan>) {
+        let _ = self.media.set(Arc::new(media));
+        self.open();
+    }
+
+    /// The feature rows the gate was opened with.
+    pub fn media(&self) -> Option<&[MediaSpan]> {
+        self.media.get().map(|media| media.as_slice())
+    }
+}
+
+/// Whether a prompt id is a media placeholder (`switchyard_tokenize::media_token`'s range).
+pub fn is_media_placeholder(id: u32) -> bool {
+    id & 0x8000_0000 != 0
 }
 
 type EventSink = Arc<std::sync::Mutex<Option<mpsc::UnboundedSender<KvEvent>>>>;
@@ -315,10 +384,20 @@ impl EngineHandle {
         if prompt.is_empty() {
             return Err(SubmitError::EmptyPrompt);
         }
-        if let Some(vocab) = self.limits.vocab_size
-            && let Some((position, &id)) = prompt.iter().enumerate().find(|(_, id)| **id as usize >= vocab)
-        {
-            return Err(SubmitError::TokenOutOfRange { position, id, vocab });
+        if let Some(vocab) = self.limits.vocab_size {
+            // Media placeholders (ids with the top bit set) are not vocabulary: a backend that
+            // merges feature rows replaces them; one that does not cannot take them.
+            let media_rows = self.limits.media_dim.is_some() && gate.is_some();
+            if let Some((position, &id)) = prompt
+                .iter()
+                .enumerate()
+                .find(|(_, id)| **id as usize >= vocab && !(media_rows && is_media_placeholder(**id)))
+            {
+                if is_media_placeholder(id) {
+                    return Err(SubmitError::MediaUnsupported { position });
+                }
+                return Err(SubmitError::TokenOutOfRange { position, id, vocab });
+            }
         }
         let max_tokens = params.max_tokens.max(1);
         let tokens = prompt.len() + max_tokens;

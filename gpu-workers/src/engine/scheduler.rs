@@ -53,6 +53,8 @@ pub struct StepItem<'a> {
     pub sampler: &'a mut Sampler,
     /// Set by the executor: the next token, or why it could not be chosen.
     pub next_token: Option<Result<u32, String>>,
+    /// The sequence's media feature rows (at prompt positions), once its gate opened with them.
+    pub media: &'a [crate::engine::MediaSpan],
 }
 
 impl<'a> StepItem<'a> {
@@ -432,6 +434,7 @@ impl Scheduler {
                 blocks: &seq.blocks,
                 sampler: &mut seq.sampler,
                 next_token: None,
+                media: seq.gate.as_ref().and_then(|gate| gate.media()).unwrap_or_default(),
             });
         }
         let result = executor.execute(&mut items);

@@ -33,7 +33,7 @@ use switchyard_tokenize::{MediaSlot, PromptEncoder, media_token};
 use tokio::sync::mpsc;
 
 use super::{State, TextCodec, submit_error};
-use crate::engine::{Output, PrefillGate, SamplingParams};
+use crate::engine::{MediaSpan, Output, PrefillGate, SamplingParams};
 use crate::features::{Readiness, TrackerError, build_position_map};
 
 /// Path prefix of feature pushes and abandons.
@@ -173,13 +173,22 @@ pub(super) async fn start(
             }
             Readiness::Failed(reason) => break reason,
             Readiness::Ready => match merge(state, &plan.request, deadline).await {
-                Ok(rows) => {
+                Ok((rows, features)) => {
                     let (entries, len) = placeholder_map(&prompt.tokens, &prompt.spans, &rows)
                         .ok_or_else(|| internal("the position map does not fit the prompt"))?;
                     let spans: Vec<_> = entries.iter().map(|e| e.span.clone()).collect();
                     let header = Some((MERGE_HEADER, format_merge(len, &spans)));
+                    // A backend that merges feature rows gets them with the gate.
+                    let media = match media_spans(state, &entries, &features) {
+                        Ok(media) => media,
+                        Err(reason) => break reason,
+                    };
+                    let open = |gate: &PrefillGate| match media.clone() {
+                        Some(media) => gate.open_with_media(media),
+                        None => gate.open(),
+                    };
                     if spans == prompt.spans {
-                        gate.open();
+                        open(&gate);
                         state.engine.wake();
                         return Ok(Started {
                             outputs,
@@ -197,9 +206,14 @@ pub(super) async fn start(
                         .map(|(slot, &tokens)| MediaSlot { tokens, ..*slot })
                         .collect();
                     let merged = prompt.with_slots(&slots);
+                    let merged_gate = PrefillGate::new(0);
+                    open(&merged_gate);
                     return Ok(Started {
                         prompt_tokens: merged.tokens.len() as u32,
-                        outputs: state.engine.submit(merged.tokens, params).map_err(submit_error)?,
+                        outputs: state
+                            .engine
+                            .submit_gated(merged.tokens, params, Some(merged_gate))
+                            .map_err(submit_error)?,
                         guard: Some(guard),
                         header,
                     });
@@ -260,9 +274,69 @@ fn encode_locally(state: &Arc<State>, plan: &MediaPlan) {
     });
 }
 
+/// The merged features as rows at their prompt positions, for an engine whose model merges
+/// feature rows (`None` for one that does not use their values). A width other than the
+/// model's is a failure (`feature-dim-mismatch`): the encoder serves another model.
+fn media_spans(
+    state: &State,
+    entries: &[crate::features::PositionEntry],
+    features: &[Bytes],
+) -> Result<Option<Vec<MediaSpan>>, String> {
+    let Some(dim) = state.engine.limits().media_dim else {
+        return Ok(None);
+    };
+    entries
+        .iter()
+        .zip(features)
+        .map(|(entry, bytes)| {
+            let rows = entry.span.len();
+            if rows == 0 || bytes.len() != rows * dim * 2 {
+                tracing::warn!(
+                    slot = entry.slot,
+                    bytes = bytes.len(),
+                    rows,
+                    model_dim = dim,
+                    "media features do not have the model's width"
+                );
+                return Err("feature-dim-mismatch".to_string());
+            }
+            Ok(MediaSpan {
+                start: entry.span.start as usize,
+                dim,
+                rows: bytes
+                    .as_chunks::<2>()
+                    .0
+                    .iter()
+                    .map(|b| f16_to_f32(u16::from_le_bytes(*b)))
+                    .collect(),
+            })
+        })
+        .collect::<Result<Vec<_>, _>>()
+        .map(Some)
+}
+
+/// An IEEE 754 half (binary16) widened to f32, exactly: the wire form of feature rows. (The
+/// `half` crate would do it, but it must stay out of the gateway, which embeds this server.)
+fn f16_to_f32(bits: u16) -> f32 {
+    let sign = u32::from(bits >> 15) << 31;
+    let exponent = u32::from((bits >> 10) & 0x1f);
+    let mantissa = u32::from(bits & 0x3ff);
+    let magnitude = match (exponent, mantissa) {
+        (0, 0) => 0,
+        // Subnormal: mantissa × 2^−24, exact in f32.
+        (0, m) => {
+            let value = m as f32 * 2f32.powi(-24);
+            return if sign != 0 { -value } else { value };
+        }
+        (0x1f, m) => 0x7f80_0000 | (m << 13),
+        (e, m) => ((e + 127 - 15) << 23) | (m << 13),
+    };
+    f32::from_bits(sign | magnitude)
+}
+
 /// Stages and merges a request's arrived features, waiting for staging room until the
-/// deadline. Returns the rows each item arrived with.
-async fn merge(state: &State, request: &str, deadline: tokio::time::Instant) -> Result<Vec<u32>, String> {
+/// deadline. Returns the rows each item arrived with, and the features.
+async fn merge(state: &State, request: &str, deadline: tokio::time::Instant) -> Result<(Vec<u32>, Vec<Bytes>), String> {
     loop {
         // Reasons are short tokens: they end up in a response header and a metric label.
         let failed = |err: TrackerError| {
@@ -273,8 +347,8 @@ async fn merge(state: &State, request: &str, deadline: tokio::time::Instant) -> 
             let mut tracker = state.features.lock().map_err(|_| "tracker-poisoned".to_string())?;
             match tracker.stage(request) {
                 Ok(()) => {
-                    tracker.merge(request).map_err(failed)?;
-                    Some(tracker.arrived_tokens(request).unwrap_or_default())
+                    let features = tracker.merge(request).map_err(failed)?;
+                    Some((tracker.arrived_tokens(request).unwrap_or_default(), features))
                 }
                 Err(TrackerError::StagingFull { .. }) => None,
                 Err(err) => return Err(failed(err)),
@@ -393,4 +467,24 @@ fn internal(message: &str) -> ApiError {
         "feature_tracker",
         message.to_string(),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::f16_to_f32;
+
+    #[test]
+    fn halves_widen_exactly() {
+        assert_eq!(f16_to_f32(0x3c00), 1.0);
+        assert_eq!(f16_to_f32(0xc000), -2.0);
+        assert_eq!(f16_to_f32(0x0000), 0.0);
+        assert!(f16_to_f32(0x8000).is_sign_negative());
+        assert_eq!(f16_to_f32(0x0001), 2f32.powi(-24));
+        assert_eq!(f16_to_f32(0x8001), -(2f32.powi(-24)));
+        assert_eq!(f16_to_f32(0x03ff), 1023.0 * 2f32.powi(-24));
+        assert_eq!(f16_to_f32(0x7bff), 65504.0);
+        assert_eq!(f16_to_f32(0x3555), 0.333_251_95);
+        assert_eq!(f16_to_f32(0x7c00), f32::INFINITY);
+        assert!(f16_to_f32(0x7e00).is_nan());
+    }
 }
