@@ -85,7 +85,7 @@ async fn image_and_audio_questions_are_answered_by_native_models() -> anyhow::Re
         (audio.addr, "audio", "whisper-audio"),
     ] {
         config.push_str(&format!(
-            "[[workers]]\nname = \"{name}\"\nurl = \"http://{addr}\"\nmodel = \"tiny\"\nrole = \"{role}\"\n"
+            "[[workers]]\nname = \"{name}\"\nurl = \"http://{addr}\"\nmodel = \"tiny\"\nrole = \"{role}\"\nblock_size = 4\n"
         ));
     }
     let gateway = Gateway::start(&config)?;
