@@ -196,6 +196,16 @@ fn vision_encoder_pushes_the_models_features() {
     assert_eq!(metric(&text, "switchyard_encoder_encoded_items_total"), 2.0);
     assert_eq!(metric(&text, "switchyard_encoder_cache_hits_total"), 1.0);
     assert_eq!(metric(&text, "switchyard_encoder_failed_items_total"), 2.0);
+    // Two images encoded in one pass of three items (the video failed on the device), and three
+    // pushes of 16 rows × 48 f16 values.
+    assert_eq!(metric(&text, "switchyard_encoder_encode_seconds_count"), 2.0, "{text}");
+    assert!(text.contains("modality=\"image\""), "{text}");
+    assert_eq!(metric(&text, "switchyard_encoder_batch_items_count"), 1.0, "{text}");
+    assert_eq!(metric(&text, "switchyard_encoder_batch_items_sum"), 3.0, "{text}");
+    assert_eq!(
+        metric(&text, "switchyard_encoder_feature_bytes_total"),
+        3.0 * 16.0 * 48.0 * 2.0
+    );
     assert_eq!(common::get(addr, "/healthz").0, 200);
     sigterm(&mut encoder);
 }

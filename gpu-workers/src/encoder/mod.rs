@@ -47,6 +47,8 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 
 use cache::{Cached, FeatureCache};
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 
 /// How long pushing one item's features to an LLM worker may take.
 const DELIVERY_TIMEOUT: Duration = Duration::from_secs(10);
@@ -151,6 +153,31 @@ pub fn mock_features(id: MediaId, tokens: u32, dim: usize) -> Bytes {
     Bytes::from(out)
 }
 
+/// A histogram per label set, built by a plain constructor.
+pub type HistogramFamily = Family<Vec<(String, String)>, Histogram, fn() -> Histogram>;
+
+/// Distributions of an encoder's work, exported as Prometheus histograms.
+#[derive(Debug)]
+pub struct EncoderHistograms {
+    /// Seconds of device time per encoded item, by modality (`image`, `video`, `audio`).
+    pub encode_seconds: HistogramFamily,
+    /// Items per forward pass (batch fill).
+    pub batch_items: Histogram,
+}
+
+fn encode_seconds_histogram() -> Histogram {
+    Histogram::new(exponential_buckets(0.000_25, 2.0, 16))
+}
+
+impl Default for EncoderHistograms {
+    fn default() -> EncoderHistograms {
+        EncoderHistograms {
+            encode_seconds: Family::new_with_constructor(encode_seconds_histogram),
+            batch_items: Histogram::new([1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0]),
+        }
+    }
+}
+
 /// Live counters of an encoder.
 #[derive(Debug, Default)]
 pub struct EncoderStats {
@@ -170,6 +197,10 @@ pub struct EncoderStats {
     pub busy_nanos: AtomicU64,
     /// Items waiting for or in a forward pass.
     pub queued: AtomicU64,
+    /// Bytes of features pushed to LLM workers.
+    pub feature_bytes: AtomicU64,
+    /// Encode times per modality and batch fill.
+    pub histograms: EncoderHistograms,
 }
 
 /// An item's features, their rows and its encode milliseconds, or its failure and why.
@@ -486,6 +517,7 @@ async fn encode(shared: &Arc<Shared>, request: Request<Incoming>) -> Result<Resp
         let (reply, answer) = oneshot::channel();
         let items: Vec<EncodeItem> = misses.iter().map(|&i| batch.items[i].clone()).collect();
         stats.queued.fetch_add(items.len() as u64, Ordering::Relaxed);
+        stats.histograms.batch_items.observe(items.len() as f64);
         let sent = shared.device.send(Pass { items, reply }).is_ok();
         let outcomes = if sent { answer.await.ok() } else { None };
         stats.queued.fetch_sub(misses.len() as u64, Ordering::Relaxed);
@@ -510,8 +542,20 @@ async fn encode(shared: &Arc<Shared>, request: Request<Incoming>) -> Result<Resp
                 } else {
                     ItemStatus::Encoded
                 };
+                let bytes = data.len() as u64;
                 match deliver(shared, item, data, tokens).await {
-                    Ok(()) => outcome(item, status, tokens, ms, None),
+                    Ok(()) => {
+                        shared.stats.feature_bytes.fetch_add(bytes, Ordering::Relaxed);
+                        if !cached {
+                            shared
+                                .stats
+                                .histograms
+                                .encode_seconds
+                                .get_or_create(&vec![("modality".to_string(), item.kind.to_string())])
+                                .observe(ms / 1e3);
+                        }
+                        outcome(item, status, tokens, ms, None)
+                    }
                     Err(reason) => outcome(item, ItemStatus::DeliveryFailed, 0, ms, Some(reason)),
                 }
             }
@@ -600,7 +644,12 @@ fn metrics(shared: &Shared) -> Response<Body> {
 
     let stats = &shared.stats;
     let mut registry = Registry::with_prefix("switchyard_encoder");
-    let counters: [(&str, &str, &AtomicU64); 6] = [
+    let counters: [(&str, &str, &AtomicU64); 7] = [
+        (
+            "feature_bytes",
+            "Bytes of features pushed to LLM workers",
+            &stats.feature_bytes,
+        ),
         ("batches", "Encode batches received", &stats.batches),
         ("items", "Media items received", &stats.items),
         ("encoded_items", "Items encoded on the device", &stats.encoded),
@@ -635,6 +684,16 @@ fn metrics(shared: &Shared) -> Response<Body> {
         gauge.set(value);
         registry.register(name, help, gauge);
     }
+    registry.register(
+        "encode_seconds",
+        "Device seconds per encoded item (its share of the forward pass), by modality",
+        stats.histograms.encode_seconds.clone(),
+    );
+    registry.register(
+        "batch_items",
+        "Items per forward pass (batch fill)",
+        stats.histograms.batch_items.clone(),
+    );
     crate::server::metrics_response(&registry)
 }
 
