@@ -164,8 +164,9 @@ pub enum SubmitError {
         /// The vocabulary size.
         vocab: usize,
     },
-    /// A media placeholder reached a model that does not merge feature rows.
-    #[error("the prompt has media at position {position}, and this engine's model does not take media features")]
+    /// A media placeholder without feature rows to merge: the model takes none, or the request
+    /// came without them (ungated).
+    #[error("the prompt has a media placeholder at position {position} without feature rows this engine can merge")]
     MediaUnsupported {
         /// Where the first placeholder is.
         position: usize,
