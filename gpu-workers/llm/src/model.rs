@@ -373,31 +373,15 @@ impl Model {
     }
 
     /// Runs the whole prompt through the model (positions 0..n, causal attention) and returns
-    /// the logits of every position, `[tokens.len(), vocab_size]` row-major. A convenience over
-    /// [`Model::forward_batch`] with a throwaway cache of one block.
+    /// the logits of every position, `[tokens.len(), vocab_size]` row-major: [`Model::forward_with_media`]
+    /// without media.
     ///
     /// # Errors
     ///
     /// [`ForwardError`] for an empty prompt, an id outside the vocabulary, or a prompt longer
     /// than the model's context.
     pub fn forward(&self, tokens: &[u32]) -> Result<Vec<f32>, ForwardError> {
-        if tokens.is_empty() {
-            return Err(ForwardError::Empty);
-        }
-        let mut kv = PagedKv::new(&self.config, tokens.len(), 1);
-        let mut sequence = SequenceKv {
-            blocks: vec![0],
-            computed: 0,
-        };
-        let mut logits = self.forward_batch(
-            &mut kv,
-            &mut [Chunk {
-                sequence: &mut sequence,
-                tokens,
-            }],
-            Logits::All,
-        )?;
-        Ok(logits.pop().unwrap_or_default())
+        self.forward_with_media(tokens, &[])
     }
 
     /// Loads the language model of a LLaVA-style vision-language checkpoint (`config.json` with
@@ -441,7 +425,8 @@ impl Model {
         Model::from_weights(config, &super::weights::Renamed::language_model(&weights))
     }
 
-    /// As [`Model::forward`], with media: each [`MediaRows`] replaces the embeddings of the
+    /// Runs the whole prompt through [`Model::forward_batch_with_media`] with a throwaway cache
+    /// of one block and returns every position's logits, as [`Model::forward`]; each [`MediaRows`] replaces the embeddings of the
     /// placeholder tokens at its offset with its feature rows (LLaVA's merge: text rows from the
     /// embedding table, media spans from the encoder), then the decoder runs as for text.
     ///
