@@ -3,7 +3,8 @@
 //! The crate owns what every LLM worker behind the gateway shares: the engine core ([`engine`]:
 //! scheduler, KV block pool, sampling), the worker HTTP server ([`server`], with [`stop`]
 //! strings), the links that tell the routing layer about a worker's cache (NATS: [`kv_link`];
-//! one gateway over HTTP: [`gateway_link`]) and the simulated engine ([`mocker`]). What it
+//! one gateway over HTTP: [`gateway_link`]), waiting for a stop signal ([`shutdown`]) and the
+//! simulated engine ([`mocker`]). What it
 //! speaks to gateways is `switchyard-protocol`; how it tokenizes is `switchyard-tokenize`; the
 //! native transformer is `switchyard-llm`, which builds on this crate's engine.
 
@@ -17,6 +18,7 @@ pub mod gateway_link;
 pub mod kv_link;
 pub mod mocker;
 pub mod server;
+pub mod shutdown;
 pub mod stop;
 
 #[cfg(test)]

@@ -16,6 +16,7 @@ use clap::Parser;
 use switchyard_protocol::{Role, kv_events};
 use switchyard_workers::encoder::native::NativeDevice;
 use switchyard_workers::encoder::{EncoderConfig, EncoderServer};
+use switchyard_workers::shutdown::shutdown_signal;
 use switchyard_workers::{gateway_link, kv_link};
 
 /// A native encoder worker.
@@ -206,7 +207,7 @@ async fn run() -> anyhow::Result<()> {
     } else {
         None
     };
-    let shutdown = shutdown_signal()?;
+    let shutdown = shutdown_signal().context("cannot listen for SIGINT and SIGTERM")?;
     println!("encoder listening on http://{addr}");
     println!("encoder ready: {role} for model `{}`", args.served_model_name);
     shutdown.await;
@@ -224,25 +225,4 @@ async fn run() -> anyhow::Result<()> {
         tracing::warn!(left, "drain timeout: queued items are cut off");
     }
     Ok(())
-}
-
-/// Resolves on SIGINT or SIGTERM; installed before the ready line so a supervisor's SIGTERM
-/// is never the default (abrupt) one.
-fn shutdown_signal() -> anyhow::Result<impl std::future::Future<Output = ()>> {
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{SignalKind, signal};
-        let mut interrupt = signal(SignalKind::interrupt()).context("cannot listen for SIGINT")?;
-        let mut terminate = signal(SignalKind::terminate()).context("cannot listen for SIGTERM")?;
-        Ok(async move {
-            tokio::select! {
-                _ = interrupt.recv() => {}
-                _ = terminate.recv() => {}
-            }
-        })
-    }
-    #[cfg(not(unix))]
-    Ok(async {
-        let _ = tokio::signal::ctrl_c().await;
-    })
 }

@@ -14,6 +14,7 @@ use switchyard_protocol::kv_events;
 use switchyard_tokenize::{ChatTemplate, JinjaTemplate, PromptEncoder};
 use switchyard_workers::engine::EngineConfig;
 use switchyard_workers::server::{ServerConfig, TextCodec, WorkerServer};
+use switchyard_workers::shutdown::shutdown_signal;
 use switchyard_workers::{gateway_link, kv_link};
 
 /// A native LLM worker speaking the OpenAI API.
@@ -343,11 +344,11 @@ async fn run() -> anyhow::Result<()> {
     }
     // Listen for signals before saying ready, so a supervisor's SIGTERM is never the default
     // (abrupt) one.
-    let shutdown = ShutdownSignal::install()?;
+    let shutdown = shutdown_signal().context("cannot listen for SIGINT and SIGTERM")?;
     println!("worker listening on http://{addr}");
     println!("worker ready: model `{served}` on {:?}", args.device);
 
-    shutdown.wait().await;
+    shutdown.await;
     tracing::info!(in_flight = server.in_flight(), "shutting down: leaving, then draining");
     // Leave first (NATS or the gateway link), so the gateway stops sending new requests while
     // the old ones finish.
@@ -362,39 +363,4 @@ async fn run() -> anyhow::Result<()> {
         tracing::info!("every request finished");
     }
     Ok(())
-}
-
-/// SIGINT (ctrl-c) or SIGTERM.
-struct ShutdownSignal {
-    #[cfg(unix)]
-    interrupt: tokio::signal::unix::Signal,
-    #[cfg(unix)]
-    terminate: tokio::signal::unix::Signal,
-}
-
-impl ShutdownSignal {
-    fn install() -> anyhow::Result<ShutdownSignal> {
-        #[cfg(unix)]
-        {
-            use tokio::signal::unix::{SignalKind, signal};
-            Ok(ShutdownSignal {
-                interrupt: signal(SignalKind::interrupt()).context("cannot listen for SIGINT")?,
-                terminate: signal(SignalKind::terminate()).context("cannot listen for SIGTERM")?,
-            })
-        }
-        #[cfg(not(unix))]
-        Ok(ShutdownSignal {})
-    }
-
-    async fn wait(mut self) {
-        #[cfg(unix)]
-        tokio::select! {
-            _ = self.interrupt.recv() => {}
-            _ = self.terminate.recv() => {}
-        }
-        #[cfg(not(unix))]
-        {
-            let _ = tokio::signal::ctrl_c().await;
-        }
-    }
 }
