@@ -3,11 +3,15 @@
 //! The fixtures under `tests/fixtures/encoders/` were written once by `make_reference.py`
 //! (transformers 5.24.0, torch 2.15.0, Pillow 13.0.0, numpy 2.4.6): media files, three
 //! `preprocessor_config.json`s, tiny random-weight models (a LLaVA with a CLIP tower, a SigLIP
-//! vision model, a Whisper) and what transformers computed from them. Each test prints the
-//! largest difference it measured. Tolerances:
+//! vision model, a Whisper) and what transformers computed from them; `make_video_reference.py`
+//! (the same versions, PyAV 18.1.0 with its FFmpeg and libx264) wrote three H.264 MP4s and
+//! FFmpeg's decoded planes, PyAV's RGB frames and transformers' pixel values for them. Each test
+//! prints the largest difference it measured. Tolerances:
 //! - pixel values: exact for PNG, WebP and GIF (the resize reproduces Pillow's fixed-point
 //!   arithmetic); for JPEG four 8-bit levels after normalization (`4/255/std`), with at least
 //!   half the values exact, since JPEG decoders legitimately differ by a few levels;
+//! - video: decoded planes exact (H.264 decoding is exact), RGB exact (the conversion
+//!   reproduces swscale's fixed point), pixel values within 1e-3 (the reference is stored f16);
 //! - log-mel: 1e-4 (the bound; f64 here, complex64 in the reference's STFT);
 //! - encoder features: 1e-4 absolute on values of magnitude ~1 (f32 sums in another order).
 //!
@@ -21,6 +25,7 @@ use switchyard_encoders::audio;
 use switchyard_encoders::image::{ImageProcessor, PixelValues};
 use switchyard_encoders::mel::{LogMel, MelConfig};
 use switchyard_encoders::tensor::{Safetensors, TensorSource};
+use switchyard_encoders::video;
 use switchyard_encoders::vit::VisionEncoder;
 use switchyard_encoders::whisper::WhisperEncoder;
 
@@ -318,6 +323,127 @@ fn video_frames_are_pooled_in_time_with_odd_counts() {
     let mean: Vec<f32> = (0..frame).map(|i| (want[i] + want[frame + i]) / 2.0).collect();
     assert!(max_diff(&pooled[..frame], &mean) <= FEATURE_TOLERANCE);
     assert!(max_diff(&pooled[frame..], &want[2 * frame..]) <= FEATURE_TOLERANCE);
+}
+
+/// A u8 tensor of `video.safetensors` (the planes and frames are stored as bytes).
+fn bytes_of(refs: &safetensors::SafeTensors<'_>, name: &str) -> Vec<u8> {
+    let view = refs.tensor(name).unwrap_or_else(|err| panic!("{name}: {err}"));
+    assert_eq!(view.dtype(), safetensors::Dtype::U8, "{name}");
+    view.data().to_vec()
+}
+
+#[test]
+fn video_frames_match_ffmpeg_and_transformers() {
+    let file = std::fs::read(fixture("video.safetensors")).expect("video reference");
+    let refs = safetensors::SafeTensors::deserialize(&file).expect("parses");
+    let processor = ImageProcessor::from_file(&fixture("processors/clip.json")).expect("processor");
+    let (_, std) = processor.normalize.expect("normalizes");
+    let level = 1.0 / 255.0 / std.iter().fold(f32::INFINITY, |m, &s| m.min(s));
+    let cases: [(&str, &[u32], (usize, usize)); 3] = [
+        ("baseline", &[0, 3, 6, 7, 12, 19], (72, 40)),
+        ("high", &[0, 1, 2, 5, 9, 16, 19], (72, 40)),
+        ("intra", &[0, 2, 4], (34, 18)),
+    ];
+    for (name, indices, (width, height)) in cases {
+        let bytes = std::fs::read(fixture(&format!("videos/{name}.mp4"))).expect("video fixture");
+        // Asked out of order and with a repeat: answered in the order asked.
+        let mut asked: Vec<u32> = indices.iter().rev().copied().collect();
+        asked.push(indices[0]);
+        let frames = video::decode_frames(&bytes, &asked, 1 << 20).unwrap_or_else(|err| panic!("{name}: {err}"));
+        assert_eq!(frames.len(), asked.len());
+        assert_eq!(frames[asked.len() - 1], frames[indices.len() - 1], "{name}: the repeat");
+        let mut worst_rgb = 0u8;
+        let mut pixel_values = Vec::new();
+        for (&index, frame) in asked.iter().zip(&frames).take(indices.len()).rev() {
+            assert_eq!(
+                (frame.width, frame.height),
+                (width, height),
+                "{name}/{index}: cropped size"
+            );
+            for (plane, got) in [("y", &frame.y), ("u", &frame.u), ("v", &frame.v)] {
+                let want = bytes_of(&refs, &format!("{name}/{index}/{plane}"));
+                assert!(
+                    *got == want,
+                    "{name}/{index}: the {plane} plane differs from FFmpeg's decode"
+                );
+            }
+            let rgb = frame.to_rgb();
+            let want = bytes_of(&refs, &format!("{name}/{index}/rgb"));
+            let worst = rgb
+                .as_raw()
+                .iter()
+                .zip(&want)
+                .map(|(a, b)| a.abs_diff(*b))
+                .max()
+                .unwrap_or(0);
+            worst_rgb = worst_rgb.max(worst);
+            pixel_values.extend(processor.preprocess_rgb(&rgb).expect("preprocesses").data);
+        }
+        let want = reference("video.safetensors")
+            .f32(&format!("{name}/pixel_values"), &[indices.len(), 3, 32, 32])
+            .expect("pixel values");
+        let worst = max_diff(&pixel_values, &want);
+        println!(
+            "{name}: {} frames, planes exact, RGB max |Δ| = {worst_rgb} levels, pixel values max |Δ| = {worst:.4} ({:.1} levels)",
+            indices.len(),
+            worst / level
+        );
+        assert_eq!(worst_rgb, 0, "{name}: RGB differs from PyAV's by {worst_rgb} levels");
+        // The reference's f16 storage: half an f16 step at magnitude 2.
+        assert!(worst <= 1e-3, "{name}: pixel values differ by {worst}");
+    }
+}
+
+#[test]
+fn video_errors_name_the_problem() {
+    let bytes = std::fs::read(fixture("videos/baseline.mp4")).expect("video fixture");
+    let message = |result: Result<Vec<video::YuvFrame>, switchyard_encoders::MediaError>| match result {
+        Ok(frames) => panic!("{} frames from a bad request", frames.len()),
+        Err(err) => err.to_string(),
+    };
+    let past = message(video::decode_frames(&bytes, &[3, 20], 1 << 20));
+    assert!(
+        past.contains("frame 20 was asked for but the video has 20 frames"),
+        "{past}"
+    );
+    let large = message(video::decode_frames(&bytes, &[0], 1000));
+    assert!(large.contains("too large") && large.contains("72x40"), "{large}");
+    let none = message(video::decode_frames(&bytes, &[], 1 << 20));
+    assert!(none.contains("empty"), "{none}");
+    let cut = message(video::decode_frames(&bytes[..bytes.len() - 3000], &[0], 1 << 20));
+    assert!(cut.contains("does not decode") && cut.contains("truncated"), "{cut}");
+    let png = std::fs::read(fixture("images/gradient.png")).expect("image fixture");
+    let other = message(video::decode_frames(&png, &[0], 1 << 20));
+    assert!(other.contains("not an MP4 video (looks like: a PNG image)"), "{other}");
+
+    // Damaged H.264 (bytes overwritten inside the media data, the index intact) is either
+    // decoded with whatever the decoder recovers or refused with an error: never a crash.
+    let track = switchyard_media::mp4_h264_track(&bytes).expect("the index reads");
+    let (start, end) = (
+        track.samples[0].range.start,
+        track.samples.last().expect("samples").range.end,
+    );
+    let (mut decoded, mut refused) = (0, 0);
+    let mut seed = 0x9e37_79b9_u32;
+    for round in 0..40 {
+        let mut damaged = bytes.clone();
+        for _ in 0..1 + round % 8 {
+            seed = seed.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+            let at = start + (seed as usize >> 4) % (end - start);
+            damaged[at] = (seed >> 24) as u8;
+        }
+        match video::decode_frames(&damaged, &[0, 10, 19], 1 << 20) {
+            Ok(frames) => {
+                assert!(frames.iter().all(|f| (f.width, f.height) == (72, 40)));
+                decoded += 1;
+            }
+            Err(err) => {
+                assert!(err.to_string().contains("video"), "{err}");
+                refused += 1;
+            }
+        }
+    }
+    println!("damaged H.264: {decoded} decoded, {refused} refused, no crash");
 }
 
 #[test]

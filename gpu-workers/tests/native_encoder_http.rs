@@ -2,7 +2,8 @@
 //! Whisper from `tests/fixtures/encoders`. A batch goes in as the gateway sends it; the
 //! features pushed to the (stand-in) LLM worker must be exactly what the library computes for
 //! the same bytes, in f16 rows of the model's width and row count; bad bytes are the client's
-//! error, video is refused with a clear message, a repeat is served from the feature cache, the
+//! error (an MP4 without real H.264 too), a video's picked frames are decoded, encoded and
+//! pooled in time, a repeat is served from the feature cache, the
 //! metrics count all of it, and SIGTERM ends the process cleanly.
 
 mod common;
@@ -14,9 +15,10 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use switchyard_encoders::audio;
-use switchyard_encoders::image::ImageProcessor;
+use switchyard_encoders::image::{ImageProcessor, PixelValues};
 use switchyard_encoders::mel::{LogMel, MelConfig};
 use switchyard_encoders::tensor::to_f16_le;
+use switchyard_encoders::video;
 use switchyard_encoders::vit::VisionEncoder;
 use switchyard_encoders::whisper::WhisperEncoder;
 use switchyard_media::{MediaId, MediaKind};
@@ -142,14 +144,20 @@ fn vision_encoder_pushes_the_models_features() {
     let mut broken = png.clone();
     let middle = broken.len() / 2;
     broken[middle] ^= 0xff;
-    let video = switchyard_media::fixtures::Mp4Video::default().build();
+    // An MP4 whose samples are placeholders, not H.264: the client's error.
+    let placeholder = switchyard_media::fixtures::Mp4Video::default().build();
+    let mp4 = std::fs::read(fixture("videos/baseline.mp4")).expect("mp4");
+    let frames = [0u32, 5, 10];
+    let mut movie = item(&mp4, MediaKind::Video, "mp4", worker, 4, true);
+    movie.frames = frames.to_vec();
     let reply = post_batch(
         addr,
         vec![
             item(&png, MediaKind::Image, "png", worker, 0, true),
             item(&broken, MediaKind::Image, "png", worker, 1, true),
             item(&webp, MediaKind::Image, "webp", worker, 2, true),
-            item(&video, MediaKind::Video, "mp4", worker, 3, true),
+            item(&placeholder, MediaKind::Video, "mp4", worker, 3, true),
+            movie,
         ],
     );
     let statuses: Vec<ItemStatus> = reply.items.iter().map(|i| i.status).collect();
@@ -159,21 +167,28 @@ fn vision_encoder_pushes_the_models_features() {
             ItemStatus::Encoded,
             ItemStatus::DecodeError,
             ItemStatus::Encoded,
-            ItemStatus::Failed
+            ItemStatus::DecodeError,
+            ItemStatus::Encoded,
         ]
     );
-    assert_eq!(reply.batch_size, 3, "the damaged PNG is refused before the device");
+    assert_eq!(reply.batch_size, 4, "the damaged PNG is refused before the device");
     assert!(
-        reply.items[3].message.as_deref().unwrap_or_default().contains("H.264"),
+        reply.items[3]
+            .message
+            .as_deref()
+            .unwrap_or_default()
+            .contains("the video does not decode"),
         "{reply:?}"
     );
     assert_eq!(reply.items[0].tokens, 16);
+    // Three frames pooled in pairs: two frames' worth of rows.
+    assert_eq!(reply.items[4].tokens, 32);
 
     // What the library computes for the same bytes, as f16 rows.
     let library = VisionEncoder::load(&model).expect("loads");
     let processor = ImageProcessor::from_file(&model.join("preprocessor_config.json")).expect("processor");
     let pushed = pushes.lock().expect("lock").clone();
-    assert_eq!(pushed.len(), 2, "{pushed:?}");
+    assert_eq!(pushed.len(), 3, "{pushed:?}");
     for (bytes, slot) in [(&png, 0), (&webp, 2)] {
         let push = pushed
             .iter()
@@ -186,6 +201,20 @@ fn vision_encoder_pushes_the_models_features() {
         let features = library.encode(&[&pixels]).expect("encode");
         assert_eq!(push.body, to_f16_le(&features.data), "slot {slot}: features differ");
     }
+    let push = pushed
+        .iter()
+        .find(|p| p.path == "/v1/features/req-1/4")
+        .expect("video pushed");
+    assert_eq!(push.headers["x-switchyard-tokens"], "32");
+    let pixels: Vec<PixelValues> = video::decode_frames(&mp4, &frames, u64::MAX)
+        .expect("decodes")
+        .iter()
+        .map(|yuv| processor.preprocess_rgb(&yuv.to_rgb()).expect("preprocess"))
+        .collect();
+    let pooled = library
+        .encode_video(&pixels.iter().collect::<Vec<_>>(), 2)
+        .expect("encode");
+    assert_eq!(push.body, to_f16_le(&pooled), "video features differ");
 
     // The same image again, without its bytes: served from the feature cache.
     let reply = post_batch(addr, vec![item(&png, MediaKind::Image, "png", worker, 4, false)]);
@@ -193,18 +222,20 @@ fn vision_encoder_pushes_the_models_features() {
     assert_eq!(reply.batch_size, 0);
     let (status, text) = common::get(addr, "/metrics");
     assert_eq!(status, 200);
-    assert_eq!(metric(&text, "switchyard_encoder_encoded_items_total"), 2.0);
+    assert_eq!(metric(&text, "switchyard_encoder_encoded_items_total"), 3.0);
     assert_eq!(metric(&text, "switchyard_encoder_cache_hits_total"), 1.0);
     assert_eq!(metric(&text, "switchyard_encoder_failed_items_total"), 2.0);
-    // Two images encoded in one pass of three items (the video failed on the device), and three
-    // pushes of 16 rows × 48 f16 values.
-    assert_eq!(metric(&text, "switchyard_encoder_encode_seconds_count"), 2.0, "{text}");
-    assert!(text.contains("modality=\"image\""), "{text}");
+    // Two images and a video encoded in one pass of four items (the placeholder video failed
+    // on the device), and pushes of 16 + 16 + 32 + 16 (the cached image) rows × 48 f16 values.
+    for (modality, items) in [("image", 2), ("video", 1)] {
+        let line = format!("switchyard_encoder_encode_seconds_count{{modality=\"{modality}\"}} {items}");
+        assert!(text.lines().any(|l| l == line), "{line} in:\n{text}");
+    }
     assert_eq!(metric(&text, "switchyard_encoder_batch_items_count"), 1.0, "{text}");
-    assert_eq!(metric(&text, "switchyard_encoder_batch_items_sum"), 3.0, "{text}");
+    assert_eq!(metric(&text, "switchyard_encoder_batch_items_sum"), 4.0, "{text}");
     assert_eq!(
         metric(&text, "switchyard_encoder_feature_bytes_total"),
-        3.0 * 16.0 * 48.0 * 2.0
+        80.0 * 48.0 * 2.0
     );
     assert_eq!(common::get(addr, "/healthz").0, 200);
     sigterm(&mut encoder);

@@ -423,7 +423,8 @@ pub fn ogg_vorbis(sample_rate: u32, channels: u8, duration_s: f64) -> Vec<u8> {
 
 /// An MP4 with one video track: `ftyp`, `moov` (mvhd, trak with tkhd, mdhd, hdlr, vmhd, dref,
 /// stsd with an `avc1` entry and `avcC`, stts, stss, stsc, stsz, stco) and `mdat`. Frames are
-/// placeholder NAL units of `frame_bytes` bytes, not a decodable H.264 stream.
+/// placeholder NAL units of `frame_bytes` bytes, not a decodable H.264 stream, unless
+/// [`Mp4Video::stream`] carries a real one.
 #[derive(Debug, Clone)]
 pub struct Mp4Video {
     /// Coded width in pixels.
@@ -443,6 +444,72 @@ pub struct Mp4Video {
     pub frame_bytes: u32,
     /// `moov` before `mdat` ("fast start", the default) or after it.
     pub moov_first: bool,
+    /// A real H.264 stream to carry instead of placeholder frames: its samples set the frame
+    /// count, sizes and sync frames, its parameter sets the `avcC` (`frames`,
+    /// `keyframe_interval` and `frame_bytes` are then ignored).
+    pub stream: Option<H264Stream>,
+}
+
+/// A real H.264 stream for [`Mp4Video::stream`], as MP4 stores it.
+#[derive(Debug, Clone, Default)]
+pub struct H264Stream {
+    /// The sequence parameter set NAL unit (no start code).
+    pub sps: Vec<u8>,
+    /// The picture parameter set NAL unit (no start code).
+    pub pps: Vec<u8>,
+    /// One per frame, in decode order: its NAL units, each behind a 4-byte big-endian length;
+    /// and whether it is a sync (IDR) frame.
+    pub samples: Vec<(Vec<u8>, bool)>,
+}
+
+impl H264Stream {
+    /// Splits an encoder's Annex B access units (one per frame, NAL units behind `00 00 01` or
+    /// `00 00 00 01` start codes) into parameter sets and MP4 samples. The last SPS and PPS seen
+    /// are kept; other parameter sets and access unit delimiters are dropped from the samples.
+    pub fn from_annex_b(access_units: &[Vec<u8>]) -> H264Stream {
+        let mut stream = H264Stream::default();
+        for unit in access_units {
+            let mut sample = Vec::new();
+            let mut sync = false;
+            for nal in annex_b_units(unit) {
+                match nal.first().map(|b| b & 0x1f) {
+                    Some(7) => stream.sps = nal.to_vec(),
+                    Some(8) => stream.pps = nal.to_vec(),
+                    Some(9) | None => {}
+                    Some(kind) => {
+                        sync |= kind == 5;
+                        sample.extend_from_slice(&(nal.len() as u32).to_be_bytes());
+                        sample.extend_from_slice(nal);
+                    }
+                }
+            }
+            if !sample.is_empty() {
+                stream.samples.push((sample, sync));
+            }
+        }
+        stream
+    }
+}
+
+/// The NAL units of an Annex B byte stream (start codes removed).
+fn annex_b_units(b: &[u8]) -> Vec<&[u8]> {
+    let mut starts = Vec::new(); // (start code begins, NAL unit begins)
+    let mut i = 0;
+    while i + 3 <= b.len() {
+        if b[i] == 0 && b[i + 1] == 0 && b[i + 2] == 1 {
+            let code = if i > 0 && b[i - 1] == 0 { i - 1 } else { i };
+            starts.push((code, i + 3));
+            i += 3;
+        } else {
+            i += 1;
+        }
+    }
+    starts
+        .iter()
+        .enumerate()
+        .map(|(k, &(_, begin))| &b[begin..starts.get(k + 1).map_or(b.len(), |next| next.0)])
+        .filter(|nal| !nal.is_empty())
+        .collect()
 }
 
 impl Default for Mp4Video {
@@ -456,6 +523,7 @@ impl Default for Mp4Video {
             codec: *b"avc1",
             frame_bytes: 64,
             moov_first: true,
+            stream: None,
         }
     }
 }
@@ -488,15 +556,32 @@ impl Mp4Video {
     /// The file.
     pub fn build(&self) -> Vec<u8> {
         assert!(self.fps > 0.0 && self.frame_bytes >= 5);
+        let placeholder_sps = [0x67, 0x42, 0xC0, 0x1E, 0xD9, 0x00, 0xA0, 0x47, 0xFE, 0xC8];
+        let placeholder_pps = [0x68, 0xCE, 0x38, 0x80];
+        let (sps, pps): (&[u8], &[u8]) = match &self.stream {
+            Some(s) => (&s.sps, &s.pps),
+            None => (&placeholder_sps, &placeholder_pps),
+        };
+        let frames = self.stream.as_ref().map_or(self.frames, |s| s.samples.len() as u32);
+        let sizes: Vec<u32> = match &self.stream {
+            Some(s) => s.samples.iter().map(|(b, _)| b.len() as u32).collect(),
+            None => vec![self.frame_bytes; frames as usize],
+        };
         let timescale = 90_000u32;
         let delta = (f64::from(timescale) / self.fps).round() as u32;
-        let ticks = delta * self.frames;
-        let ms = (f64::from(self.frames) * 1000.0 / self.fps).round() as u32;
+        let ticks = delta * frames;
+        let ms = (f64::from(frames) * 1000.0 / self.fps).round() as u32;
         let ftyp = mp4_box(b"ftyp", &[b"isom", &0x200u32.to_be_bytes(), b"isomiso2avc1mp41"]);
-        let keyframes: Vec<u32> = match self.keyframe_interval {
-            Some(k) => (0..self.frames).step_by(k.max(1) as usize).map(|i| i + 1).collect(),
-            None => Vec::new(),
+        let keyframes: Vec<u32> = match (&self.stream, self.keyframe_interval) {
+            (Some(s), _) => (1..)
+                .zip(&s.samples)
+                .filter(|(_, (_, sync))| *sync)
+                .map(|(i, _)| i)
+                .collect(),
+            (None, Some(k)) => (0..frames).step_by(k.max(1) as usize).map(|i| i + 1).collect(),
+            (None, None) => Vec::new(),
         };
+        let with_stss = self.stream.is_some() || self.keyframe_interval.is_some();
         let moov = |offset: u32| -> Vec<u8> {
             let mut mvhd = be32s(&[0, 0, 1000, ms, 0x0001_0000]);
             mvhd.extend_from_slice(&[1, 0, 0, 0]); // volume, reserved
@@ -521,14 +606,15 @@ impl Mp4Video {
             let dref = full_box(b"dref", 0, &[&1u32.to_be_bytes(), &full_box(b"url ", 1, &[])]);
             let dinf = mp4_box(b"dinf", &[&dref]);
 
-            let sps = [0x67, 0x42, 0xC0, 0x1E, 0xD9, 0x00, 0xA0, 0x47, 0xFE, 0xC8];
-            let pps = [0x68, 0xCE, 0x38, 0x80];
-            let mut avcc = vec![1, 0x42, 0xC0, 0x1E, 0xFF, 0xE1];
+            let profile = sps.get(1..4).unwrap_or(&[0x42, 0xC0, 0x1E]);
+            let mut avcc = vec![1];
+            avcc.extend_from_slice(profile);
+            avcc.extend_from_slice(&[0xFF, 0xE1]);
             avcc.extend_from_slice(&(sps.len() as u16).to_be_bytes());
-            avcc.extend_from_slice(&sps);
+            avcc.extend_from_slice(sps);
             avcc.push(1);
             avcc.extend_from_slice(&(pps.len() as u16).to_be_bytes());
-            avcc.extend_from_slice(&pps);
+            avcc.extend_from_slice(pps);
             let avcc = mp4_box(b"avcC", &[&avcc]);
             let mut entry = vec![0; 6];
             entry.extend_from_slice(&1u16.to_be_bytes()); // data reference index
@@ -542,17 +628,17 @@ impl Mp4Video {
             let entry = mp4_box(&self.codec, &[&entry, &avcc]);
             let stsd = full_box(b"stsd", 0, &[&1u32.to_be_bytes(), &entry]);
 
-            let stts = full_box(b"stts", 0, &[&be32s(&[1, self.frames, delta])]);
+            let stts = full_box(b"stts", 0, &[&be32s(&[1, frames, delta])]);
             let mut stss_body = be32s(&[keyframes.len() as u32]);
             stss_body.extend_from_slice(&be32s(&keyframes));
             let stss = full_box(b"stss", 0, &[&stss_body]);
-            let stsc = full_box(b"stsc", 0, &[&be32s(&[1, 1, self.frames, 1])]);
-            let mut stsz_body = be32s(&[0, self.frames]);
-            stsz_body.extend_from_slice(&be32s(&vec![self.frame_bytes; self.frames as usize]));
+            let stsc = full_box(b"stsc", 0, &[&be32s(&[1, 1, frames, 1])]);
+            let mut stsz_body = be32s(&[0, frames]);
+            stsz_body.extend_from_slice(&be32s(&sizes));
             let stsz = full_box(b"stsz", 0, &[&stsz_body]);
             let stco = full_box(b"stco", 0, &[&be32s(&[1, offset])]);
             let mut tables: Vec<&[u8]> = vec![&stsd, &stts];
-            if self.keyframe_interval.is_some() {
+            if with_stss {
                 tables.push(&stss);
             }
             tables.extend_from_slice(&[&stsc, &stsz, &stco]);
@@ -562,12 +648,17 @@ impl Mp4Video {
             let trak = mp4_box(b"trak", &[&tkhd, &mdia]);
             mp4_box(b"moov", &[&mvhd, &trak])
         };
-        let mut payload = Vec::with_capacity((self.frame_bytes * self.frames) as usize);
-        for i in 0..self.frames {
-            let key = keyframes.is_empty() || keyframes.contains(&(i + 1));
-            payload.extend_from_slice(&(self.frame_bytes - 4).to_be_bytes());
-            payload.push(if key { 0x65 } else { 0x41 });
-            payload.resize(payload.len() + self.frame_bytes as usize - 5, 0);
+        let mut payload = Vec::with_capacity(sizes.iter().map(|&s| s as usize).sum());
+        match &self.stream {
+            Some(s) => s.samples.iter().for_each(|(b, _)| payload.extend_from_slice(b)),
+            None => {
+                for i in 0..frames {
+                    let key = keyframes.is_empty() || keyframes.contains(&(i + 1));
+                    payload.extend_from_slice(&(self.frame_bytes - 4).to_be_bytes());
+                    payload.push(if key { 0x65 } else { 0x41 });
+                    payload.resize(payload.len() + self.frame_bytes as usize - 5, 0);
+                }
+            }
         }
         let mdat = mp4_box(b"mdat", &[&payload]);
         let moov_len = moov(0).len();

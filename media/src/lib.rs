@@ -46,4 +46,4 @@ pub use limits::MediaLimits;
 pub use tokens::{
     FrameSampling, ModelMedia, audio_tokens, image_tokens, resized, select_frames, video_tokens, visual_budget,
 };
-pub use video::probe_video;
+pub use video::{H264Track, VideoSample, mp4_h264_track, probe_video};

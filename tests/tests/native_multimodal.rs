@@ -1,7 +1,7 @@
 //! The whole multimodal path on native models, on this machine: the gateway (TLS) in front of
 //! two `switchyard-encoder`s (vision: the tiny LLaVA's CLIP tower and projector; audio: a tiny
 //! Whisper of the LLM's width) and a `switchyard-worker` serving the tiny LLaVA's language
-//! model. An image question and an audio question are answered, streamed: the gateway sizes
+//! model. An image, a video (H.264 MP4) and an audio question are answered, streamed: the gateway sizes
 //! the media from their headers, the encoders decode, preprocess and encode them and push f16
 //! feature rows to the worker, which merges them at the placeholders and prefills. The lifecycle
 //! shows in the metrics (items encoded, a feature-cache hit on a repeat), no answer is
@@ -59,7 +59,7 @@ async fn ask(client: &Client, request: &Value) -> anyhow::Result<(String, String
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn image_and_audio_questions_are_answered_by_native_models() -> anyhow::Result<()> {
+async fn image_video_and_audio_questions_are_answered_by_native_models() -> anyhow::Result<()> {
     let llava = fixture("tiny-llava")?;
     let whisper = fixture("tiny-whisper-48")?;
     let common = ["--port", "0", "--served-model-name", "tiny", "--threads", "1"];
@@ -105,6 +105,19 @@ async fn image_and_audio_questions_are_answered_by_native_models() -> anyhow::Re
     let (again, _) = ask(&client, &chat(json!([question, image]))).await?;
     anyhow::ensure!(again == first, "{again:?} != {first:?}");
 
+    // A video: 20 frames at 10 fps, sampled at 2 fps (frames 0, 5, 10, 15), decoded from H.264
+    // at the encoder, pooled in pairs: two frames' worth of rows.
+    let mp4 = std::fs::read(fixture("videos/baseline.mp4")?)?;
+    let movie = json!({"type": "video_url", "video_url": {"url": fixtures::data_url("video/mp4", &mp4)}});
+    let (watched, merge) = ask(
+        &client,
+        &chat(json!([{"type": "text", "text": "what happens?"}, movie])),
+    )
+    .await?;
+    let (_, spans) = parse_merge(&merge).context("a merge report")?;
+    anyhow::ensure!(spans.len() == 1 && spans[0].end - spans[0].start == 32, "{merge}");
+    anyhow::ensure!(!watched.is_empty(), "an answer");
+
     let wav = std::fs::read(fixture("audio/tone.wav")?)?;
     let clip = json!({"type": "input_audio", "input_audio": {"data": fixtures::base64(&wav), "format": "wav"}});
     let (heard, merge) = ask(
@@ -128,7 +141,7 @@ async fn image_and_audio_questions_are_answered_by_native_models() -> anyhow::Re
     };
     let vision_metrics = encoder_metrics(vision.addr).await?;
     anyhow::ensure!(
-        metric_sum(&vision_metrics, "switchyard_encoder_encoded_items_total", &[]) == 1.0
+        metric_sum(&vision_metrics, "switchyard_encoder_encoded_items_total", &[]) == 2.0
             && metric_sum(&vision_metrics, "switchyard_encoder_cache_hits_total", &[]) == 1.0,
         "{vision_metrics}"
     );

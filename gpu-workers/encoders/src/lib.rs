@@ -6,9 +6,10 @@
 //! decodes PNG, JPEG, WebP and GIF (first frame) and resizes, crops, rescales and normalizes as a
 //! model's `preprocessor_config.json` says (CLIP and SigLIP processors); [`audio`] decodes WAV,
 //! MP3, FLAC and Ogg Vorbis, downmixes and resamples to the model's rate, and [`mel`] computes
-//! Whisper's log-mel spectrogram. The models run on the CPU: [`vit`] is the CLIP/SigLIP vision
-//! tower with a LLaVA-style projector (video frames go through it and are pooled in time), and
-//! [`whisper`] the Whisper audio encoder. Both take a micro-batch of items in one forward: every
+//! Whisper's log-mel spectrogram; [`video`] decodes the frames a request picked from an H.264
+//! MP4 (OpenH264) and converts them to RGB as FFmpeg does, for the image processor. The models
+//! run on the CPU: [`vit`] is the CLIP/SigLIP vision tower with a LLaVA-style projector (video
+//! frames go through it and are pooled in time), and [`whisper`] the Whisper audio encoder. Both take a micro-batch of items in one forward: every
 //! linear layer runs over all the batch's rows at once, which is where batching pays.
 //! Weights load from Hugging Face safetensors ([`tensor`]) or, for Whisper, from a CTranslate2
 //! model file ([`ct2`]). Every load error names the file and the key or tensor at fault.
@@ -25,6 +26,7 @@ pub mod mel;
 mod ops;
 mod resample;
 pub mod tensor;
+pub mod video;
 pub mod vit;
 pub mod whisper;
 

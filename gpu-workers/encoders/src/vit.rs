@@ -680,26 +680,33 @@ impl VisionEncoder {
         Ok(Features { dim, tokens, data })
     }
 
-    /// Encodes a video's frames (one size) and pools them in time: each group of `pooling`
-    /// consecutive frames becomes the mean of their features (the last group may be shorter),
-    /// so `frames` frames give `ceil(frames / pooling)` frames' worth of rows.
+    /// Encodes a video's frames (one size) and pools them in time ([`pool_in_time`]), so
+    /// `frames` frames give `ceil(frames / pooling)` frames' worth of rows.
     ///
     /// # Errors
     ///
     /// As [`VisionEncoder::encode`].
     pub fn encode_video(&self, frames: &[&PixelValues], pooling: usize) -> Result<Vec<f32>, EncodeError> {
         let features = self.encode(frames)?;
-        let pooling = pooling.max(1);
-        let per_frame = features.tokens[0] * features.dim;
-        let mut out = Vec::with_capacity(frames.len().div_ceil(pooling) * per_frame);
-        for group in (0..frames.len()).collect::<Vec<_>>().chunks(pooling) {
-            let mut sum = vec![0.0f32; per_frame];
-            for &frame in group {
-                crate::ops::add(&mut sum, features.item(frame));
-            }
-            let n = group.len() as f32;
-            out.extend(sum.into_iter().map(|v| v / n));
-        }
-        Ok(out)
+        let rows: Vec<&[f32]> = (0..frames.len()).map(|i| features.item(i)).collect();
+        Ok(pool_in_time(&rows, pooling))
     }
+}
+
+/// Pools a video's per-frame features in time: each group of `pooling` consecutive frames
+/// becomes the mean of their rows (the last group may be shorter). Every frame must have the
+/// same number of rows (frames of one video are one size).
+pub fn pool_in_time(frames: &[&[f32]], pooling: usize) -> Vec<f32> {
+    let pooling = pooling.max(1);
+    let per_frame = frames.first().map_or(0, |f| f.len());
+    let mut out = Vec::with_capacity(frames.len().div_ceil(pooling) * per_frame);
+    for group in frames.chunks(pooling) {
+        let mut sum = vec![0.0f32; per_frame];
+        for frame in group {
+            crate::ops::add(&mut sum, frame);
+        }
+        let n = group.len() as f32;
+        out.extend(sum.into_iter().map(|v| v / n));
+    }
+    out
 }

@@ -46,6 +46,10 @@ struct Args {
     /// registration.
     #[arg(long, value_delimiter = ',', default_values_t = vec![576u32, 2304, 4608, 9216, 18432])]
     token_budgets: Vec<u32>,
+    /// Consecutive video frames averaged into one frame's worth of features: must match the
+    /// gateway's `temporal_pooling` for the model, which counts the video's tokens with it.
+    #[arg(long, default_value_t = 2)]
+    temporal_pooling: usize,
     /// Largest encode batch body, in MiB.
     #[arg(long, default_value_t = 64)]
     max_body_mib: usize,
@@ -126,9 +130,11 @@ async fn run() -> anyhow::Result<()> {
             .context("cannot size the compute thread pool")?;
     }
     let path = args.model.clone();
-    let device = tokio::task::spawn_blocking(move || NativeDevice::load(&path))
-        .await
-        .context("the loading thread failed")??;
+    let pooling = args.temporal_pooling;
+    let device =
+        tokio::task::spawn_blocking(move || NativeDevice::load(&path).map(|d| d.with_temporal_pooling(pooling)))
+            .await
+            .context("the loading thread failed")??;
     let role = device.role();
     let feature_dim = switchyard_workers::encoder::EncodeDevice::feature_dim(&device);
     tracing::info!(model = %args.model.display(), %role, feature_dim, "encoder model loaded");

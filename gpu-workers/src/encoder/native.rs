@@ -9,8 +9,10 @@
 //! window of the pass is one row of the batched forward, and a clip's features are its windows'
 //! pooled rows (25 per second of audio) end to end. Features go out as f16 rows of the model's
 //! width, with the model's own row count. Bytes that do not decode are the client's error
-//! ([`ItemStatus::DecodeError`]); video is refused with a clear error until H.264 decoding
-//! lands.
+//! ([`ItemStatus::DecodeError`]). A video (H.264 MP4) has the frames the gateway picked
+//! decoded, converted to RGB and preprocessed like images; they join the pass's one forward,
+//! and each group of `temporal_pooling` consecutive frames is then averaged into one frame's
+//! rows.
 
 use std::path::Path;
 use std::time::Instant;
@@ -20,7 +22,8 @@ use switchyard_encoders::audio;
 use switchyard_encoders::image::{ImageProcessor, PixelValues};
 use switchyard_encoders::mel::{LogMel, MelConfig};
 use switchyard_encoders::tensor::to_f16_le;
-use switchyard_encoders::vit::VisionEncoder;
+use switchyard_encoders::video;
+use switchyard_encoders::vit::{VisionEncoder, pool_in_time};
 use switchyard_encoders::whisper::WhisperEncoder;
 use switchyard_encoders::{LoadError, MediaError};
 use switchyard_media::{MediaId, MediaKind};
@@ -43,9 +46,14 @@ enum Model {
     },
 }
 
+/// Video frames pooled into one frame's worth of rows unless told otherwise (the gateway's
+/// `temporal_pooling` default).
+pub const DEFAULT_TEMPORAL_POOLING: usize = 2;
+
 /// A loaded model that encodes passes of media items.
 pub struct NativeDevice {
     model: Model,
+    temporal_pooling: usize,
 }
 
 impl std::fmt::Debug for NativeDevice {
@@ -74,6 +82,7 @@ impl NativeDevice {
             });
             return Ok(NativeDevice {
                 model: Model::Audio { encoder, mel },
+                temporal_pooling: DEFAULT_TEMPORAL_POOLING,
             });
         }
         let config_path = path.join("config.json");
@@ -124,13 +133,23 @@ impl NativeDevice {
                     encoder,
                     mel: LogMel::new(mel_config),
                 },
+                temporal_pooling: DEFAULT_TEMPORAL_POOLING,
             });
         }
         let encoder = VisionEncoder::load(path)?;
         let processor = ImageProcessor::from_file(&processor_path)?;
         Ok(NativeDevice {
             model: Model::Vision { encoder, processor },
+            temporal_pooling: DEFAULT_TEMPORAL_POOLING,
         })
+    }
+
+    /// Sets how many consecutive video frames pool into one frame's worth of rows; it must be
+    /// the gateway's `temporal_pooling` for the model, whose token count assumes it (0 counts
+    /// as 1).
+    pub fn with_temporal_pooling(mut self, frames: usize) -> NativeDevice {
+        self.temporal_pooling = frames.max(1);
+        self
     }
 
     /// `vision` or `audio`.
@@ -177,21 +196,58 @@ fn media_error(err: MediaError) -> (ItemStatus, String) {
 }
 
 impl NativeDevice {
-    fn encode_images(&self, encoder: &VisionEncoder, processor: &ImageProcessor, items: &[EncodeItem]) -> Vec<Encoded> {
+    /// A video item's frames, decoded, converted and preprocessed: every frame the gateway
+    /// picked, in its order.
+    fn video_frames(
+        processor: &ImageProcessor,
+        bytes: &[u8],
+        frames: &[u32],
+    ) -> Result<Vec<PixelValues>, (ItemStatus, String)> {
+        if frames.is_empty() {
+            return Err((
+                ItemStatus::Failed,
+                "the video item names no frames to encode".to_string(),
+            ));
+        }
+        let decoded = video::decode_frames(bytes, frames, processor.max_pixels).map_err(media_error)?;
+        let mut out: Vec<PixelValues> = Vec::with_capacity(decoded.len());
+        for (frame, yuv) in frames.iter().zip(&decoded) {
+            let values = processor.preprocess_rgb(&yuv.to_rgb()).map_err(media_error)?;
+            if let Some(first) = out.first()
+                && (first.height, first.width) != (values.height, values.width)
+            {
+                return Err((
+                    ItemStatus::DecodeError,
+                    format!(
+                        "the video changes size: frame {frame} preprocesses to {}x{}, the first frame to {}x{}",
+                        values.width, values.height, first.width, first.height
+                    ),
+                ));
+            }
+            out.push(values);
+        }
+        Ok(out)
+    }
+
+    /// One forward over every image and every picked video frame of the pass; a video's
+    /// frames are then pooled in time.
+    fn encode_vision(&self, encoder: &VisionEncoder, processor: &ImageProcessor, items: &[EncodeItem]) -> Vec<Encoded> {
         let started = Instant::now();
         let mut results: Vec<Option<Encoded>> = vec![None; items.len()];
+        // (item, pixel values): one entry per image, one per video frame.
         let mut pixels: Vec<(usize, PixelValues)> = Vec::new();
         for (index, item) in items.iter().enumerate() {
             let prepared = match item.kind {
-                MediaKind::Image => bytes_of(item).and_then(|bytes| processor.preprocess(&bytes).map_err(media_error)),
-                MediaKind::Video => Err((
-                    ItemStatus::Failed,
-                    "video is not supported by switchyard-encoder yet (no H.264 decoder)".to_string(),
-                )),
+                MediaKind::Image => bytes_of(item)
+                    .and_then(|bytes| processor.preprocess(&bytes).map_err(media_error))
+                    .map(|values| vec![values]),
+                MediaKind::Video => {
+                    bytes_of(item).and_then(|bytes| Self::video_frames(processor, &bytes, &item.frames))
+                }
                 MediaKind::Audio => Err((ItemStatus::Failed, "a vision encoder does not encode audio".to_string())),
             };
             match prepared {
-                Ok(values) => pixels.push((index, values)),
+                Ok(values) => pixels.extend(values.into_iter().map(|v| (index, v))),
                 Err(err) => results[index] = Some(Err(err)),
             }
         }
@@ -200,9 +256,22 @@ impl NativeDevice {
             match encoder.encode(&batch) {
                 Ok(features) => {
                     let share = started.elapsed().as_secs_f64() * 1e3 / pixels.len() as f64;
+                    let mut per_item: Vec<Vec<&[f32]>> = vec![Vec::new(); items.len()];
                     for (k, (index, _)) in pixels.iter().enumerate() {
-                        let rows = features.tokens[k] as u32;
-                        results[*index] = Some(Ok((Bytes::from(to_f16_le(features.item(k))), rows, share)));
+                        per_item[*index].push(features.item(k));
+                    }
+                    for (index, frames) in per_item.iter().enumerate() {
+                        if frames.is_empty() {
+                            continue;
+                        }
+                        let rows = if items[index].kind == MediaKind::Video {
+                            pool_in_time(frames, self.temporal_pooling)
+                        } else {
+                            frames[0].to_vec()
+                        };
+                        let count = (rows.len() / features.dim) as u32;
+                        let ms = share * frames.len() as f64;
+                        results[index] = Some(Ok((Bytes::from(to_f16_le(&rows)), count, ms)));
                     }
                 }
                 Err(err) => {
@@ -281,7 +350,7 @@ impl NativeDevice {
 impl EncodeDevice for NativeDevice {
     fn encode(&self, items: &[EncodeItem]) -> Vec<Encoded> {
         match &self.model {
-            Model::Vision { encoder, processor } => self.encode_images(encoder, processor, items),
+            Model::Vision { encoder, processor } => self.encode_vision(encoder, processor, items),
             Model::Audio { encoder, mel } => self.encode_audio(encoder, mel, items),
         }
     }

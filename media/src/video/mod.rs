@@ -5,7 +5,9 @@
 //! [`webm`] (EBML elements, read by hand: the crate tried first panicked on hostile input). Both
 //! read what the frame sampler needs (coded width and height, duration, frame rate, frame count
 //! and the sync frames the index marks) without decoding a frame, and both turn "a box or element
-//! runs past the end" into a truncation error.
+//! runs past the end" into a truncation error. For an MP4, [`mp4_h264_track`] also lays out what
+//! an H.264 decoder needs (the `avcC` parameter sets and every sample's bytes and times); the
+//! decoding itself is the native encoder's.
 
 mod mp4;
 mod webm;
@@ -23,6 +25,63 @@ struct Video {
     frame_rate: f64,
     frame_count: u32,
     keyframes: Vec<u32>,
+}
+
+/// One coded frame of an MP4 video track.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VideoSample {
+    /// Where its bytes are in the file: NAL units, each behind a big-endian length of
+    /// [`H264Track::nal_length_size`] bytes.
+    pub range: std::ops::Range<usize>,
+    /// The index marks it a sync sample (a frame decoding can start at).
+    pub sync: bool,
+    /// Its presentation time in the track's timescale (decode time plus the `ctts` offset).
+    pub composition: i64,
+}
+
+/// An MP4's H.264 video track, laid out for a decoder.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct H264Track {
+    /// Width in pixels the sample entry declares.
+    pub width: u32,
+    /// Height in pixels the sample entry declares.
+    pub height: u32,
+    /// Bytes of the length in front of each NAL unit in a sample (1, 2 or 4).
+    pub nal_length_size: usize,
+    /// The `avcC` box's sequence and picture parameter sets (SPS first), as NAL units without
+    /// start codes. Empty for `avc3` tracks that carry them in band.
+    pub parameter_sets: Vec<Vec<u8>>,
+    /// The coded frames, in decode order.
+    pub samples: Vec<VideoSample>,
+}
+
+impl H264Track {
+    /// The samples' indices in presentation order (by composition time; ties keep decode
+    /// order). Without B-frames this is `0, 1, 2, ...`.
+    pub fn presentation_order(&self) -> Vec<usize> {
+        let mut order: Vec<usize> = (0..self.samples.len()).collect();
+        order.sort_by_key(|&i| self.samples[i].composition);
+        order
+    }
+}
+
+/// Reads an MP4's first video track for decoding: its H.264 parameter sets and its samples
+/// (byte ranges, sync flags, presentation times), after the same structural checks as
+/// [`probe_video`].
+///
+/// # Errors
+///
+/// As [`probe_video`] for an MP4, and [`MediaError::Malformed`] for a missing or broken `avcC`
+/// box or an inconsistent sample table; [`MediaError::Truncated`] when a sample lies past the
+/// end of the data.
+pub fn mp4_h264_track(b: &[u8]) -> Result<H264Track, MediaError> {
+    match sniff(b) {
+        Some(Container::Mp4) => mp4::h264(b),
+        _ => Err(MediaError::Unsupported(format!(
+            "not an MP4 video (looks like: {})",
+            looks_like(b)
+        ))),
+    }
 }
 
 /// Probes a video: an MP4 whose (first) video track is H.264 (`avc1`/`avc3`), or a WebM

@@ -157,7 +157,14 @@ fn walk_trak(b: &[u8], trak: &Bx) -> Result<TrakWalk, MediaError> {
     Ok(TrakWalk { handler, entry })
 }
 
-pub(super) fn probe(b: &[u8]) -> Result<Video, MediaError> {
+/// The video track as `mp4parse` read it, and the media bytes the file holds.
+struct Parsed {
+    track: mp4parse::Track,
+    mdat_bytes: u64,
+}
+
+/// The box walk and `mp4parse`: the first video track, checked to be H.264.
+fn parse(b: &[u8]) -> Result<Parsed, MediaError> {
     let top = boxes(b, 0, b.len())?;
     if top.iter().any(|x| &x.kind == b"moof") {
         return Err(MediaError::Unsupported(
@@ -230,8 +237,14 @@ pub(super) fn probe(b: &[u8]) -> Result<Video, MediaError> {
     })?;
     let track = ctx
         .tracks
-        .get(index)
+        .into_iter()
+        .nth(index)
         .ok_or_else(|| MediaError::malformed(C, "the video track is missing from the parsed moov"))?;
+    Ok(Parsed { track, mdat_bytes })
+}
+
+pub(super) fn probe(b: &[u8]) -> Result<Video, MediaError> {
+    let Parsed { track, mdat_bytes } = parse(b)?;
     let missing = |what: &str| MediaError::malformed(C, format!("the video track has no `{what}` box"));
 
     let (mut width, mut height) = (0u32, 0u32);
@@ -321,4 +334,81 @@ pub(super) fn probe(b: &[u8]) -> Result<Video, MediaError> {
         frame_count,
         keyframes,
     })
+}
+
+/// The first video track's H.264 samples, for a decoder: the `avcC` parameter sets and NAL
+/// length size, and each sample's bytes and times from the index (`mp4parse`'s sample table:
+/// `stsc`, `stco`/`co64`, `stsz`, `stts`, `ctts`, `stss`), in decode order.
+pub(super) fn h264(b: &[u8]) -> Result<super::H264Track, MediaError> {
+    let Parsed { track, .. } = parse(b)?;
+    let Some(mp4parse::SampleEntry::Video(entry)) = track.stsd.as_ref().and_then(|s| s.descriptions.first()) else {
+        return Err(MediaError::malformed(
+            C,
+            "the video track has no video sample description",
+        ));
+    };
+    let mp4parse::VideoCodecSpecific::AVCConfig(avcc) = &entry.codec_specific else {
+        return Err(MediaError::malformed(C, "the H.264 sample entry has no `avcC` box"));
+    };
+    let (nal_length_size, parameter_sets) = avc_config(avcc)?;
+    let table = mp4parse::unstable::create_sample_table(&track, 0.into())
+        .ok_or_else(|| MediaError::malformed(C, "the sample table is inconsistent (stsc, stco, stsz, stts)"))?;
+    let mut samples = Vec::with_capacity(table.len());
+    for (i, s) in table.iter().enumerate() {
+        let (start, end) = (s.start_offset.0, s.end_offset.0);
+        if end > b.len() as u64 || start >= end {
+            return Err(MediaError::truncated(
+                C,
+                format!("sample {i} spans bytes {start}..{end} of a {}-byte file", b.len()),
+            ));
+        }
+        samples.push(super::VideoSample {
+            range: start as usize..end as usize,
+            sync: s.sync,
+            composition: s.start_composition.0,
+        });
+    }
+    Ok(super::H264Track {
+        width: u32::from(entry.width),
+        height: u32::from(entry.height),
+        nal_length_size,
+        parameter_sets,
+        samples,
+    })
+}
+
+/// Reads an `AVCDecoderConfigurationRecord` (ISO 14496-15 §5.3.3.1): the NAL length size and
+/// the SPS and PPS NAL units, in that order.
+fn avc_config(avcc: &[u8]) -> Result<(usize, Vec<Vec<u8>>), MediaError> {
+    let bad = |why: &str| MediaError::malformed(C, format!("the `avcC` box {why}"));
+    if avcc.len() < 7 {
+        return Err(bad("is shorter than its fixed fields"));
+    }
+    if avcc[0] != 1 {
+        return Err(bad(&format!("has configuration version {} (1 expected)", avcc[0])));
+    }
+    let nal_length_size = usize::from(avcc[4] & 0b11) + 1;
+    if nal_length_size == 3 {
+        return Err(bad("declares 3-byte NAL lengths (1, 2 or 4 are allowed)"));
+    }
+    let mut sets = Vec::new();
+    let mut pos = 5;
+    for (kind, mask) in [("SPS", 0x1f), ("PPS", 0xff)] {
+        let count = *avcc
+            .get(pos)
+            .ok_or_else(|| bad(&format!("ends before its {kind} count")))?
+            & mask;
+        pos += 1;
+        for _ in 0..count {
+            let len = usize::from(u16::from_be_bytes(
+                array(avcc, pos).ok_or_else(|| bad(&format!("ends inside an {kind} length")))?,
+            ));
+            let unit = avcc
+                .get(pos + 2..pos + 2 + len)
+                .ok_or_else(|| bad(&format!("ends inside an {kind}")))?;
+            sets.push(unit.to_vec());
+            pos += 2 + len;
+        }
+    }
+    Ok((nal_length_size, sets))
 }
