@@ -21,6 +21,8 @@ use std::path::PathBuf;
 
 pub mod audio;
 pub mod ct2;
+#[cfg(feature = "cuda")]
+pub mod cuda;
 pub mod image;
 pub mod mel;
 mod ops;

@@ -75,10 +75,10 @@ pub(crate) fn gemm(m: usize, k: usize, n: usize, a: Strided<'_>, b: Strided<'_>,
 /// `y = x·Wᵀ + b`, `W` stored `[out, in]` as transformers stores it.
 #[derive(Debug, Clone)]
 pub(crate) struct Linear {
-    weight: Vec<f32>,
-    bias: Option<Vec<f32>>,
-    input: usize,
-    output: usize,
+    pub(crate) weight: Vec<f32>,
+    pub(crate) bias: Option<Vec<f32>>,
+    pub(crate) input: usize,
+    pub(crate) output: usize,
 }
 
 impl Linear {
@@ -142,9 +142,9 @@ impl Linear {
 /// LayerNorm with weight and bias over rows of `width`.
 #[derive(Debug, Clone)]
 pub(crate) struct LayerNorm {
-    weight: Vec<f32>,
-    bias: Vec<f32>,
-    eps: f32,
+    pub(crate) weight: Vec<f32>,
+    pub(crate) bias: Vec<f32>,
+    pub(crate) eps: f32,
 }
 
 impl LayerNorm {

@@ -113,16 +113,16 @@ impl VisionConfig {
 /// The ViT itself.
 #[derive(Debug)]
 pub struct VisionTower {
-    config: VisionConfig,
+    pub(crate) config: VisionConfig,
     /// `[hidden, 3·p·p]`, the convolution kernel flattened.
-    patch_weight: Vec<f32>,
-    patch_bias: Option<Vec<f32>>,
-    class_embedding: Option<Vec<f32>>,
+    pub(crate) patch_weight: Vec<f32>,
+    pub(crate) patch_bias: Option<Vec<f32>>,
+    pub(crate) class_embedding: Option<Vec<f32>>,
     /// `[positions, hidden]` (the class token's first for CLIP).
     positions: Vec<f32>,
-    pre_norm: Option<LayerNorm>,
-    blocks: Vec<PreNormBlock>,
-    post_norm: LayerNorm,
+    pub(crate) pre_norm: Option<LayerNorm>,
+    pub(crate) blocks: Vec<PreNormBlock>,
+    pub(crate) post_norm: LayerNorm,
 }
 
 /// Which hidden state a caller wants: `hidden_states[i]` as transformers numbers them (0 is the
@@ -247,20 +247,7 @@ impl VisionTower {
                 });
             }
         }
-        let depth = self.blocks.len() as isize;
-        let stop = match layer {
-            FeatureLayer::Last => self.blocks.len(),
-            FeatureLayer::Hidden(i) => {
-                let resolved = if i < 0 { depth + 1 + i } else { i };
-                if !(0..=depth).contains(&resolved) {
-                    return Err(EncodeError::Shape {
-                        index: 0,
-                        reason: format!("hidden state {i} of a tower with {depth} layers"),
-                    });
-                }
-                resolved as usize
-            }
-        };
+        let stop = self.blocks_for(layer)?;
         let batch = images.len();
         let len = self.sequence_len(height, width);
         let hidden = self.config.hidden_size;
@@ -281,6 +268,24 @@ impl VisionTower {
             x = self.post_norm.forward(&x);
         }
         Ok(x)
+    }
+
+    /// How many blocks run to reach `layer`.
+    pub(crate) fn blocks_for(&self, layer: FeatureLayer) -> Result<usize, EncodeError> {
+        let depth = self.blocks.len() as isize;
+        match layer {
+            FeatureLayer::Last => Ok(self.blocks.len()),
+            FeatureLayer::Hidden(i) => {
+                let resolved = if i < 0 { depth + 1 + i } else { i };
+                if !(0..=depth).contains(&resolved) {
+                    return Err(EncodeError::Shape {
+                        index: 0,
+                        reason: format!("hidden state {i} of a tower with {depth} layers"),
+                    });
+                }
+                Ok(resolved as usize)
+            }
+        }
     }
 
     /// Patch embeddings (and the class token) of one image into `rows` (`[len, hidden]`).
@@ -326,16 +331,42 @@ impl VisionTower {
 
     /// Position embeddings for a `grid_h × grid_w` patch grid: the trained ones, or
     /// interpolated bicubically (PyTorch's `interpolate(mode="bicubic", align_corners=False)`).
-    fn positions_for(&self, grid_h: usize, grid_w: usize) -> Vec<f32> {
-        let hidden = self.config.hidden_size;
-        let trained = self.config.grid();
-        if grid_h == trained && grid_w == trained {
-            return self.positions.clone();
+    pub(crate) fn positions_for(&self, grid_h: usize, grid_w: usize) -> Vec<f32> {
+        self.position_table().for_grid(grid_h, grid_w)
+    }
+
+    /// The trained position embeddings, to interpolate for other grids.
+    pub(crate) fn position_table(&self) -> PositionTable {
+        PositionTable {
+            trained: self.positions.clone(),
+            grid: self.config.grid(),
+            hidden: self.config.hidden_size,
+            class_rows: usize::from(self.class_embedding.is_some()),
         }
-        let offset = usize::from(self.class_embedding.is_some());
-        let patch_positions = &self.positions[offset * hidden..];
+    }
+}
+
+/// A tower's trained position embeddings (`[class_rows + grid², hidden]`).
+#[derive(Debug, Clone)]
+pub(crate) struct PositionTable {
+    trained: Vec<f32>,
+    grid: usize,
+    hidden: usize,
+    class_rows: usize,
+}
+
+impl PositionTable {
+    /// The embeddings of a `grid_h × grid_w` grid: the trained ones, or interpolated
+    /// bicubically (PyTorch's `interpolate(mode="bicubic", align_corners=False)`); the class
+    /// token's row is kept as trained.
+    pub(crate) fn for_grid(&self, grid_h: usize, grid_w: usize) -> Vec<f32> {
+        let (hidden, trained, offset) = (self.hidden, self.grid, self.class_rows);
+        if grid_h == trained && grid_w == trained {
+            return self.trained.clone();
+        }
+        let patch_positions = &self.trained[offset * hidden..];
         let mut out = Vec::with_capacity((offset + grid_h * grid_w) * hidden);
-        out.extend_from_slice(&self.positions[..offset * hidden]);
+        out.extend_from_slice(&self.trained[..offset * hidden]);
         let rows_weights = bicubic_weights(trained, grid_h);
         let cols_weights = bicubic_weights(trained, grid_w);
         let mut value = vec![0.0f32; hidden];
@@ -408,7 +439,7 @@ fn bicubic_weights(input: usize, output: usize) -> Vec<[(usize, f32); 4]> {
 /// The LLaVA multimodal projector: `linear_2(act(linear_1(x)))`.
 #[derive(Debug)]
 pub struct Projector {
-    mlp: Mlp,
+    pub(crate) mlp: Mlp,
 }
 
 impl Projector {
@@ -478,10 +509,10 @@ impl Features {
 /// vision-language model), loaded from a model directory.
 #[derive(Debug)]
 pub struct VisionEncoder {
-    tower: VisionTower,
-    projector: Option<Projector>,
-    layer: FeatureLayer,
-    strategy: SelectStrategy,
+    pub(crate) tower: VisionTower,
+    pub(crate) projector: Option<Projector>,
+    pub(crate) layer: FeatureLayer,
+    pub(crate) strategy: SelectStrategy,
 }
 
 impl VisionEncoder {

@@ -46,11 +46,11 @@ impl WhisperConfig {
 pub struct WhisperEncoder {
     config: WhisperConfig,
     /// `[d, n_mels·3]` and `[d, d·3]`: kernels flattened in (input channel, tap) order.
-    conv1: (Vec<f32>, Vec<f32>),
-    conv2: (Vec<f32>, Vec<f32>),
-    positions: Vec<f32>,
-    blocks: Vec<PreNormBlock>,
-    norm: LayerNorm,
+    pub(crate) conv1: (Vec<f32>, Vec<f32>),
+    pub(crate) conv2: (Vec<f32>, Vec<f32>),
+    pub(crate) positions: Vec<f32>,
+    pub(crate) blocks: Vec<PreNormBlock>,
+    pub(crate) norm: LayerNorm,
 }
 
 const EPS: f32 = 1e-5;
@@ -313,23 +313,33 @@ impl WhisperEncoder {
     /// As [`WhisperEncoder::forward`].
     pub fn audio_features(&self, mels: &[&[f32]], seconds: &[f64]) -> Result<Vec<Vec<f32>>, EncodeError> {
         let hidden = self.forward(mels)?;
-        let d = self.config.d_model;
-        let len = self.config.max_source_positions;
-        let pooled_len = len / 2;
-        let rows_per_second = pooled_len as f64 / 30.0;
-        Ok(hidden
-            .chunks_exact(len * d)
-            .zip(seconds)
-            .map(|(rows, &secs)| {
-                let keep = ((secs * rows_per_second).ceil() as usize).clamp(1, pooled_len);
-                let mut out = Vec::with_capacity(keep * d);
-                for pair in rows.chunks_exact(2 * d).take(keep) {
-                    out.extend(pair[..d].iter().zip(&pair[d..]).map(|(a, b)| (a + b) / 2.0));
-                }
-                out
-            })
-            .collect())
+        Ok(pool_pairs(
+            &hidden,
+            self.config.max_source_positions,
+            self.config.d_model,
+            seconds,
+        ))
     }
+}
+
+/// Whisper's features from its `last_hidden_state` (`[windows, len, d]`): rows averaged in
+/// pairs (25 per second) and cut to each window's length (`ceil(seconds × 25)` rows, at least
+/// one).
+pub(crate) fn pool_pairs(hidden: &[f32], len: usize, d: usize, seconds: &[f64]) -> Vec<Vec<f32>> {
+    let pooled_len = len / 2;
+    let rows_per_second = pooled_len as f64 / 30.0;
+    hidden
+        .chunks_exact(len * d)
+        .zip(seconds)
+        .map(|(rows, &secs)| {
+            let keep = ((secs * rows_per_second).ceil() as usize).clamp(1, pooled_len);
+            let mut out = Vec::with_capacity(keep * d);
+            for pair in rows.chunks_exact(2 * d).take(keep) {
+                out.extend(pair[..d].iter().zip(&pair[d..]).map(|(a, b)| (a + b) / 2.0));
+            }
+            out
+        })
+        .collect()
 }
 
 /// A 1-D convolution, kernel 3, padding 1, over time-major input `[frames, channels]`;

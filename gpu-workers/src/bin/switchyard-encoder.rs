@@ -27,7 +27,8 @@ struct Args {
     /// a CTranslate2 Whisper `model.bin`.
     #[arg(long)]
     model: PathBuf,
-    /// `cpu`, or `cuda:N` (not available yet for encoders).
+    /// `cpu`, or `cuda:N` (a build with `--features cuda`): the forward on that GPU, with CUDA
+    /// graphs at power-of-two token budgets up to the largest of `--token-budgets`.
     #[arg(long, default_value = "cpu")]
     device: String,
     /// Address to listen on.
@@ -111,12 +112,19 @@ async fn run() -> anyhow::Result<()> {
         .with_writer(std::io::stderr)
         .init();
     let args = Args::parse();
-    match args.device.as_str() {
-        "cpu" => {}
-        other if other.starts_with("cuda") => {
-            anyhow::bail!("--device {other}: the encoders have no CUDA backend yet; run with --device cpu")
-        }
-        other => anyhow::bail!("--device must be `cpu` or `cuda:N`, not `{other}`"),
+    let gpu: Option<usize> = match args.device.as_str() {
+        "cpu" => None,
+        "cuda" => Some(0),
+        other => match other.strip_prefix("cuda:").map(str::parse) {
+            Some(Ok(ordinal)) => Some(ordinal),
+            _ => anyhow::bail!("--device must be `cpu` or `cuda:N`, not `{other}`"),
+        },
+    };
+    if gpu.is_some() && !cfg!(feature = "cuda") {
+        anyhow::bail!(
+            "--device {}: this switchyard-encoder was built without CUDA; rebuild with `--features cuda`",
+            args.device
+        );
     }
     anyhow::ensure!(
         !args.served_model_name.is_empty(),
@@ -135,6 +143,17 @@ async fn run() -> anyhow::Result<()> {
         tokio::task::spawn_blocking(move || NativeDevice::load(&path).map(|d| d.with_temporal_pooling(pooling)))
             .await
             .context("the loading thread failed")??;
+    #[cfg(feature = "cuda")]
+    let device = match gpu {
+        Some(ordinal) => {
+            let budget = args.token_budgets.iter().copied().max().unwrap_or(1) as usize;
+            tokio::task::spawn_blocking(move || device.on_cuda(ordinal, budget))
+                .await
+                .context("the loading thread failed")?
+                .with_context(|| format!("--device {}", args.device))?
+        }
+        None => device,
+    };
     let role = device.role();
     let feature_dim = switchyard_workers::encoder::EncodeDevice::feature_dim(&device);
     tracing::info!(model = %args.model.display(), %role, feature_dim, "encoder model loaded");

@@ -64,6 +64,12 @@ pub trait EncodeDevice: std::fmt::Debug + Send + Sync + 'static {
 
     /// Width of a feature row.
     fn feature_dim(&self) -> usize;
+
+    /// Counters of the device's own, exported on `/metrics` under the encoder's prefix: `(name,
+    /// help, value)` (a GPU device's CUDA graph replays and eager runs). None by default.
+    fn counters(&self) -> Vec<(&'static str, &'static str, u64)> {
+        Vec::new()
+    }
 }
 
 /// Settings of one encoder (simulated unless `device` is set).
@@ -661,6 +667,13 @@ fn metrics(shared: &Shared) -> Response<Body> {
         let counter = Counter::<u64>::default();
         counter.inc_by(value.load(Ordering::Relaxed));
         registry.register(name, help, counter);
+    }
+    if let Some(device) = &shared.config.device {
+        for (name, help, value) in device.counters() {
+            let counter = Counter::<u64>::default();
+            counter.inc_by(value);
+            registry.register(name, help, counter);
+        }
     }
     let busy = Counter::<f64, AtomicU64>::default();
     busy.inc_by(stats.busy_nanos.load(Ordering::Relaxed) as f64 / 1e9);

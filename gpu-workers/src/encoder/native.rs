@@ -23,7 +23,7 @@ use switchyard_encoders::image::{ImageProcessor, PixelValues};
 use switchyard_encoders::mel::{LogMel, MelConfig};
 use switchyard_encoders::tensor::to_f16_le;
 use switchyard_encoders::video;
-use switchyard_encoders::vit::{VisionEncoder, pool_in_time};
+use switchyard_encoders::vit::{Features, VisionEncoder, pool_in_time};
 use switchyard_encoders::whisper::WhisperEncoder;
 use switchyard_encoders::{LoadError, MediaError};
 use switchyard_media::{MediaId, MediaKind};
@@ -50,10 +50,20 @@ enum Model {
 /// `temporal_pooling` default).
 pub const DEFAULT_TEMPORAL_POOLING: usize = 2;
 
+/// Where the forward runs.
+enum Backend {
+    Cpu,
+    #[cfg(feature = "cuda")]
+    CudaVision(Box<switchyard_encoders::cuda::vision::CudaVision>),
+    #[cfg(feature = "cuda")]
+    CudaWhisper(Box<switchyard_encoders::cuda::whisper::CudaWhisper>),
+}
+
 /// A loaded model that encodes passes of media items.
 pub struct NativeDevice {
     model: Model,
     temporal_pooling: usize,
+    backend: Backend,
 }
 
 impl std::fmt::Debug for NativeDevice {
@@ -83,6 +93,7 @@ impl NativeDevice {
             return Ok(NativeDevice {
                 model: Model::Audio { encoder, mel },
                 temporal_pooling: DEFAULT_TEMPORAL_POOLING,
+                backend: Backend::Cpu,
             });
         }
         let config_path = path.join("config.json");
@@ -134,6 +145,7 @@ impl NativeDevice {
                     mel: LogMel::new(mel_config),
                 },
                 temporal_pooling: DEFAULT_TEMPORAL_POOLING,
+                backend: Backend::Cpu,
             });
         }
         let encoder = VisionEncoder::load(path)?;
@@ -141,7 +153,56 @@ impl NativeDevice {
         Ok(NativeDevice {
             model: Model::Vision { encoder, processor },
             temporal_pooling: DEFAULT_TEMPORAL_POOLING,
+            backend: Backend::Cpu,
         })
+    }
+
+    /// Moves the forward to GPU `ordinal` (the weights stay on the host too, for sizes and
+    /// preprocessing), with CUDA graphs at power-of-two token budgets up to `max_budget`.
+    ///
+    /// # Errors
+    ///
+    /// A [`switchyard_encoders::cuda::CudaError`] saying what is missing (driver, NVRTC,
+    /// cuBLAS, the device) or what failed.
+    #[cfg(feature = "cuda")]
+    pub fn on_cuda(
+        mut self,
+        ordinal: usize,
+        max_budget: usize,
+    ) -> Result<NativeDevice, switchyard_encoders::cuda::CudaError> {
+        use switchyard_encoders::cuda::{vision::CudaVision, whisper::CudaWhisper};
+        self.backend = match &self.model {
+            Model::Vision { encoder, .. } => {
+                Backend::CudaVision(Box::new(CudaVision::new(encoder, ordinal, max_budget)?))
+            }
+            Model::Audio { encoder, .. } => {
+                Backend::CudaWhisper(Box::new(CudaWhisper::new(encoder, ordinal, max_budget)?))
+            }
+        };
+        Ok(self)
+    }
+
+    /// The vision forward on this device's backend.
+    fn vision_forward(&self, encoder: &VisionEncoder, batch: &[&PixelValues]) -> Result<Features, String> {
+        match &self.backend {
+            #[cfg(feature = "cuda")]
+            Backend::CudaVision(gpu) => gpu.encode(batch).map_err(|err| err.to_string()),
+            _ => encoder.encode(batch).map_err(|err| err.to_string()),
+        }
+    }
+
+    /// The audio forward (pooled features per window) on this device's backend.
+    fn audio_forward(
+        &self,
+        encoder: &WhisperEncoder,
+        mels: &[&[f32]],
+        seconds: &[f64],
+    ) -> Result<Vec<Vec<f32>>, String> {
+        match &self.backend {
+            #[cfg(feature = "cuda")]
+            Backend::CudaWhisper(gpu) => gpu.audio_features(mels, seconds).map_err(|err| err.to_string()),
+            _ => encoder.audio_features(mels, seconds).map_err(|err| err.to_string()),
+        }
     }
 
     /// Sets how many consecutive video frames pool into one frame's worth of rows; it must be
@@ -253,7 +314,7 @@ impl NativeDevice {
         }
         if !pixels.is_empty() {
             let batch: Vec<&PixelValues> = pixels.iter().map(|(_, p)| p).collect();
-            match encoder.encode(&batch) {
+            match self.vision_forward(encoder, &batch) {
                 Ok(features) => {
                     let share = started.elapsed().as_secs_f64() * 1e3 / pixels.len() as f64;
                     let mut per_item: Vec<Vec<&[f32]>> = vec![Vec::new(); items.len()];
@@ -317,7 +378,7 @@ impl NativeDevice {
         if !windows.is_empty() {
             let mels: Vec<&[f32]> = windows.iter().map(|(_, m, _)| m.as_slice()).collect();
             let seconds: Vec<f64> = windows.iter().map(|(_, _, s)| *s).collect();
-            match encoder.audio_features(&mels, &seconds) {
+            match self.audio_forward(encoder, &mels, &seconds) {
                 Ok(features) => {
                     let share = started.elapsed().as_secs_f64() * 1e3 / windows.len() as f64;
                     let dim = encoder.config().d_model;
@@ -361,4 +422,37 @@ impl EncodeDevice for NativeDevice {
             Model::Audio { encoder, .. } => encoder.config().d_model,
         }
     }
+
+    fn counters(&self) -> Vec<(&'static str, &'static str, u64)> {
+        match &self.backend {
+            Backend::Cpu => Vec::new(),
+            #[cfg(feature = "cuda")]
+            Backend::CudaVision(gpu) => graph_counters(gpu.counters()),
+            #[cfg(feature = "cuda")]
+            Backend::CudaWhisper(gpu) => graph_counters(gpu.counters()),
+        }
+    }
+}
+
+/// A GPU backend's graph cache counters, as `/metrics` counters.
+#[cfg(feature = "cuda")]
+fn graph_counters(graphs: &switchyard_encoders::cuda::GraphCounters) -> Vec<(&'static str, &'static str, u64)> {
+    use std::sync::atomic::Ordering::Relaxed;
+    vec![
+        (
+            "cuda_graph_replays",
+            "Forward passes answered by a CUDA graph replay (a budget held the micro-batch)",
+            graphs.replays.load(Relaxed),
+        ),
+        (
+            "cuda_eager_passes",
+            "Forward passes run eagerly on the GPU (above every budget, or no graph)",
+            graphs.eager.load(Relaxed),
+        ),
+        (
+            "cuda_graph_captures",
+            "CUDA graphs captured (one per image size and budget)",
+            graphs.captures.load(Relaxed),
+        ),
+    ]
 }

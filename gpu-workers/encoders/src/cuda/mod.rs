@@ -1,0 +1,738 @@
+//! The encoders' forward on one NVIDIA GPU through cudarc (feature `cuda`), with CUDA graphs
+//! per token budget.
+//!
+//! Everything CUDA is loaded at run time (cudarc's dynamic loading: the driver, NVRTC and
+//! cuBLAS), so this module builds on machines without CUDA, and asking for a GPU that is not
+//! there is an error saying which part is missing. The kernels in `kernels.cu` (patch and
+//! convolution im2col, token assembly, LayerNorm, bias with activation, bidirectional
+//! attention, position adds, row selection) are compiled by NVRTC when a model is put on the
+//! GPU; products are cuBLAS SGEMMs, query/key/value fused into one, residual adds folded into
+//! the output products (β = 1). Weights are f32 and laid out as on the CPU ([`vision`] takes a
+//! loaded [`crate::vit::VisionEncoder`], [`whisper`] a [`crate::whisper::WhisperEncoder`]), so
+//! CPU, eager GPU and graph replay can be compared value by value.
+//!
+//! [`Graphs`] is the CUDA graph cache of seed 003: per input shape, one forward captured at
+//! each power-of-two token budget up to the largest (which is always one), all on one set of
+//! buffers sized for the largest. A micro-batch takes the smallest budget that holds its items:
+//! the input buffer is zeroed, the items' values copied in, the graph replayed and the items'
+//! outputs copied out. A micro-batch above every budget runs eagerly. Replays and eager runs are
+//! counted for the encoder's metrics.
+
+pub mod vision;
+pub mod whisper;
+
+use std::collections::HashMap;
+use std::hash::Hash;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use cudarc::cublas::sys::cublasOperation_t;
+use cudarc::cublas::{CudaBlas, Gemm, GemmConfig};
+use cudarc::driver::{CudaContext, CudaFunction, CudaGraph, CudaSlice, CudaStream, LaunchConfig, PushKernelArg};
+
+use crate::EncodeError;
+use crate::ops::{Activation, LayerNorm, Linear, PreNormBlock};
+
+/// The kernels' CUDA C source.
+pub const KERNELS: &str = include_str!("kernels.cu");
+
+/// The kernels the forward launches, by their `extern "C"` names.
+pub const KERNEL_NAMES: [&str; 8] = [
+    "im2col_patches",
+    "assemble_tokens",
+    "layer_norm",
+    "bias_act",
+    "attention",
+    "im2col_conv1d",
+    "add_positions",
+    "keep_last_rows",
+];
+
+/// Most rows one attention sequence may have: its scores sit in 48 KiB of shared memory.
+pub const MAX_SEQUENCE: usize = 12 * 1024;
+
+/// Why an encoder could not be put on the GPU or run there.
+#[derive(Debug, thiserror::Error)]
+pub enum CudaError {
+    /// The NVIDIA driver library (libcuda) is not installed.
+    #[error("no CUDA driver: libcuda could not be loaded (no NVIDIA GPU or driver on this machine)")]
+    NoDriver,
+    /// NVRTC (libnvrtc) is not installed.
+    #[error("no NVRTC: libnvrtc could not be loaded (install the CUDA runtime compiler)")]
+    NoNvrtc,
+    /// cuBLAS (libcublas) is not installed.
+    #[error("no cuBLAS: libcublas could not be loaded (install the CUDA toolkit's cuBLAS)")]
+    NoCublas,
+    /// No device with that ordinal.
+    #[error("CUDA device {ordinal} does not exist ({count} device(s) found)")]
+    NoDevice {
+        /// The ordinal asked for.
+        ordinal: usize,
+        /// Devices present.
+        count: usize,
+    },
+    /// A driver call failed.
+    #[error("CUDA driver: {0}")]
+    Driver(String),
+    /// NVRTC rejected the kernels.
+    #[error("NVRTC could not compile the kernels: {0}")]
+    Compile(String),
+    /// A cuBLAS call failed.
+    #[error("cuBLAS: {0}")]
+    Blas(String),
+    /// The model or input does not fit the kernels' limits.
+    #[error("unsupported on the GPU: {0}")]
+    Unsupported(String),
+    /// The inputs do not fit the model (as on the CPU).
+    #[error(transparent)]
+    Encode(#[from] EncodeError),
+}
+
+fn driver(err: cudarc::driver::DriverError) -> CudaError {
+    CudaError::Driver(err.to_string())
+}
+
+/// Whether NVRTC can be loaded on this machine (no GPU needed).
+pub fn nvrtc_present() -> bool {
+    // SAFETY: only probes whether the shared library can be opened.
+    unsafe { cudarc::nvrtc::sys::is_culib_present() }
+}
+
+/// Whether the CUDA driver can be loaded on this machine.
+pub fn driver_present() -> bool {
+    // SAFETY: only probes whether the shared library can be opened.
+    unsafe { cudarc::driver::sys::is_culib_present() }
+}
+
+/// Compiles the kernels to PTX. Needs NVRTC only, not a GPU, so CPU machines can check them.
+///
+/// # Errors
+///
+/// [`CudaError::NoNvrtc`] without NVRTC, [`CudaError::Compile`] with the compiler's log.
+pub fn compile_kernels() -> Result<cudarc::nvrtc::Ptx, CudaError> {
+    if !nvrtc_present() {
+        return Err(CudaError::NoNvrtc);
+    }
+    cudarc::nvrtc::compile_ptx_with_opts(
+        KERNELS,
+        cudarc::nvrtc::CompileOptions {
+            name: Some("switchyard_encoders.cu".into()),
+            ..Default::default()
+        },
+    )
+    .map_err(|err| CudaError::Compile(err.to_string()))
+}
+
+struct Kernels {
+    im2col_patches: CudaFunction,
+    assemble_tokens: CudaFunction,
+    layer_norm: CudaFunction,
+    bias_act: CudaFunction,
+    attention: CudaFunction,
+    im2col_conv1d: CudaFunction,
+    add_positions: CudaFunction,
+    keep_last_rows: CudaFunction,
+}
+
+/// One GPU: a stream of its own (graph capture cannot use the legacy default stream), cuBLAS
+/// on that stream, and the compiled kernels.
+pub(crate) struct Gpu {
+    stream: Arc<CudaStream>,
+    blas: CudaBlas,
+    kernels: Kernels,
+    /// cuBLAS's workspace, ours so that cuBLAS never allocates (a capture would not allow it).
+    _workspace: CudaSlice<u8>,
+}
+
+/// Bytes of the cuBLAS workspace (what cuBLAS takes by default on recent GPUs).
+const CUBLAS_WORKSPACE: usize = 32 << 20;
+
+impl std::fmt::Debug for Gpu {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Gpu").finish_non_exhaustive()
+    }
+}
+
+fn int(v: usize) -> Result<i32, CudaError> {
+    i32::try_from(v).map_err(|_| CudaError::Unsupported(format!("dimension {v} exceeds i32")))
+}
+
+fn rows_launch(rows: usize, threads: u32) -> Result<LaunchConfig, CudaError> {
+    Ok(LaunchConfig {
+        grid_dim: (
+            u32::try_from(rows).map_err(|_| CudaError::Unsupported(format!("{rows} rows")))?,
+            1,
+            1,
+        ),
+        block_dim: (threads, 1, 1),
+        shared_mem_bytes: 0,
+    })
+}
+
+/// The activation codes `kernels.cu` takes.
+fn act_code(act: Option<Activation>) -> i32 {
+    match act {
+        None => 0,
+        Some(Activation::Gelu) => 1,
+        Some(Activation::GeluTanh) => 2,
+        Some(Activation::QuickGelu) => 3,
+        Some(Activation::Relu) => 4,
+    }
+}
+
+impl Gpu {
+    /// Opens GPU `ordinal` and compiles the kernels.
+    pub(crate) fn open(ordinal: usize) -> Result<Gpu, CudaError> {
+        if !driver_present() {
+            return Err(CudaError::NoDriver);
+        }
+        // SAFETY: only probes whether the shared library can be opened.
+        if !unsafe { cudarc::cublas::sys::is_culib_present() } {
+            return Err(CudaError::NoCublas);
+        }
+        let count = CudaContext::device_count().map_err(driver)?;
+        let count = usize::try_from(count).unwrap_or(0);
+        if ordinal >= count {
+            return Err(CudaError::NoDevice { ordinal, count });
+        }
+        let ptx = compile_kernels()?;
+        let context = CudaContext::new(ordinal).map_err(driver)?;
+        // One stream does everything, so cudarc's cross-stream event tracking is not needed
+        // (and its event records would not belong in a captured graph).
+        // SAFETY: no slice is shared between streams here.
+        unsafe { context.disable_event_tracking() };
+        let stream = context.new_stream().map_err(driver)?;
+        let module = context.load_module(ptx).map_err(driver)?;
+        let load = |name: &str| module.load_function(name).map_err(driver);
+        let kernels = Kernels {
+            im2col_patches: load(KERNEL_NAMES[0])?,
+            assemble_tokens: load(KERNEL_NAMES[1])?,
+            layer_norm: load(KERNEL_NAMES[2])?,
+            bias_act: load(KERNEL_NAMES[3])?,
+            attention: load(KERNEL_NAMES[4])?,
+            im2col_conv1d: load(KERNEL_NAMES[5])?,
+            add_positions: load(KERNEL_NAMES[6])?,
+            keep_last_rows: load(KERNEL_NAMES[7])?,
+        };
+        let blas = CudaBlas::new(stream.clone()).map_err(|err| CudaError::Blas(err.to_string()))?;
+        let workspace = stream.alloc_zeros::<u8>(CUBLAS_WORKSPACE).map_err(driver)?;
+        {
+            use cudarc::driver::DevicePtr;
+            let (pointer, _synced) = workspace.device_ptr(&stream);
+            // SAFETY: the workspace is device memory of `CUBLAS_WORKSPACE` bytes that lives as
+            // long as the handle (both are fields of `Gpu`), used only on this stream.
+            let status = unsafe {
+                cudarc::cublas::sys::cublasSetWorkspace_v2(
+                    *blas.handle(),
+                    pointer as *mut std::ffi::c_void,
+                    CUBLAS_WORKSPACE,
+                )
+            };
+            if status != cudarc::cublas::sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
+                return Err(CudaError::Blas(format!("cublasSetWorkspace: {status:?}")));
+            }
+        }
+        Ok(Gpu {
+            stream,
+            blas,
+            kernels,
+            _workspace: workspace,
+        })
+    }
+
+    pub(crate) fn upload(&self, values: &[f32]) -> Result<CudaSlice<f32>, CudaError> {
+        self.stream.clone_htod(values).map_err(driver)
+    }
+
+    pub(crate) fn zeros(&self, n: usize) -> Result<CudaSlice<f32>, CudaError> {
+        self.stream.alloc_zeros::<f32>(n.max(1)).map_err(driver)
+    }
+
+    /// `y[rows, output] (+)= x[rows, input] · W[output, input]ᵀ`, row-major, as column-major
+    /// cuBLAS sees it: `yᵀ = W · xᵀ`.
+    pub(crate) fn linear(
+        &self,
+        x: &CudaSlice<f32>,
+        weight: &CudaSlice<f32>,
+        y: &mut CudaSlice<f32>,
+        (rows, input, output): (usize, usize, usize),
+        accumulate: bool,
+    ) -> Result<(), CudaError> {
+        let config = GemmConfig {
+            transa: cublasOperation_t::CUBLAS_OP_T,
+            transb: cublasOperation_t::CUBLAS_OP_N,
+            m: int(output)?,
+            n: int(rows)?,
+            k: int(input)?,
+            alpha: 1.0f32,
+            lda: int(input)?,
+            ldb: int(input)?,
+            beta: if accumulate { 1.0 } else { 0.0 },
+            ldc: int(output)?,
+        };
+        // SAFETY: the callers size the three buffers for at least `output·input`, `rows·input`
+        // and `rows·output` values, and `y` aliases neither input.
+        unsafe { self.blas.gemm(config, weight, x, y) }.map_err(|err| CudaError::Blas(err.to_string()))
+    }
+
+    /// LayerNorm of `rows` rows of `x` into `out` (which may be `x` itself: each row is read
+    /// whole before it is written).
+    pub(crate) fn layer_norm(
+        &self,
+        x: &CudaSlice<f32>,
+        norm: &GpuNorm,
+        out: &mut CudaSlice<f32>,
+        rows: usize,
+    ) -> Result<(), CudaError> {
+        let width = int(norm.width)?;
+        let mut launch = self.stream.launch_builder(&self.kernels.layer_norm);
+        launch
+            .arg(x)
+            .arg(&norm.weight)
+            .arg(&norm.bias)
+            .arg(out)
+            .arg(&width)
+            .arg(&norm.eps);
+        // SAFETY: the kernel reads and writes `rows·width` values; the buffers hold them.
+        unsafe { launch.launch(rows_launch(rows, 256)?) }.map_err(driver)?;
+        Ok(())
+    }
+
+    /// The same, in place.
+    pub(crate) fn layer_norm_in_place(
+        &self,
+        x: &mut CudaSlice<f32>,
+        norm: &GpuNorm,
+        rows: usize,
+    ) -> Result<(), CudaError> {
+        let width = int(norm.width)?;
+        let mut launch = self.stream.launch_builder(&self.kernels.layer_norm);
+        let alias: &CudaSlice<f32> = x;
+        // The kernel takes the same pointer as input and output; each row's reads finish
+        // (two block-wide reductions) before its writes.
+        launch
+            .arg(alias)
+            .arg(&norm.weight)
+            .arg(&norm.bias)
+            .arg(alias)
+            .arg(&width)
+            .arg(&norm.eps);
+        // SAFETY: as `layer_norm`, with `out == x`.
+        unsafe { launch.launch(rows_launch(rows, 256)?) }.map_err(driver)?;
+        Ok(())
+    }
+
+    /// `x[r] = act(x[r] + bias)` for `rows` rows of `bias.len()` values.
+    pub(crate) fn bias_act(
+        &self,
+        x: &mut CudaSlice<f32>,
+        bias: &CudaSlice<f32>,
+        (rows, width): (usize, usize),
+        act: Option<Activation>,
+    ) -> Result<(), CudaError> {
+        let (width, code) = (int(width)?, act_code(act));
+        let mut launch = self.stream.launch_builder(&self.kernels.bias_act);
+        launch.arg(x).arg(bias).arg(&width).arg(&code);
+        // SAFETY: `rows·width` values of `x`, `width` of `bias`.
+        unsafe { launch.launch(rows_launch(rows, 256)?) }.map_err(driver)?;
+        Ok(())
+    }
+
+    /// Self-attention over `rows / len` sequences of `len` rows: `qkv` rows `[q | k | v]`.
+    pub(crate) fn attention(
+        &self,
+        qkv: &CudaSlice<f32>,
+        out: &mut CudaSlice<f32>,
+        (rows, len, heads, head_dim): (usize, usize, usize, usize),
+    ) -> Result<(), CudaError> {
+        if len > MAX_SEQUENCE {
+            return Err(CudaError::Unsupported(format!(
+                "sequences of {len} rows (the attention kernel takes up to {MAX_SEQUENCE})"
+            )));
+        }
+        let (l, h, d) = (int(len)?, int(heads)?, int(head_dim)?);
+        let scale = 1.0 / (head_dim as f32).sqrt();
+        let config = LaunchConfig {
+            grid_dim: (
+                u32::try_from(rows).map_err(|_| CudaError::Unsupported(format!("{rows} rows")))?,
+                heads as u32,
+                1,
+            ),
+            block_dim: (128, 1, 1),
+            shared_mem_bytes: (len * 4) as u32,
+        };
+        let mut launch = self.stream.launch_builder(&self.kernels.attention);
+        launch.arg(qkv).arg(out).arg(&l).arg(&h).arg(&d).arg(&scale);
+        // SAFETY: `qkv` holds `rows·3·heads·head_dim` values, `out` `rows·heads·head_dim`, and
+        // `rows` is a multiple of `len` (whole sequences).
+        unsafe { launch.launch(config) }.map_err(driver)?;
+        Ok(())
+    }
+
+    /// One pre-LN block on `x` (`rows` rows in sequences of `len`), with `scratch` for the
+    /// intermediates.
+    pub(crate) fn block(
+        &self,
+        block: &GpuBlock,
+        x: &mut CudaSlice<f32>,
+        scratch: &mut BlockScratch,
+        (rows, len): (usize, usize),
+    ) -> Result<(), CudaError> {
+        let h = block.width;
+        self.layer_norm(x, &block.norm1, &mut scratch.normed, rows)?;
+        self.linear(&scratch.normed, &block.qkv, &mut scratch.qkv, (rows, h, 3 * h), false)?;
+        self.bias_act(&mut scratch.qkv, &block.qkv_bias, (rows, 3 * h), None)?;
+        self.attention(
+            &scratch.qkv,
+            &mut scratch.attention,
+            (rows, len, block.heads, h / block.heads),
+        )?;
+        self.linear(&scratch.attention, &block.out, x, (rows, h, h), true)?;
+        self.bias_act(x, &block.out_bias, (rows, h), None)?;
+        self.layer_norm(x, &block.norm2, &mut scratch.normed, rows)?;
+        self.linear(
+            &scratch.normed,
+            &block.fc1,
+            &mut scratch.mlp,
+            (rows, h, block.intermediate),
+            false,
+        )?;
+        self.bias_act(
+            &mut scratch.mlp,
+            &block.fc1_bias,
+            (rows, block.intermediate),
+            Some(block.act),
+        )?;
+        self.linear(&scratch.mlp, &block.fc2, x, (rows, block.intermediate, h), true)?;
+        self.bias_act(x, &block.fc2_bias, (rows, h), None)
+    }
+}
+
+/// A LayerNorm's parameters on the GPU.
+pub(crate) struct GpuNorm {
+    weight: CudaSlice<f32>,
+    bias: CudaSlice<f32>,
+    eps: f32,
+    width: usize,
+}
+
+impl GpuNorm {
+    pub(crate) fn upload(gpu: &Gpu, norm: &LayerNorm) -> Result<GpuNorm, CudaError> {
+        Ok(GpuNorm {
+            weight: gpu.upload(&norm.weight)?,
+            bias: gpu.upload(&norm.bias)?,
+            eps: norm.eps,
+            width: norm.weight.len(),
+        })
+    }
+}
+
+/// A linear layer's weight and bias (zeros where the model has none) on the GPU.
+pub(crate) struct GpuLinear {
+    pub(crate) weight: CudaSlice<f32>,
+    pub(crate) bias: CudaSlice<f32>,
+    pub(crate) input: usize,
+    pub(crate) output: usize,
+}
+
+impl GpuLinear {
+    pub(crate) fn upload(gpu: &Gpu, linear: &Linear) -> Result<GpuLinear, CudaError> {
+        Ok(GpuLinear {
+            weight: gpu.upload(&linear.weight)?,
+            bias: match &linear.bias {
+                Some(bias) => gpu.upload(bias)?,
+                None => gpu.zeros(linear.output)?,
+            },
+            input: linear.input,
+            output: linear.output,
+        })
+    }
+
+    /// `y = x·Wᵀ + b`, then the activation.
+    pub(crate) fn forward(
+        &self,
+        gpu: &Gpu,
+        x: &CudaSlice<f32>,
+        y: &mut CudaSlice<f32>,
+        rows: usize,
+        act: Option<Activation>,
+    ) -> Result<(), CudaError> {
+        gpu.linear(x, &self.weight, y, (rows, self.input, self.output), false)?;
+        gpu.bias_act(y, &self.bias, (rows, self.output), act)
+    }
+}
+
+/// A pre-LN transformer block on the GPU, query/key/value stacked into one product.
+pub(crate) struct GpuBlock {
+    norm1: GpuNorm,
+    qkv: CudaSlice<f32>,
+    qkv_bias: CudaSlice<f32>,
+    out: CudaSlice<f32>,
+    out_bias: CudaSlice<f32>,
+    norm2: GpuNorm,
+    fc1: CudaSlice<f32>,
+    fc1_bias: CudaSlice<f32>,
+    fc2: CudaSlice<f32>,
+    fc2_bias: CudaSlice<f32>,
+    act: Activation,
+    heads: usize,
+    width: usize,
+    intermediate: usize,
+}
+
+impl GpuBlock {
+    pub(crate) fn upload(gpu: &Gpu, block: &PreNormBlock) -> Result<GpuBlock, CudaError> {
+        let a = &block.attention;
+        let width = a.q.output;
+        let bias_or_zeros = |l: &Linear| l.bias.clone().unwrap_or_else(|| vec![0.0; l.output]);
+        let mut qkv = a.q.weight.clone();
+        qkv.extend_from_slice(&a.k.weight);
+        qkv.extend_from_slice(&a.v.weight);
+        let mut qkv_bias = bias_or_zeros(&a.q);
+        qkv_bias.extend(bias_or_zeros(&a.k));
+        qkv_bias.extend(bias_or_zeros(&a.v));
+        Ok(GpuBlock {
+            norm1: GpuNorm::upload(gpu, &block.norm1)?,
+            qkv: gpu.upload(&qkv)?,
+            qkv_bias: gpu.upload(&qkv_bias)?,
+            out: gpu.upload(&a.out.weight)?,
+            out_bias: gpu.upload(&bias_or_zeros(&a.out))?,
+            norm2: GpuNorm::upload(gpu, &block.norm2)?,
+            fc1: gpu.upload(&block.mlp.fc1.weight)?,
+            fc1_bias: gpu.upload(&bias_or_zeros(&block.mlp.fc1))?,
+            fc2: gpu.upload(&block.mlp.fc2.weight)?,
+            fc2_bias: gpu.upload(&bias_or_zeros(&block.mlp.fc2))?,
+            act: block.mlp.act,
+            heads: a.heads,
+            width,
+            intermediate: block.mlp.fc1.output,
+        })
+    }
+}
+
+/// Intermediates of the blocks, sized for a capacity of rows.
+pub(crate) struct BlockScratch {
+    normed: CudaSlice<f32>,
+    qkv: CudaSlice<f32>,
+    attention: CudaSlice<f32>,
+    mlp: CudaSlice<f32>,
+}
+
+impl BlockScratch {
+    pub(crate) fn alloc(gpu: &Gpu, rows: usize, width: usize, intermediate: usize) -> Result<BlockScratch, CudaError> {
+        Ok(BlockScratch {
+            normed: gpu.zeros(rows * width)?,
+            qkv: gpu.zeros(rows * 3 * width)?,
+            attention: gpu.zeros(rows * width)?,
+            mlp: gpu.zeros(rows * intermediate)?,
+        })
+    }
+}
+
+/// A forward over fixed buffers: what [`Graphs`] captures and replays.
+pub(crate) trait Forward {
+    /// What fixes the shapes besides the item count (an image size; nothing for Whisper).
+    type Key: Copy + Eq + Hash + std::fmt::Debug;
+    /// Every buffer the forward reads or writes.
+    type Buffers;
+
+    /// Buffers for up to `capacity` items.
+    fn alloc(&self, gpu: &Gpu, key: Self::Key, capacity: usize) -> Result<Self::Buffers, CudaError>;
+    /// Enqueues the forward of the first `items` items.
+    fn enqueue(&self, gpu: &Gpu, buffers: &mut Self::Buffers, key: Self::Key, items: usize) -> Result<(), CudaError>;
+    /// The buffer the items' input values go into.
+    fn input(buffers: &mut Self::Buffers) -> &mut CudaSlice<f32>;
+    /// The buffer the items' outputs come from.
+    fn output(buffers: &Self::Buffers) -> &CudaSlice<f32>;
+    /// Input values per item.
+    fn input_len(&self, key: Self::Key) -> usize;
+    /// Output values per item.
+    fn output_len(&self, key: Self::Key) -> usize;
+    /// Tokens per item, the unit of the budgets.
+    fn tokens_per_item(&self, key: Self::Key) -> usize;
+}
+
+/// A captured graph. cudarc's `CudaGraph` holds raw driver handles and is not `Send`; this one
+/// only lives inside [`Graphs`]'s mutex, which serializes every use.
+struct Captured(CudaGraph);
+
+// SAFETY: the graph is launched and dropped only under the `Graphs` mutex (one thread at a
+// time), as the driver's thread-safety rules for graph objects require.
+unsafe impl Send for Captured {}
+
+struct Entry<B> {
+    buffers: B,
+    /// `(capacity in items, the graph)`, or `None` where capture failed (that capacity then
+    /// runs eagerly).
+    graphs: Vec<(usize, Option<Captured>)>,
+}
+
+/// How a micro-batch ran.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Path {
+    /// A captured graph replayed.
+    Replay,
+    /// Eagerly: above every budget, or its graph could not be captured.
+    Eager,
+}
+
+/// Counters of [`Graphs`]: graph replays (hits) and eager runs (misses).
+#[derive(Debug, Default)]
+pub struct GraphCounters {
+    /// Micro-batches answered by a graph replay.
+    pub replays: AtomicU64,
+    /// Micro-batches run eagerly.
+    pub eager: AtomicU64,
+    /// Graphs captured.
+    pub captures: AtomicU64,
+}
+
+/// The graph cache: one forward captured per (shape, budget), replayed with zeroed inputs.
+pub(crate) struct Graphs<F: Forward> {
+    /// Token budgets, ascending; the last is the largest.
+    budgets: Vec<usize>,
+    entries: Mutex<HashMap<F::Key, Entry<F::Buffers>>>,
+    pub(crate) counters: GraphCounters,
+}
+
+/// The token budgets graphs are captured at: every power of two below `max`, then `max`
+/// itself. For a shape, [`Graphs`] uses those that hold at least one item.
+pub fn budgets_up_to(max: usize) -> Vec<usize> {
+    let mut out: Vec<usize> = (0..usize::BITS).map(|k| 1usize << k).take_while(|&b| b < max).collect();
+    out.push(max.max(1));
+    out
+}
+
+impl<F: Forward> Graphs<F> {
+    pub(crate) fn new(max_budget: usize) -> Graphs<F> {
+        Graphs {
+            budgets: budgets_up_to(max_budget),
+            entries: Mutex::new(HashMap::new()),
+            counters: GraphCounters::default(),
+        }
+    }
+
+    /// Runs `items` items whose inputs are `input` (`items · input_len` values): by graph
+    /// replay when a budget holds them, else eagerly. Returns their outputs and the path.
+    pub(crate) fn run(
+        &self,
+        model: &F,
+        gpu: &Gpu,
+        key: F::Key,
+        input: &[f32],
+        items: usize,
+    ) -> Result<(Vec<f32>, Path), CudaError> {
+        let per_item = model.tokens_per_item(key).max(1);
+        let budget = self.budgets.iter().copied().find(|&b| b / per_item >= items);
+        let Some(budget) = budget else {
+            self.counters.eager.fetch_add(1, Ordering::Relaxed);
+            return Ok((Self::eager(model, gpu, key, input, items)?, Path::Eager));
+        };
+        let capacity = budget / per_item;
+        let mut entries = self
+            .entries
+            .lock()
+            .map_err(|_| CudaError::Driver("the graph cache lock is poisoned".into()))?;
+        let entry = match entries.entry(key) {
+            std::collections::hash_map::Entry::Occupied(entry) => entry.into_mut(),
+            std::collections::hash_map::Entry::Vacant(slot) => {
+                // One set of buffers per shape, sized for the largest budget: every graph of
+                // the shape is captured on it.
+                let largest = self.budgets.last().copied().unwrap_or(budget) / per_item;
+                let buffers = model.alloc(gpu, key, largest.max(capacity))?;
+                slot.insert(Entry {
+                    buffers,
+                    graphs: Vec::new(),
+                })
+            }
+        };
+        if !entry.graphs.iter().any(|(c, _)| *c == capacity) {
+            let captured = capture(model, gpu, &mut entry.buffers, key, capacity);
+            if captured.is_some() {
+                self.counters.captures.fetch_add(1, Ordering::Relaxed);
+            }
+            entry.graphs.push((capacity, captured));
+        }
+        let graph = entry
+            .graphs
+            .iter()
+            .find(|(c, _)| *c == capacity)
+            .and_then(|(_, g)| g.as_ref());
+        let Some(Captured(graph)) = graph else {
+            drop(entries);
+            self.counters.eager.fetch_add(1, Ordering::Relaxed);
+            return Ok((Self::eager(model, gpu, key, input, items)?, Path::Eager));
+        };
+        let stream = &gpu.stream;
+        let buffer = F::input(&mut entry.buffers);
+        stream.memset_zeros(buffer).map_err(driver)?;
+        stream
+            .memcpy_htod(input, &mut buffer.slice_mut(0..input.len()))
+            .map_err(driver)?;
+        graph.launch().map_err(driver)?;
+        let out_len = items * model.output_len(key);
+        let output = stream
+            .clone_dtoh(&F::output(&entry.buffers).slice(0..out_len))
+            .map_err(driver)?;
+        self.counters.replays.fetch_add(1, Ordering::Relaxed);
+        Ok((output, Path::Replay))
+    }
+
+    /// The forward without a graph, on buffers of exactly `items` items.
+    pub(crate) fn eager(model: &F, gpu: &Gpu, key: F::Key, input: &[f32], items: usize) -> Result<Vec<f32>, CudaError> {
+        let mut buffers = model.alloc(gpu, key, items)?;
+        gpu.stream
+            .memcpy_htod(input, &mut F::input(&mut buffers).slice_mut(0..input.len()))
+            .map_err(driver)?;
+        model.enqueue(gpu, &mut buffers, key, items)?;
+        let out_len = items * model.output_len(key);
+        gpu.stream
+            .clone_dtoh(&F::output(&buffers).slice(0..out_len))
+            .map_err(driver)
+    }
+}
+
+/// Captures the forward at `capacity` items: one eager run first (cuBLAS and the kernels do
+/// their first-use setup outside the capture), then the capture. `None` when the driver refuses
+/// (logged); the capacity then runs eagerly.
+fn capture<F: Forward>(
+    model: &F,
+    gpu: &Gpu,
+    buffers: &mut F::Buffers,
+    key: F::Key,
+    capacity: usize,
+) -> Option<Captured> {
+    match try_capture(model, gpu, buffers, key, capacity) {
+        Ok(Some(graph)) => Some(Captured(graph)),
+        Ok(None) => {
+            tracing::warn!(?key, capacity, "CUDA graph capture produced no graph; running eagerly");
+            None
+        }
+        Err(err) => {
+            tracing::warn!(?key, capacity, %err, "CUDA graph capture failed; running eagerly");
+            None
+        }
+    }
+}
+
+fn try_capture<F: Forward>(
+    model: &F,
+    gpu: &Gpu,
+    buffers: &mut F::Buffers,
+    key: F::Key,
+    capacity: usize,
+) -> Result<Option<CudaGraph>, CudaError> {
+    model.enqueue(gpu, buffers, key, capacity)?;
+    gpu.stream.synchronize().map_err(driver)?;
+    gpu.stream
+        .begin_capture(cudarc::driver::sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+        .map_err(driver)?;
+    let enqueued = model.enqueue(gpu, buffers, key, capacity);
+    // End the capture whatever happened, so the stream leaves capture mode.
+    let graph = gpu
+        .stream
+        .end_capture(cudarc::driver::sys::CUgraphInstantiate_flags(0))
+        .map_err(driver);
+    enqueued?;
+    graph
+}
