@@ -163,7 +163,10 @@ impl Gateway {
             deadline: std::time::Duration::from_millis(config.policy.deadline_ms),
             memory_limit_bytes: config.policy.memory_limit_mib << 20,
             cache_dir: config.policy.cache_dir.clone(),
-            ..policy::runtime::RuntimeConfig::default()
+            max_instances: config
+                .policy
+                .max_instances
+                .unwrap_or_else(policy::runtime::default_max_instances),
         })?);
         let router_policy = load_router(&policy_runtime, &config.policy.router, config.policy.config.clone())?;
         let switch = Arc::new(policy::switch::PolicySwitch::new(
@@ -190,6 +193,12 @@ impl Gateway {
         kv.metrics.register(metrics.registry_mut());
         let encoder_metrics = Arc::new(encoders::EncoderMetrics::new());
         encoder_metrics.register(metrics.registry_mut());
+        let watch_outcomes = policy::watch::WatchOutcomes::default();
+        metrics.registry_mut().register(
+            "policy_watch",
+            "Policy files loaded from policy.watch_dir, by outcome",
+            watch_outcomes.clone(),
+        );
         let metrics = Arc::new(metrics);
         let pool = Arc::new(WorkerPool::new(&config.workers, metrics.clone())?);
         for worker in pool.workers().iter().filter(|w| w.role == config::Role::Llm) {
@@ -261,6 +270,7 @@ impl Gateway {
                 policy_runtime.clone(),
                 router.policy().clone(),
                 config.policy.config.clone(),
+                watch_outcomes,
             )?);
         }
         let mut admin_addr = None;

@@ -301,6 +301,10 @@ pub struct PolicyConfig {
     pub max_failures: u32,
     /// Where compiled policy code is cached (keyed by sha256 and engine); none disables it.
     pub cache_dir: Option<PathBuf>,
+    /// Instance slots of the policy sandbox (every thread that calls a policy keeps up to four
+    /// instances); absent, sized from the machine's threads (at least 256). A call that finds
+    /// no slot is served by the fallback and never counts against the policy.
+    pub max_instances: Option<u32>,
     /// A directory whose `NAME.wasm` files are published as they are written.
     pub watch_dir: Option<PathBuf>,
     /// The policy's own settings, readable through the host world's `config.get`.
@@ -315,6 +319,7 @@ impl Default for PolicyConfig {
             memory_limit_mib: 32,
             max_failures: 5,
             cache_dir: None,
+            max_instances: None,
             watch_dir: None,
             config: toml::Table::new(),
         }
@@ -681,13 +686,19 @@ impl Config {
                 ));
             }
         }
-        if self.policy.deadline_ms == 0 || self.policy.memory_limit_mib == 0 || self.policy.max_failures == 0 {
+        if self.policy.deadline_ms == 0
+            || self.policy.memory_limit_mib == 0
+            || self.policy.max_failures == 0
+            || self.policy.max_instances == Some(0)
+        {
             let key = if self.policy.deadline_ms == 0 {
                 "policy.deadline_ms"
             } else if self.policy.memory_limit_mib == 0 {
                 "policy.memory_limit_mib"
-            } else {
+            } else if self.policy.max_failures == 0 {
                 "policy.max_failures"
+            } else {
+                "policy.max_instances"
             };
             return Err(invalid(key, "must be greater than 0".into()));
         }

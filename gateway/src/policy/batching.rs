@@ -116,7 +116,7 @@ impl BatcherPolicy {
     /// Returns [`PolicyError`] if instantiation traps or `init` fails.
     pub fn instantiate(&self) -> Result<BatcherInstance, PolicyError> {
         let mut store = self.runtime.armed_store(self.config.clone());
-        let bindings = self.pre.instantiate(&mut store).map_err(trap)?;
+        let bindings = self.pre.instantiate(&mut store).map_err(PolicyError::instantiation)?;
         self.runtime.arm(&mut store);
         bindings
             .call_init(&mut store)

@@ -35,6 +35,10 @@ pub enum PolicyError {
     /// The policy trapped, ran past its deadline or out of memory.
     #[error("policy trapped: {0}")]
     Trap(String),
+    /// Every instance slot of the sandbox is taken: a capacity event on this gateway, not a
+    /// fault of the policy (it is served by the fallback and never counts toward rollback).
+    #[error("policy instance pool full: {0}")]
+    Capacity(String),
     /// The policy answered with an error.
     #[error("policy refused: {0}")]
     Refused(String),
@@ -57,6 +61,16 @@ impl PolicyError {
         PolicyError::Trap(format!("{err:#}"))
     }
 
+    /// An instantiation failure: the pool's slot limit is [`PolicyError::Capacity`], anything
+    /// else a trap.
+    pub(crate) fn instantiation(err: wasmtime::Error) -> PolicyError {
+        if err.downcast_ref::<wasmtime::PoolConcurrencyLimitError>().is_some() {
+            PolicyError::Capacity(format!("{err:#}"))
+        } else {
+            PolicyError::trap(err)
+        }
+    }
+
     /// A short label for metrics.
     pub fn kind(&self) -> &'static str {
         match self {
@@ -64,6 +78,7 @@ impl PolicyError {
             PolicyError::Invalid(_) => "invalid",
             PolicyError::ForbiddenImport(_) => "forbidden_import",
             PolicyError::Trap(_) => "trap",
+            PolicyError::Capacity(_) => "capacity",
             PolicyError::Refused(_) => "refused",
             PolicyError::InvalidAnswer(_) => "invalid_answer",
             PolicyError::UnknownBuiltIn(_) => "unknown",

@@ -50,9 +50,19 @@ impl Default for RuntimeConfig {
             deadline: Duration::from_millis(1),
             memory_limit_bytes: 32 << 20,
             cache_dir: None,
-            max_instances: 256,
+            max_instances: default_max_instances(),
         }
     }
+}
+
+/// Instance slots for every thread that may call a policy: four per core (each runtime worker
+/// keeps the active version and a rollout candidate, for the router and a batcher) and 64 for
+/// blocking threads, at least 256. Slots are address space until used.
+pub fn default_max_instances() -> u32 {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    u32::try_from(cores.saturating_mul(4).saturating_add(64))
+        .unwrap_or(u32::MAX)
+        .max(256)
 }
 
 /// The wasmtime engine and everything shared by all policies.
@@ -409,7 +419,7 @@ impl RouterPolicy {
         let mut store = self.runtime.armed_store(self.config.clone());
         let (bindings, columns) = match &self.pre {
             RouterPreOf::Current(pre) => {
-                let bindings = pre.instantiate(&mut store).map_err(PolicyError::trap)?;
+                let bindings = pre.instantiate(&mut store).map_err(PolicyError::instantiation)?;
                 self.runtime.arm(&mut store);
                 let columns = bindings
                     .call_init(&mut store)
@@ -418,7 +428,7 @@ impl RouterPolicy {
                 (RouterBindingsOf::Current(bindings), columns)
             }
             RouterPreOf::V0_1(pre) => {
-                let bindings = pre.instantiate(&mut store).map_err(PolicyError::trap)?;
+                let bindings = pre.instantiate(&mut store).map_err(PolicyError::instantiation)?;
                 self.runtime.arm(&mut store);
                 let columns = bindings
                     .call_init(&mut store)

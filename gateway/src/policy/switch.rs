@@ -10,7 +10,7 @@
 
 use std::borrow::Borrow;
 use std::cell::RefCell;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -78,10 +78,20 @@ pub struct PolicySwitch {
     shadow: Family<Labels, Counter>,
 }
 
+/// One thread's instance of a version. It is found by the version's identity: the `Weak`
+/// keeps the version's allocation alive, so no other version (of this switch or of a switch
+/// built later at the same address) can ever match it. The switch's address only decides
+/// which entries a miss may evict.
+struct Cached {
+    owner: usize,
+    version: Weak<Version>,
+    instance: RouterInstance,
+}
+
 thread_local! {
-    /// This thread's instances: (switch address, generation, instance), at most a few (the
-    /// active version and a rollout candidate, per switch).
-    static INSTANCES: RefCell<Vec<(usize, u64, RouterInstance)>> = const { RefCell::new(Vec::new()) };
+    /// This thread's instances, at most a few (the active version and a rollout candidate,
+    /// per switch).
+    static INSTANCES: RefCell<Vec<Cached>> = const { RefCell::new(Vec::new()) };
 }
 
 /// Instances one thread keeps before dropping the oldest.
@@ -275,7 +285,7 @@ impl PolicySwitch {
             let mut instances = instances.borrow_mut();
             let position = instances
                 .iter()
-                .position(|(owner, generation, _)| *owner == key && *generation == version.generation);
+                .position(|cached| std::ptr::eq(cached.version.as_ptr(), Arc::as_ptr(version)));
             let position = match position {
                 Some(position) => position,
                 None => {
@@ -283,20 +293,27 @@ impl PolicySwitch {
                         return Err(None);
                     }
                     let instance = version.policy.instantiate().map_err(Some)?;
-                    // Instances of versions no longer in use are dropped here, oldest first.
+                    // Dropped here, oldest first: instances of versions nobody holds any more
+                    // (a dropped switch's among them), and this switch's versions no longer in
+                    // use.
                     let live = self.versions.active_generation();
                     let candidate = self.rollout.load().as_ref().map(|r| r.candidate.generation);
-                    instances.retain(|(owner, generation, _)| {
-                        *owner != key || *generation == live || Some(*generation) == candidate
+                    instances.retain(|cached| match cached.version.upgrade() {
+                        None => false,
+                        Some(v) => cached.owner != key || v.generation == live || Some(v.generation) == candidate,
                     });
                     if instances.len() >= INSTANCES_PER_THREAD {
                         instances.remove(0);
                     }
-                    instances.push((key, version.generation, instance));
+                    instances.push(Cached {
+                        owner: key,
+                        version: Arc::downgrade(version),
+                        instance,
+                    });
                     instances.len() - 1
                 }
             };
-            match instances[position].2.route(request, table) {
+            match instances[position].instance.route(request, table) {
                 Ok(pick) => Ok(pick),
                 Err(err) => {
                     // A trapped instance cannot be entered again; drop it either way.

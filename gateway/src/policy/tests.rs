@@ -437,3 +437,88 @@ fn modality_aware_picks_worker_and_encoder_together_and_text_as_predicted_ttft()
     let pick = joint.route(&request, &table).expect("answer");
     assert_eq!((pick.worker, pick.encoders), (1, vec![3]));
 }
+
+#[test]
+fn a_full_instance_pool_is_served_by_the_fallback_and_never_rolls_back() {
+    // Two instance slots, three threads that each keep their instance: the third thread finds
+    // no slot. That is the gateway's capacity, not the policy's fault.
+    let runtime = Arc::new(
+        PolicyRuntime::new(RuntimeConfig {
+            deadline: std::time::Duration::from_millis(200),
+            max_instances: 2,
+            ..RuntimeConfig::default()
+        })
+        .expect("engine"),
+    );
+    let switch = Arc::new(PolicySwitch::new(load(&runtime, "least-load"), SwitchConfig::default()));
+    // A second version, so that a rollback would have somewhere to go.
+    let active = switch.publish(Arc::new(load(&runtime, "round-robin"))).generation;
+    let barrier = Arc::new(std::sync::Barrier::new(3));
+    let outcomes: Vec<Vec<super::switch::Routed>> = (0..3)
+        .map(|_| {
+            let (switch, barrier) = (switch.clone(), barrier.clone());
+            std::thread::spawn(move || {
+                let table = table::synthetic(4);
+                let request = table::synthetic_request();
+                let mut routed = vec![switch.route(&request, |_| &table).1];
+                // Every thread holds its instance (or none) while the others route again.
+                barrier.wait();
+                for _ in 0..10 {
+                    routed.push(switch.route(&request, |_| &table).1);
+                }
+                // ... and until all are done, so no slot frees up early.
+                barrier.wait();
+                routed
+            })
+        })
+        .collect::<Vec<_>>()
+        .into_iter()
+        .map(|thread| thread.join().expect("thread"))
+        .collect();
+    let capacity = outcomes
+        .iter()
+        .flatten()
+        .filter(|r| matches!(r, super::switch::Routed::Fallback("capacity")))
+        .count();
+    let by_policy = outcomes
+        .iter()
+        .flatten()
+        .filter(|r| r.generation() == Some(active))
+        .count();
+    assert_eq!(capacity, 11, "the thread without a slot fell back every time");
+    assert_eq!(
+        by_policy + capacity,
+        33,
+        "every call either decided or fell back for capacity"
+    );
+    // Far more than `max_failures` capacity events, and the active version stands.
+    let table = table::synthetic(4);
+    assert_eq!(
+        switch.route(&table::synthetic_request(), |_| &table).1.generation(),
+        Some(active)
+    );
+}
+
+#[test]
+fn a_new_switch_never_serves_a_dropped_switchs_instance() {
+    let runtime = runtime();
+    let table = table::synthetic(4);
+    let request = table::synthetic_request();
+    let picks = |switch: &PolicySwitch| -> std::collections::BTreeSet<u32> {
+        (0..4)
+            .map(|_| switch.route(&request, |_| &table).0.expect("a pick").worker)
+            .collect()
+    };
+    // A least-load switch answers the same worker every time; round-robin walks the table.
+    // Both switches' versions are generation 1, and the new one lives where the dropped one
+    // did (the same slot), which is what used to find the old instance.
+    let mut slot = Some(PolicySwitch::new(load(&runtime, "least-load"), SwitchConfig::default()));
+    let old = slot.as_ref().map(|s| s as *const PolicySwitch);
+    assert_eq!(picks(slot.as_ref().expect("switch")).len(), 1);
+    drop(slot.take());
+    let policy = load(&runtime, "round-robin");
+    slot = Some(PolicySwitch::new(policy, SwitchConfig::default()));
+    let new = slot.as_ref().expect("switch");
+    assert_eq!(Some(new as *const PolicySwitch), old, "the same address");
+    assert_eq!(picks(new).len(), 4, "the new switch routes with its own policy");
+}

@@ -177,6 +177,13 @@ impl<P: Named> Versions<P> {
         self.failures
             .get_or_create(&vec![("version", version.label()), ("kind", err.kind().to_string())])
             .inc();
+        if matches!(err, PolicyError::Capacity(_)) {
+            // The gateway ran out of instance slots; the policy did nothing wrong. Counted
+            // (kind "capacity") and served by the fallback, with no backoff and no step
+            // toward rollback.
+            tracing::warn!(version = %version.label(), error = %err, "{} policy call served by the fallback: no instance slot", self.what);
+            return false;
+        }
         let failures = version.failures.fetch_add(1, Ordering::Relaxed) + 1;
         let backoff = self
             .config
