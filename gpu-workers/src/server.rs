@@ -87,6 +87,10 @@ pub struct ServerConfig {
     /// Multiplies the reference encode time of items this worker encodes itself
     /// (`encoder = "local"` in the media plan).
     pub local_encode_scale: f64,
+    /// Fault injection (the simulated engine's): every N-th generation request is answered
+    /// 500 before any work, while `/healthz` stays 200 (a worker broken in a way its health
+    /// check does not see).
+    pub fail_every: Option<u64>,
 }
 
 impl Default for ServerConfig {
@@ -105,6 +109,7 @@ impl Default for ServerConfig {
             overlap_prefill: true,
             max_feature_bytes: 512 << 20,
             local_encode_scale: 1.0,
+            fail_every: None,
         }
     }
 }
@@ -123,6 +128,8 @@ struct State {
     features: Mutex<FeatureTracker>,
     /// Requests with media answered from their text alone.
     text_only: AtomicU64,
+    /// Generation requests received, for [`ServerConfig::fail_every`].
+    received: AtomicU64,
 }
 
 /// Latency histograms of the requests this server answers, in seconds.
@@ -186,6 +193,7 @@ impl WorkerServer {
             latency: Arc::new(Latency::new()),
             features: Mutex::new(FeatureTracker::new(config_tracker)),
             text_only: AtomicU64::new(0),
+            received: AtomicU64::new(0),
         });
         let task = tokio::spawn(accept_loop(listener, state.clone()));
         Ok(WorkerServer {
@@ -268,6 +276,12 @@ async fn handle(state: Arc<State>, request: Request<Incoming>) -> Response<Body>
             &ModelList::new([state.config.model.as_str()], &state.config.owner),
         )),
         (Method::GET, HEALTHZ) if draining => Err(shutting_down()),
+        (Method::GET, HEALTHZ) if !state.engine.is_running() => Err(ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "server_error",
+            "engine_stopped",
+            "this worker's engine has stopped (its log says why); it takes no requests",
+        )),
         (Method::GET, HEALTHZ) => Ok(respond::text(StatusCode::OK, "text/plain", "ok\n")),
         (Method::GET, METRICS) => Ok(metrics(&state)),
         (Method::GET, KV_DUMP) => dump(&state),
@@ -330,6 +344,18 @@ async fn generate(
 ) -> Result<Response<Body>, ApiError> {
     let arrived = Instant::now();
     let in_flight = InFlight::new(&state.in_flight);
+    let received = state.received.fetch_add(1, Ordering::Relaxed) + 1;
+    if let Some(every) = state.config.fail_every
+        && every > 0
+        && received.is_multiple_of(every)
+    {
+        return Err(ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "server_error",
+            "injected_fault",
+            format!("fault injection: request {received} fails (--fail-every {every})"),
+        ));
+    }
     let (parts, body) = request.into_parts();
     let body = respond::read_limited(&parts.headers, body, state.config.max_body_bytes).await?;
     let request = api::parse_generate_request(endpoint, &body)?;

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use switchyard_e2e::{Client, Gateway, Mockers, chat_body, eventually};
+use switchyard_e2e::{Client, Gateway, Mockers, chat_body, eventually, metric_sum};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_worker_fails_its_streams_cleanly_and_returns_after_restart() -> anyhow::Result<()> {
@@ -130,5 +130,40 @@ async fn a_worker_that_cannot_be_reached_is_retried_elsewhere() -> anyhow::Resul
         "exactly one retry, then the dead worker was out:\n{metrics}"
     );
     assert!(metrics.contains("switchyard_worker_healthy{worker=\"dead\"} 0"));
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_answering_5xx_is_ejected_and_fails_no_request() -> anyhow::Result<()> {
+    // `broken` answers 500 to every generation request while its `/healthz` says 200: only its
+    // answers show that it is broken. Health checks are far apart, so only those answers can
+    // take it out of rotation.
+    let broken = Mockers::start(&["--num-workers", "1", "--fail-every", "1"])?;
+    let good = Mockers::start(&["--num-workers", "1"])?;
+    let config = format!(
+        "[server]\nplaintext = true\n[health]\ninterval_ms = 600000\n\
+         [forwarding]\nretries = 1\nerrors_to_eject = 2\n[policy]\nrouter = \"round-robin\"\n\
+         [[workers]]\nname = \"broken\"\nurl = \"http://{}\"\nmodel = \"mock\"\n\
+         [[workers]]\nname = \"good\"\nurl = \"http://{}\"\nmodel = \"mock\"\n",
+        broken.addrs[0], good.addrs[0]
+    );
+    let gateway = Gateway::start(&config)?;
+    let client = Client::plain(gateway.addr);
+    let healthy = |text: &str| metric_sum(text, "switchyard_worker_healthy", &["worker=\"broken\""]);
+    let metrics = String::from_utf8(client.send("GET", "/metrics", "").await?.body())?;
+    assert_eq!(healthy(&metrics), 1.0, "in rotation at start");
+    // Round-robin sends every other request to `broken`; each is retried on `good`.
+    for _ in 0..10 {
+        let reply = client
+            .post_json("/v1/chat/completions", &chat_body("mock", "still answered", 4, false))
+            .await?;
+        assert_eq!(reply.status, 200, "a failed answer is retried elsewhere");
+        assert_eq!(
+            reply.headers.get("x-switchyard-worker").and_then(|v| v.to_str().ok()),
+            Some("good")
+        );
+    }
+    let metrics = String::from_utf8(client.send("GET", "/metrics", "").await?.body())?;
+    assert_eq!(healthy(&metrics), 0.0, "two failed answers in a row eject it");
     Ok(())
 }

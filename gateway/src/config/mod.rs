@@ -422,6 +422,9 @@ pub struct ForwardingConfig {
     pub pool_max_idle_per_worker: usize,
     /// Other workers tried when one fails before its first byte.
     pub retries: u32,
+    /// Consecutive failed answers (5xx, or a stream that broke before its first byte) that take
+    /// a worker out of rotation until its health check passes again.
+    pub errors_to_eject: u32,
 }
 
 impl Default for ForwardingConfig {
@@ -431,6 +434,7 @@ impl Default for ForwardingConfig {
             response_timeout_ms: 300_000,
             pool_max_idle_per_worker: 256,
             retries: 1,
+            errors_to_eject: 3,
         }
     }
 }
@@ -685,6 +689,9 @@ impl Config {
                     format!("must name a built-in policy or a .wasm file: {err}"),
                 ));
             }
+        }
+        if self.forwarding.errors_to_eject == 0 {
+            return Err(invalid("forwarding.errors_to_eject", "must be greater than 0".into()));
         }
         if self.policy.deadline_ms == 0
             || self.policy.memory_limit_mib == 0

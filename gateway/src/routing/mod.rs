@@ -179,6 +179,15 @@ impl Router {
         }
     }
 
+    /// `worker` failed a request (5xx, or a stream broken before its first byte): after
+    /// `threshold` such answers in a row it leaves the rotation until its health check passes.
+    pub fn failed_answer(&self, worker: &Worker, threshold: u32) {
+        if worker.record_failed_answer(threshold) {
+            tracing::warn!(worker = %worker.name, threshold, "worker ejected: failed answers in a row");
+            self.worker_lost(worker);
+        }
+    }
+
     /// `worker` left the rotation: its cached blocks leave the index until it is resynced.
     pub fn worker_lost(&self, worker: &Worker) {
         if self.events.send(Inbound::Lost(worker.name.clone())).is_err() {

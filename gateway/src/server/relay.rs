@@ -416,16 +416,20 @@ async fn attempt_on(
         Err(err) => {
             if err.is_connect() {
                 state.router.unreachable(worker);
+            } else {
+                state.router.failed_answer(worker, state.forwarding.errors_to_eject);
             }
             return Attempt::Failed(err.to_string());
         }
     };
     let (parts, mut rest) = response.into_parts();
     if parts.status.is_server_error() {
+        state.router.failed_answer(worker, state.forwarding.errors_to_eject);
         let detail = read_error_message(rest).await;
         return Attempt::Failed(format!("answered {}: {detail}", parts.status));
     }
     if !stream || !parts.status.is_success() {
+        worker.record_answer();
         return Attempt::Answered(Answer {
             response: parts,
             first: None,
@@ -438,6 +442,7 @@ async fn attempt_on(
             Some(Ok(frame)) => match frame.into_data() {
                 Ok(data) if data.is_empty() => continue,
                 Ok(data) => {
+                    worker.record_answer();
                     return Attempt::Answered(Answer {
                         response: parts,
                         first: Some(data),
@@ -447,9 +452,13 @@ async fn attempt_on(
                 Err(_) => continue,
             },
             Some(Err(err)) => {
+                state.router.failed_answer(worker, state.forwarding.errors_to_eject);
                 return Attempt::Failed(format!("stream broke before the first byte: {err}"));
             }
-            None => return Attempt::Failed("stream ended before the first byte".into()),
+            None => {
+                state.router.failed_answer(worker, state.forwarding.errors_to_eject);
+                return Attempt::Failed("stream ended before the first byte".into());
+            }
         }
     }
 }

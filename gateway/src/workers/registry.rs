@@ -41,6 +41,8 @@ pub struct Worker {
     healthy: AtomicBool,
     failures: AtomicU32,
     successes: AtomicU32,
+    /// Failed answers to requests in a row (not health checks).
+    answer_failures: AtomicU32,
     in_flight: Gauge,
     healthy_gauge: Gauge,
 }
@@ -62,6 +64,7 @@ impl Worker {
             healthy: AtomicBool::new(true),
             failures: AtomicU32::new(0),
             successes: AtomicU32::new(0),
+            answer_failures: AtomicU32::new(0),
             in_flight: metrics.worker_in_flight(&name),
             healthy_gauge: metrics.worker_healthy(&name),
             name,
@@ -108,6 +111,25 @@ impl Worker {
         self.successes.store(0, Ordering::Relaxed);
         let failures = self.failures.fetch_add(1, Ordering::Relaxed) + 1;
         failures >= threshold && self.eject()
+    }
+
+    /// Records a request the worker failed (a 5xx, or a stream that broke before its first
+    /// byte); ejects after `threshold` in a row. Returns whether the worker left the rotation
+    /// now. The health checker brings it back once its checks pass.
+    pub fn record_failed_answer(&self, threshold: u32) -> bool {
+        let failures = self.answer_failures.fetch_add(1, Ordering::Relaxed) + 1;
+        if failures >= threshold {
+            self.answer_failures.store(0, Ordering::Relaxed);
+            return self.eject();
+        }
+        false
+    }
+
+    /// Records a request the worker answered: the failed-answer run ends.
+    pub fn record_answer(&self) {
+        if self.answer_failures.load(Ordering::Relaxed) != 0 {
+            self.answer_failures.store(0, Ordering::Relaxed);
+        }
     }
 
     /// Records a passed health check; restores after `threshold` in a row.

@@ -48,7 +48,8 @@ struct Args {
     /// Encoders: the token budgets they batch to (comma-separated, ascending).
     #[arg(long, value_delimiter = ',', default_values_t = [576u32, 2304, 4608, 9216, 18432])]
     token_budgets: Vec<u32>,
-    /// Encoders, fault injection: every N-th encoded item fails.
+    /// Fault injection: every N-th encoded item fails (encoders), every N-th generation request
+    /// is answered 500 while `/healthz` stays 200 (LLM workers).
     #[arg(long)]
     fail_every: Option<u64>,
     /// Encoders, fault injection: videos with more frames than this run out of memory.
@@ -164,6 +165,7 @@ async fn run() -> anyhow::Result<()> {
         default_max_tokens: args.default_max_tokens,
         // LLM workers that encode media themselves take the same cost scale as encoders.
         local_encode_scale: args.cost_scale,
+        fail_every: args.fail_every,
         ..ServerConfig::default()
     };
     let fleet = mocker::spawn_fleet(args.num_workers, args.host, args.port, &engine, &server)

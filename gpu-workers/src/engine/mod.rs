@@ -454,6 +454,12 @@ impl EngineHandle {
         answer.await.map_err(|_| SubmitError::Stopped)
     }
 
+    /// Whether the engine still takes requests: `false` once its scheduler has ended (every
+    /// handle dropped, or its thread died, e.g. a panic in a forward pass).
+    pub fn is_running(&self) -> bool {
+        !self.submissions.is_closed()
+    }
+
     /// Makes an idle engine plan again; call it after opening a [`PrefillGate`].
     pub fn wake(&self) {
         let _ = self.submissions.send(Submission::Wake);
