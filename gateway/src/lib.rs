@@ -317,6 +317,9 @@ impl Gateway {
                 batchers,
                 encoder_metrics,
             )),
+            draining: std::sync::atomic::AtomicBool::new(false),
+            connections: Arc::new(tokio::sync::Semaphore::new(config.server.max_connections)),
+            graceful: std::sync::Mutex::new(Some(hyper_util::server::graceful::GracefulShutdown::new())),
         });
         let accept = tokio::spawn(server::conn::accept_loop(listener, tls.clone(), state.clone()));
         Ok(Gateway {
@@ -337,6 +340,25 @@ impl Gateway {
     /// The address the client listener is bound to.
     pub fn addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// Drains the client listener, for a graceful exit: new requests are answered 503
+    /// (`shutting_down`) and `/readyz` 503, idle connections are closed, and the responses in
+    /// flight (streams included) run to their end, for up to `timeout`. Answers whether
+    /// everything finished in time.
+    pub async fn drain(&self, timeout: std::time::Duration) -> bool {
+        self.state.draining.store(true, std::sync::atomic::Ordering::SeqCst);
+        let graceful = self.state.graceful.lock().ok().and_then(|mut graceful| graceful.take());
+        let Some(graceful) = graceful else {
+            return true;
+        };
+        let open = graceful.count();
+        tracing::info!(
+            connections = open,
+            ?timeout,
+            "draining: waiting for the responses in flight"
+        );
+        tokio::time::timeout(timeout, graceful.shutdown()).await.is_ok()
     }
 
     /// The name and loopback address of each embedded mocker engine, in pool order (their own

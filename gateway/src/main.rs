@@ -178,6 +178,7 @@ fn start(args: Args) -> anyhow::Result<()> {
 const TINY_PNG: &str = "data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg==";
 
 async fn run(config: Config) -> anyhow::Result<()> {
+    let drain_timeout = config.server.drain_timeout();
     let gateway = Gateway::start(config).await?;
     let url = gateway.url();
     let models = gateway.models();
@@ -211,7 +212,16 @@ async fn run(config: Config) -> anyhow::Result<()> {
         );
     }
     shutdown_signal().await?;
-    tracing::info!("shutting down");
+    let timeout = drain_timeout;
+    tracing::info!(?timeout, "shutting down: draining the responses in flight");
+    if gateway.drain(timeout).await {
+        tracing::info!("drained; exiting");
+    } else {
+        tracing::warn!(
+            ?timeout,
+            "responses still in flight after server.drain_timeout_ms; exiting anyway"
+        );
+    }
     Ok(())
 }
 

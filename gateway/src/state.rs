@@ -35,6 +35,13 @@ pub(crate) struct AppState {
     pub(crate) fetcher: Option<crate::fetch::Fetcher>,
     /// The queues in front of encoder workers.
     pub(crate) encoders: Arc<Encoders>,
+    /// Set on SIGTERM or ctrl-c: new requests are refused, `/readyz` answers 503.
+    pub(crate) draining: std::sync::atomic::AtomicBool,
+    /// One permit per open client connection (`server.max_connections`).
+    pub(crate) connections: Arc<tokio::sync::Semaphore>,
+    /// Watches every served connection, so a drain can wait for their responses; taken when
+    /// the drain starts.
+    pub(crate) graceful: std::sync::Mutex<Option<hyper_util::server::graceful::GracefulShutdown>>,
 }
 
 /// State of the admin API: policies, worker registrations, KV inspection.

@@ -123,6 +123,35 @@ impl Process {
     pub fn id(&self) -> u32 {
         self.child.id()
     }
+
+    /// Sends SIGTERM (as an orchestrator stopping it would).
+    ///
+    /// # Errors
+    ///
+    /// Fails if `kill` cannot be run or refuses.
+    pub fn terminate(&self) -> anyhow::Result<()> {
+        let status = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status()
+            .context("running kill")?;
+        anyhow::ensure!(status.success(), "kill -TERM failed: {status}");
+        Ok(())
+    }
+
+    /// Waits up to `timeout` for the process to exit; its status, or `None` if it is still
+    /// running.
+    pub fn wait_exit(&mut self, timeout: Duration) -> Option<std::process::ExitStatus> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return Some(status);
+            }
+            if Instant::now() >= deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
 }
 
 impl Drop for Process {

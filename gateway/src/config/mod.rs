@@ -358,6 +358,11 @@ pub struct ServerConfig {
     pub idle_timeout_ms: u64,
     /// Time allowed for the TLS handshake.
     pub tls_handshake_timeout_ms: u64,
+    /// On SIGTERM or ctrl-c: time the responses in flight (streams included) get to finish
+    /// before the gateway exits anyway.
+    pub drain_timeout_ms: u64,
+    /// Client connections open at once; one more is answered 503 and closed.
+    pub max_connections: usize,
 }
 
 impl Default for ServerConfig {
@@ -371,6 +376,8 @@ impl Default for ServerConfig {
             header_read_timeout_ms: 10_000,
             idle_timeout_ms: 120_000,
             tls_handshake_timeout_ms: 10_000,
+            drain_timeout_ms: 30_000,
+            max_connections: 10_000,
         }
     }
 }
@@ -690,6 +697,9 @@ impl Config {
                 ));
             }
         }
+        if self.server.max_connections == 0 {
+            return Err(invalid("server.max_connections", "must be greater than 0".into()));
+        }
         if self.forwarding.errors_to_eject == 0 {
             return Err(invalid("forwarding.errors_to_eject", "must be greater than 0".into()));
         }
@@ -925,6 +935,11 @@ impl ServerConfig {
     /// [`ServerConfig::tls_handshake_timeout_ms`] as a duration.
     pub fn tls_handshake_timeout(&self) -> Duration {
         Duration::from_millis(self.tls_handshake_timeout_ms)
+    }
+
+    /// [`ServerConfig::drain_timeout_ms`] as a duration.
+    pub fn drain_timeout(&self) -> Duration {
+        Duration::from_millis(self.drain_timeout_ms)
     }
 }
 

@@ -5,6 +5,11 @@
 //! For HTTP/1.1 the first request head is read here, under `header_read_timeout`, so that a
 //! client too slow to send its headers gets an OpenAI-style 408 instead of a silent close;
 //! later heads on a keep-alive connection are bounded by hyper's own timer (`idle_timeout`).
+//!
+//! A connection holds one of `server.max_connections` permits while it is open; past the cap a
+//! new one is answered 503 (`too_many_connections`, after the TLS handshake where there is
+//! one) and closed. Every served connection is watched by the drain (`Gateway::drain`), which
+//! lets its response in flight finish and then closes it.
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -40,12 +45,20 @@ pub(crate) async fn accept_loop(listener: TcpListener, tls: Option<Tls>, state: 
         let _ = socket.set_nodelay(true);
         let state = state.clone();
         let tls = tls.clone();
+        // Held until the connection ends.
+        let permit = state.connections.clone().try_acquire_owned().ok();
+        if permit.is_none() {
+            state.metrics.error("too_many_connections");
+            tracing::warn!(%peer, max = state.server.max_connections, "connection refused: server.max_connections reached");
+        }
         tokio::spawn(async move {
+            let _permit = permit;
             match tls {
                 Some(tls) => {
                     let handshake =
                         tokio::time::timeout(state.server.tls_handshake_timeout(), tls.acceptor.accept(socket)).await;
                     match handshake {
+                        Ok(Ok(stream)) if _permit.is_none() => refuse(stream, &state).await,
                         Ok(Ok(stream)) => {
                             let h2 = stream.get_ref().1.alpn_protocol() == Some(b"h2");
                             serve(stream, h2, state).await;
@@ -60,16 +73,44 @@ pub(crate) async fn accept_loop(listener: TcpListener, tls: Option<Tls>, state: 
                         }
                     }
                 }
+                None if _permit.is_none() => refuse(socket, &state).await,
                 None => serve(socket, false, state).await,
             }
         });
     }
 }
 
+/// Answers a connection past `server.max_connections` with a 503 and closes it.
+async fn refuse<S: AsyncWrite + Unpin>(mut stream: S, state: &AppState) {
+    let err = ApiError::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "server_error",
+        "too_many_connections",
+        format!(
+            "the gateway has {} connections open (server.max_connections); retry shortly",
+            state.server.max_connections
+        ),
+    );
+    let body = err.to_json();
+    let head = format!(
+        "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\ncontent-length: {}\r\nretry-after: 1\r\nconnection: close\r\n\r\n",
+        body.len()
+    );
+    let _ = stream.write_all(head.as_bytes()).await;
+    let _ = stream.write_all(&body).await;
+    let _ = stream.shutdown().await;
+}
+
 async fn serve<S>(mut stream: S, h2: bool, state: Arc<AppState>)
 where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
+    // None once a drain has begun: the connection is then served without being waited for.
+    let watcher = state
+        .graceful
+        .lock()
+        .ok()
+        .and_then(|graceful| graceful.as_ref().map(|g| g.watcher()));
     let service_state = state.clone();
     let service = service_fn(move |request| {
         let state = service_state.clone();
@@ -83,7 +124,12 @@ where
             .keep_alive_interval(Some(server.idle_timeout() / 2))
             .keep_alive_timeout(server.idle_timeout() / 2)
             .max_header_list_size(u32::try_from(server.max_header_bytes).unwrap_or(u32::MAX));
-        if let Err(err) = builder.serve_connection(TokioIo::new(stream), service).await {
+        let connection = builder.serve_connection(TokioIo::new(stream), service);
+        let ended = match watcher {
+            Some(watcher) => watcher.watch(connection).await,
+            None => connection.await,
+        };
+        if let Err(err) = ended {
             tracing::debug!(error = %err, "HTTP/2 connection ended with an error");
         }
         return;
@@ -115,10 +161,12 @@ where
     };
     if head.starts_with(H2_PREFACE) {
         let builder = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
-        if let Err(err) = builder
-            .serve_connection(TokioIo::new(Rewind::new(head, stream)), service)
-            .await
-        {
+        let connection = builder.serve_connection(TokioIo::new(Rewind::new(head, stream)), service);
+        let ended = match watcher {
+            Some(watcher) => watcher.watch(connection).await,
+            None => connection.await,
+        };
+        if let Err(err) = ended {
             tracing::debug!(error = %err, "HTTP/2 (prior knowledge) connection ended with an error");
         }
         return;
@@ -128,10 +176,12 @@ where
         .timer(TokioTimer::new())
         .header_read_timeout(server.idle_timeout())
         .max_buf_size(server.max_header_bytes.max(8192));
-    if let Err(err) = builder
-        .serve_connection(TokioIo::new(Rewind::new(head, stream)), service)
-        .await
-    {
+    let connection = builder.serve_connection(TokioIo::new(Rewind::new(head, stream)), service);
+    let ended = match watcher {
+        Some(watcher) => watcher.watch(connection).await,
+        None => connection.await,
+    };
+    if let Err(err) = ended {
         tracing::debug!(error = %err, "HTTP/1.1 connection ended with an error");
     }
 }

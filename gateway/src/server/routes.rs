@@ -23,10 +23,14 @@ pub(crate) async fn handle(state: Arc<AppState>, request: Request<Incoming>, sta
     let (label, result) = match (&method, path.as_str()) {
         (&Method::POST, api::CHAT_COMPLETIONS_PATH | api::COMPLETIONS_PATH) => {
             let endpoint = Endpoint::from_path(&path).unwrap_or(Endpoint::Chat);
-            (
-                endpoint.label(),
-                relay::generate(&state, endpoint, request, started).await,
-            )
+            if state.draining.load(std::sync::atomic::Ordering::Relaxed) {
+                (endpoint.label(), Err(shutting_down()))
+            } else {
+                (
+                    endpoint.label(),
+                    relay::generate(&state, endpoint, request, started).await,
+                )
+            }
         }
         (&Method::GET, api::MODELS_PATH) => (
             "models",
@@ -61,7 +65,19 @@ pub(crate) async fn handle(state: Arc<AppState>, request: Request<Incoming>, sta
     response
 }
 
+fn shutting_down() -> ApiError {
+    ApiError::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "server_error",
+        "shutting_down",
+        "this gateway is shutting down and takes no new requests; retry on another replica",
+    )
+}
+
 fn ready(state: &AppState) -> Result<Response<Body>, ApiError> {
+    if state.draining.load(std::sync::atomic::Ordering::Relaxed) {
+        return Err(shutting_down());
+    }
     if state.router.pool().any_healthy() {
         Ok(respond::text(StatusCode::OK, "text/plain", "ready\n"))
     } else {
