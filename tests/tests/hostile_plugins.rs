@@ -155,3 +155,66 @@ async fn policies_that_fail_validation_are_refused_and_the_active_one_stays() ->
     assert_eq!(status, 404, "a rollout needs an uploaded candidate: {answer}");
     Ok(())
 }
+
+/// The gateway process's resident memory, in MiB.
+fn rss_mib(pid: u32) -> anyhow::Result<f64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    let kib: f64 = status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmRSS:"))
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .ok_or_else(|| anyhow::anyhow!("no VmRSS in /proc/{pid}/status"))?;
+    Ok(kib / 1024.0)
+}
+
+/// Issue 20, item 0. Fails today: five rolled-back memory bombs leave ~155 MiB resident, in
+/// the pool's linear-memory slots (a smaps read shows 6–18 MiB in each of eight or more
+/// slots), and a decommit batch of 1 does not change it, so the pages are held by something
+/// other than the decommit queue. Run it with `--ignored` while working on the fix.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "known failure: issue 20 item 0 (memory a bad policy leaves behind) is not fixed yet"]
+async fn a_policy_that_grows_its_memory_leaves_none_behind() -> anyhow::Result<()> {
+    let (gateway, client, admin) = start()?;
+    let pid = gateway.process.id();
+    // Warm up the fallback path and the allocator, then take the baseline.
+    for _ in 0..20 {
+        client
+            .post_json("/v1/chat/completions", &chat_body("mock", "warm up", 2, false))
+            .await?;
+    }
+    let baseline = rss_mib(pid)?;
+    let bomb = guest("memory_bomb")?;
+    for push in 0..5 {
+        let (status, answer) = admin
+            .call(
+                "PUT",
+                &format!("/admin/policies/bomb{push}?activate=true"),
+                bomb.clone(),
+            )
+            .await?;
+        assert_eq!(status, 200, "{answer}");
+        // Each failing call grows an instance to the memory cap before it traps.
+        let rolled_back = eventually(Duration::from_secs(20), || {
+            let (client, admin) = (client.clone(), &admin);
+            async move {
+                let reply = client
+                    .post_json("/v1/chat/completions", &chat_body("mock", "bomb", 2, false))
+                    .await
+                    .expect("transport");
+                assert_eq!(reply.status, 200);
+                admin.active().await.map(|a| a == "least-load").unwrap_or(false)
+            }
+        })
+        .await;
+        assert!(rolled_back, "push {push} rolled back");
+    }
+    let after = rss_mib(pid)?;
+    println!("gateway RSS: {baseline:.0} MiB before, {after:.0} MiB after five rolled-back memory bombs");
+    assert!(
+        after - baseline <= 50.0,
+        "a rolled-back policy left {:.0} MiB resident (baseline {baseline:.0}, after {after:.0})",
+        after - baseline
+    );
+    Ok(())
+}
