@@ -91,15 +91,23 @@ async fn a_repeated_system_prompt_goes_to_the_worker_that_cached_it() -> anyhow:
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_shared_prefix_under_load_spreads_over_every_worker() -> anyhow::Result<()> {
     let config = "[server]\nplaintext = true\n[embedded_mockers]\ncount = 8\nspeedup = 1.0\n";
-    let gateway = Gateway::start(config)?;
+    let (gateway, admin) = Gateway::start_with_admin(config, TOKEN)?;
     let client = Client::plain(gateway.addr);
     let system = system_prompt("shared", 1100);
-    // Warm one worker with the prefix, then a burst of concurrent long requests.
+    // Warm one worker with the prefix (until the index knows it), then a burst of concurrent
+    // long requests.
     let warm = client
         .post_json("/v1/chat/completions", &chat(&system, "warm up", 2, false))
         .await?;
     assert_eq!(warm.status, 200);
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    let warm = warm.worker();
+    assert!(
+        eventually(Duration::from_secs(10), || async {
+            admin.kv_summary().await.is_ok_and(|s| cached_blocks(&s, &warm) >= 12)
+        })
+        .await,
+        "the index never learned the warm-up's blocks"
+    );
     let mut burst = Vec::new();
     for i in 0..96 {
         let client = client.clone();
@@ -121,6 +129,13 @@ async fn a_shared_prefix_under_load_spreads_over_every_worker() -> anyhow::Resul
     );
     let busiest = placed.values().copied().max().unwrap_or(0);
     assert!(busiest < 96 * 3 / 4, "one worker took most of the burst: {placed:?}");
+    // ... and the cache still counts: round-robin would give the warm worker 96 / 8 = 12.
+    let on_warm = placed.get(&warm).copied().unwrap_or(0);
+    println!("burst placements: {placed:?} (warm: {warm})");
+    assert!(
+        on_warm > 96 / 8,
+        "the warm worker took only its even share: {placed:?} (warm: {warm})"
+    );
     Ok(())
 }
 

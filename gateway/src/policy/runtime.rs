@@ -12,7 +12,7 @@ use std::collections::hash_map::DefaultHasher;
 use std::hash::{Hash, Hasher};
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use sha2::{Digest, Sha256};
@@ -73,6 +73,8 @@ pub struct PolicyRuntime {
     compatibility: String,
     half_deadline_ticks: u64,
     ticker_stop: Arc<AtomicBool>,
+    /// Components loaded from the compiled-code cache instead of compiled.
+    cache_hits: AtomicU64,
 }
 
 impl std::fmt::Debug for PolicyRuntime {
@@ -108,8 +110,12 @@ impl PolicyRuntime {
     ///
     /// # Errors
     ///
-    /// Returns [`PolicyError::Engine`] if wasmtime refuses the configuration.
+    /// Returns [`PolicyError::Engine`] if wasmtime refuses the configuration, or if the
+    /// compiled-code cache folder cannot be created or can be written by others.
     pub fn new(config: RuntimeConfig) -> Result<PolicyRuntime, PolicyError> {
+        if let Some(dir) = &config.cache_dir {
+            check_cache_dir(dir)?;
+        }
         let mut pooling = wasmtime::PoolingAllocationConfig::default();
         pooling
             .total_component_instances(config.max_instances)
@@ -168,7 +174,13 @@ impl PolicyRuntime {
             compatibility,
             half_deadline_ticks,
             ticker_stop,
+            cache_hits: AtomicU64::new(0),
         })
+    }
+
+    /// Components taken from the compiled-code cache so far.
+    pub fn cache_hits(&self) -> u64 {
+        self.cache_hits.load(Ordering::Relaxed)
     }
 
     /// The sandbox settings.
@@ -273,6 +285,7 @@ impl PolicyRuntime {
     }
 
     fn component(&self, sha256: &str, wasm: &[u8]) -> Result<Component, PolicyError> {
+        // Cached files are native code: only the owner may have written them.
         let cached = self
             .config
             .cache_dir
@@ -280,11 +293,23 @@ impl PolicyRuntime {
             .map(|dir| dir.join(format!("{sha256}-{}.cwasm", self.compatibility)));
         if let Some(path) = &cached
             && path.is_file()
+            && private_to_owner(path)
         {
+            // Read, not mapped: a mapped file cut short under the gateway (an operator cleaning
+            // the cache) would be a SIGBUS, not an error.
+            let bytes = std::fs::read(path);
             // SAFETY: the file was written by `Component::serialize` of an engine with the same
-            // compatibility hash (part of its name) into the operator's private cache folder.
-            match unsafe { Component::deserialize_file(&self.engine, path) } {
-                Ok(component) => return Ok(component),
+            // compatibility hash (part of its name) into the operator's private cache folder
+            // (checked at start; the file itself is writable by nobody else, checked above);
+            // wasmtime checks the header and the engine's settings before using it.
+            let loaded = bytes
+                .map_err(wasmtime::Error::from)
+                .and_then(|bytes| unsafe { Component::deserialize(&self.engine, &bytes) });
+            match loaded {
+                Ok(component) => {
+                    self.cache_hits.fetch_add(1, Ordering::Relaxed);
+                    return Ok(component);
+                }
                 Err(err) => {
                     tracing::warn!(path = %path.display(), error = %err, "ignoring unusable cached policy code")
                 }
@@ -603,4 +628,63 @@ impl Pick {
 
 pub(crate) fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|byte| format!("{byte:02x}")).collect()
+}
+
+/// Whether `path` can be written by its owner only (no group or other write bit), so that a
+/// file in it, loaded as native code, came from this gateway's user. Elsewhere than Unix,
+/// always true.
+fn private_to_owner(path: &std::path::Path) -> bool {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        match std::fs::metadata(path) {
+            Ok(meta) if meta.permissions().mode() & 0o022 == 0 => true,
+            Ok(meta) => {
+                tracing::warn!(
+                    path = %path.display(),
+                    mode = format!("{:o}", meta.permissions().mode() & 0o777),
+                    "ignoring cached policy code that others can write; recompiling"
+                );
+                false
+            }
+            Err(_) => false,
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = path;
+        true
+    }
+}
+
+/// Makes sure the compiled-code cache folder exists and only its owner can write it: its
+/// files are loaded as native code, so a folder others can write would let them run code in
+/// the gateway.
+fn check_cache_dir(dir: &std::path::Path) -> Result<(), PolicyError> {
+    let refused = |why: String| PolicyError::Engine(format!("policy.cache_dir `{}` {why}", dir.display()));
+    if !dir.exists() {
+        let mut builder = std::fs::DirBuilder::new();
+        builder.recursive(true);
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::DirBuilderExt;
+            builder.mode(0o700);
+        }
+        builder
+            .create(dir)
+            .map_err(|err| refused(format!("cannot be created: {err}")))?;
+    }
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let meta = std::fs::metadata(dir).map_err(|err| refused(format!("cannot be read: {err}")))?;
+        let mode = meta.permissions().mode() & 0o777;
+        if mode & 0o022 != 0 {
+            return Err(refused(format!(
+                "can be written by others (mode {mode:o}); its files are loaded as native code, so \
+                 only the gateway's user may write it (chmod go-w)"
+            )));
+        }
+    }
+    Ok(())
 }

@@ -234,20 +234,55 @@ fn predicted_ttft_weighs_queues_and_decoders_through_the_host() {
 #[test]
 fn compiled_code_is_cached_by_sha256() {
     let dir = tempfile::tempdir().expect("temp dir");
+    let cache = dir.path().join("cache");
     let runtime = Arc::new(
         PolicyRuntime::new(RuntimeConfig {
-            cache_dir: Some(dir.path().to_path_buf()),
+            cache_dir: Some(cache.clone()),
             deadline: std::time::Duration::from_millis(200),
             ..RuntimeConfig::default()
         })
         .expect("engine"),
     );
     let first = load(&runtime, "least-load");
-    let cached: Vec<_> = std::fs::read_dir(dir.path()).expect("cache dir").collect();
+    assert_eq!(runtime.cache_hits(), 0, "compiled the first time");
+    let cached: Vec<_> = std::fs::read_dir(&cache)
+        .expect("cache dir")
+        .map(|entry| entry.expect("entry").path())
+        .collect();
     assert_eq!(cached.len(), 1);
     let second = load(&runtime, "least-load");
+    assert_eq!(runtime.cache_hits(), 1, "the second load read the cache");
     assert_eq!(first.sha256, second.sha256);
     assert!(second.instantiate().is_ok(), "code loaded from the cache runs");
+    // A damaged cache file is not trusted: the component is compiled again, and runs.
+    std::fs::write(&cached[0], b"not compiled code").expect("damage");
+    let third = load(&runtime, "least-load");
+    assert_eq!(runtime.cache_hits(), 1, "the damaged file was not used");
+    assert!(third.instantiate().is_ok());
+    // A cached file others can write is native code anyone could have put there: ignored.
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&cached[0], std::fs::Permissions::from_mode(0o666)).expect("chmod");
+        load(&runtime, "least-load");
+        assert_eq!(runtime.cache_hits(), 1, "a file others can write is not loaded");
+    }
+}
+
+#[cfg(unix)]
+#[test]
+fn a_cache_dir_others_can_write_is_refused() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().expect("temp dir");
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777)).expect("chmod");
+    let refused = PolicyRuntime::new(RuntimeConfig {
+        cache_dir: Some(dir.path().to_path_buf()),
+        ..RuntimeConfig::default()
+    });
+    match refused {
+        Err(PolicyError::Engine(why)) => assert!(why.contains("can be written by others (mode 777)"), "{why}"),
+        other => panic!("expected a refusal, got {other:?}"),
+    }
 }
 
 #[test]
@@ -256,16 +291,27 @@ fn publish_and_rollback_switch_versions() {
     let switch = PolicySwitch::new(load(&runtime, "least-load"), SwitchConfig::default());
     let table = table::synthetic(4);
     let request = table::synthetic_request();
+    // What decides, by its decisions: least-load answers one worker every time, round-robin
+    // walks the table.
+    let distinct_picks = || -> usize {
+        (0..4)
+            .filter_map(|_| switch.route(&request, |_| &table).0.map(|pick| pick.worker))
+            .collect::<std::collections::BTreeSet<u32>>()
+            .len()
+    };
     let (_, routed) = switch.route(&request, |_| &table);
     assert_eq!(routed.generation(), Some(1));
+    assert_eq!(distinct_picks(), 1, "least-load decides");
     let version = switch.publish(Arc::new(load(&runtime, "round-robin")));
     assert_eq!(
         switch.route(&request, |_| &table).1.generation(),
         Some(version.generation)
     );
+    assert_eq!(distinct_picks(), 4, "round-robin decides once published");
     let restored = switch.rollback().expect("a previous version");
     assert_eq!(restored.generation, 1);
     assert_eq!(switch.route(&request, |_| &table).1.generation(), Some(1));
+    assert_eq!(distinct_picks(), 1, "least-load decides again after the rollback");
     assert!(switch.rollback().is_none());
 }
 
