@@ -46,6 +46,9 @@ pub(crate) struct ModelLimits {
     pub media: ModelMedia,
     /// `[[models]] max_model_len`.
     pub max_model_len: u32,
+    /// `[[models]] max_prompt_tokens` (default: `max_model_len`; no limit for a model without
+    /// an entry).
+    pub max_prompt_tokens: u32,
 }
 
 impl MediaSettings {
@@ -61,6 +64,7 @@ impl MediaSettings {
                     let limits = ModelLimits {
                         media: model.media.clone(),
                         max_model_len: model.max_model_len,
+                        max_prompt_tokens: model.max_prompt_tokens.unwrap_or(model.max_model_len),
                     };
                     (model.name.clone(), limits)
                 })
@@ -73,6 +77,8 @@ impl MediaSettings {
         self.models.get(model).cloned().unwrap_or_else(|| ModelLimits {
             media: ModelMedia::default(),
             max_model_len: crate::config::ModelConfig::DEFAULT_MAX_MODEL_LEN,
+            // A model no `[[models]]` entry describes has no stated context: its workers judge.
+            max_prompt_tokens: u32::MAX,
         })
     }
 }

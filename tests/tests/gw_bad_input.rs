@@ -180,3 +180,44 @@ async fn no_healthy_worker_is_a_clear_503() -> anyhow::Result<()> {
     assert!(String::from_utf8_lossy(&reply.body()).contains("no healthy worker"));
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_prompt_over_max_prompt_tokens_is_refused() -> anyhow::Result<()> {
+    let config = "[server]\nplaintext = true\n[embedded_mockers]\ncount = 1\nspeedup = 50.0\n\
+                  [[models]]\nname = \"mock\"\nmax_prompt_tokens = 100\n";
+    let gateway = Gateway::start(config)?;
+    let client = Client::plain(gateway.addr);
+    let words = |n: usize| (0..n).map(|i| format!("w{i}")).collect::<Vec<_>>().join(" ");
+    // Within the limit: served.
+    let fits = client
+        .post_json("/v1/chat/completions", &chat_body("mock", &words(20), 2, false))
+        .await?;
+    assert_eq!(fits.status, 200);
+    // Over it once tokenized: the count is in the message.
+    let long = client
+        .post_json("/v1/chat/completions", &chat_body("mock", &words(150), 2, false))
+        .await?;
+    assert_error(&long, 400, "prompt_too_long");
+    let body = String::from_utf8_lossy(&long.body()).into_owned();
+    assert!(body.contains("takes at most 100 prompt tokens"), "{body}");
+    // Far over it (more than 64 bytes per allowed token): refused without tokenizing.
+    let huge = client
+        .post_json(
+            "/v1/chat/completions",
+            &chat_body("mock", &"x".repeat(100 * 64 + 1), 2, false),
+        )
+        .await?;
+    assert_error(&huge, 400, "prompt_too_long");
+    assert!(String::from_utf8_lossy(&huge.body()).contains("far more text"));
+    // A large prompt (over 64 KiB: tokenized on a blocking thread) within the limit (the
+    // context length here; one token per byte with the byte-level tokenizer) is served.
+    let roomy = Gateway::start(
+        "[server]\nplaintext = true\n[embedded_mockers]\ncount = 1\nspeedup = 50.0\n\
+         [[models]]\nname = \"mock\"\nmax_model_len = 131072\n",
+    )?;
+    let large = Client::plain(roomy.addr)
+        .post_json("/v1/chat/completions", &chat_body("mock", &words(12_000), 2, false))
+        .await?;
+    assert_eq!(large.status, 200, "{}", String::from_utf8_lossy(&large.body()));
+    Ok(())
+}

@@ -216,6 +216,11 @@ pub struct ModelConfig {
     /// The model's context length: prompt, media and answer together.
     #[serde(default = "default_max_model_len")]
     pub max_model_len: u32,
+    /// Longest prompt accepted, in tokens (default: `max_model_len`; a model without a
+    /// `[[models]]` entry has no limit but the body size). A longer one is answered 400; one
+    /// whose text is over 64 bytes per allowed token is refused before it is even tokenized.
+    #[serde(default)]
+    pub max_prompt_tokens: Option<u32>,
     /// How the model turns media into tokens (`[models.media]`: patch size, merge factor,
     /// frame sampling, budgets; see `switchyard_media::ModelMedia`).
     #[serde(default)]

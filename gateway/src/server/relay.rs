@@ -97,6 +97,54 @@ fn media_prompt(
     Ok((settings.blocks(&layout.tokens), layout.spans))
 }
 
+/// Request bodies larger than this are tokenized on a blocking thread.
+const TOKENIZE_INLINE_BYTES: usize = 64 << 10;
+
+/// Text bytes per allowed prompt token past which a prompt is refused without tokenizing it
+/// (real tokenizers average 3-5 bytes per token; 64 leaves room for any text).
+const MAX_BYTES_PER_TOKEN: u64 = 64;
+
+/// Bytes of prompt text in a request (message texts, or the completion prompt; four per id
+/// of a token prompt).
+fn prompt_text_bytes(request: &switchyard_protocol::api::GenerateRequest) -> u64 {
+    use switchyard_protocol::api::{GenerateRequest, MessageContent, Prompt};
+    match request {
+        GenerateRequest::Chat(chat) => chat
+            .messages
+            .iter()
+            .map(|message| match &message.content {
+                Some(MessageContent::Text(text)) => text.len() as u64,
+                Some(MessageContent::Parts(parts)) => parts
+                    .iter()
+                    .map(|part| part.text.as_ref().map_or(0, |t| t.len() as u64))
+                    .sum(),
+                None => 0,
+            })
+            .sum(),
+        GenerateRequest::Completion(completion) => match &completion.prompt {
+            Prompt::Text(text) => text.len() as u64,
+            Prompt::Tokens(ids) => ids.len() as u64 * 4,
+            Prompt::TextBatch(texts) => texts.iter().map(|t| t.len() as u64).sum(),
+            Prompt::TokenBatch(batches) => batches.iter().map(|ids| ids.len() as u64 * 4).sum(),
+        },
+    }
+}
+
+/// The client error for a prompt over the model's `max_prompt_tokens`.
+fn prompt_too_long(model: &str, tokens: Option<usize>, max: u32) -> ApiError {
+    let what = match tokens {
+        Some(tokens) => format!("{tokens} tokens"),
+        None => "far more text than that".to_string(),
+    };
+    ApiError::new(
+        StatusCode::BAD_REQUEST,
+        "invalid_request_error",
+        "prompt_too_long",
+        format!("the prompt is {what}; model `{model}` takes at most {max} prompt tokens"),
+    )
+    .with_param(Some("messages".into()))
+}
+
 /// The client error for a prompt the model's tokenizer or template cannot take.
 fn tokenization_failed(err: switchyard_tokenize::TokenizeError) -> ApiError {
     ApiError::new(
@@ -149,15 +197,36 @@ pub(crate) async fn generate(
         &model_limits.media,
         &mut fetched,
     )?;
+    let max_prompt_tokens = model_limits.max_prompt_tokens;
+    if prompt_text_bytes(&parsed) > u64::from(max_prompt_tokens) * MAX_BYTES_PER_TOKEN {
+        // Refused before any tokenizing: no tokenizer packs this much text into so few tokens.
+        return Err(prompt_too_long(model, None, max_prompt_tokens));
+    }
     let (prompt, spans) = if media_items.is_empty() {
-        let prompt = router
-            .kv()
-            .prompt_blocks(model, fallback_block_size, &parsed)
-            .map_err(tokenization_failed)?;
-        (prompt, Vec::new())
+        let prompt = if body.len() > TOKENIZE_INLINE_BYTES {
+            // A large prompt is rendered and tokenized on a blocking thread, off the executor
+            // that serves every other connection.
+            let (kv, request, block_size) = (router.kv().clone(), parsed.clone(), fallback_block_size());
+            tokio::task::spawn_blocking(move || kv.prompt_blocks(request.model(), || block_size, &request))
+                .await
+                .map_err(|err| {
+                    ApiError::new(
+                        StatusCode::INTERNAL_SERVER_ERROR,
+                        "server_error",
+                        "tokenizer_failed",
+                        format!("the tokenizing thread failed: {err}"),
+                    )
+                })?
+        } else {
+            router.kv().prompt_blocks(model, fallback_block_size, &parsed)
+        };
+        (prompt.map_err(tokenization_failed)?, Vec::new())
     } else {
         media_prompt(state, &parsed, &model_limits, &mut media_items, fallback_block_size)?
     };
+    if prompt.tokens > max_prompt_tokens as usize {
+        return Err(prompt_too_long(model, Some(prompt.tokens), max_prompt_tokens));
+    }
     let media_tokens = media_items.iter().map(|item| item.tokens).sum::<u32>();
     for item in &media_items {
         state.metrics.media_item(media::kind_label(item.info.kind), item.tokens);
