@@ -296,6 +296,7 @@ impl Gateway {
                 batcher_config: config.encoders.batcher_config.clone(),
                 events: inbound.clone(),
                 client: client.clone(),
+                metrics: metrics.clone(),
             });
             tasks.push(tokio::spawn(admin::serve(listener, token.clone(), admin_state)));
             admin_token = Some(token);

@@ -61,4 +61,6 @@ pub(crate) struct AdminState {
     pub(crate) events: mpsc::UnboundedSender<Inbound>,
     /// The client that fetches dumps from workers.
     pub(crate) client: WorkerClient,
+    /// Exported metrics (`GET /metrics` on the admin listener).
+    pub(crate) metrics: Arc<Metrics>,
 }

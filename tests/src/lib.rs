@@ -525,6 +525,20 @@ impl Admin {
         ))
     }
 
+    /// `GET path` with the token; the status and the body as text.
+    ///
+    /// # Errors
+    ///
+    /// Fails if the admin listener cannot be reached.
+    pub async fn get_text(&self, path: &str) -> anyhow::Result<(u16, String)> {
+        let mut connection = self.client.connect().await?;
+        let reply = connection.send_with_auth("GET", path, Vec::new(), &self.token).await?;
+        Ok((
+            reply.status.as_u16(),
+            String::from_utf8_lossy(&reply.body()).into_owned(),
+        ))
+    }
+
     /// `GET /admin/kv`: the KV index summary.
     ///
     /// # Errors

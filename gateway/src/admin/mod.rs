@@ -1,6 +1,8 @@
 //! The admin API: managing router policies and inspecting KV routing, on a listener of its own.
 //!
 //! Every request needs `authorization: Bearer TOKEN` with the configured token (401 otherwise).
+//! `GET /metrics` serves the gateway's metrics here too (the only place, with `server.metrics =
+//! false`).
 //! `GET /admin/policies` lists the active version, the kept versions and uploaded candidates;
 //! `PUT /admin/policies/{name}/config` sets the TOML table later uploads of `name` are loaded
 //! with (otherwise they get the gateway's `[policy.config]`);
@@ -118,6 +120,11 @@ async fn handle(
     let query = request.uri().query().unwrap_or("").to_string();
     let segments: Vec<&str> = path.trim_matches('/').split('/').collect();
     match (request.method().clone(), segments.as_slice()) {
+        (Method::GET, ["metrics"]) => Ok(respond::text(
+            StatusCode::OK,
+            "text/plain; version=0.0.4; charset=utf-8",
+            state.metrics.encode(),
+        )),
         (Method::GET, ["admin", "policies"]) => Ok(list(state, candidates)),
         (Method::GET, ["admin", "kv"]) => Ok(respond::json(StatusCode::OK, &state.router.kv_summary())),
         (Method::PUT, ["admin", kind @ ("policies" | "batchers"), name, "config"]) => {

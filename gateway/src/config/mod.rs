@@ -368,6 +368,9 @@ pub struct ServerConfig {
     pub drain_timeout_ms: u64,
     /// Client connections open at once; one more is answered 503 and closed.
     pub max_connections: usize,
+    /// Serve `/metrics` on this listener. Turn it off to serve them only on the admin
+    /// listener (`GET /metrics` there, with the admin token), off the public port.
+    pub metrics: bool,
 }
 
 impl Default for ServerConfig {
@@ -383,6 +386,7 @@ impl Default for ServerConfig {
             tls_handshake_timeout_ms: 10_000,
             drain_timeout_ms: 30_000,
             max_connections: 10_000,
+            metrics: true,
         }
     }
 }
@@ -701,6 +705,12 @@ impl Config {
                     format!("must name a built-in policy or a .wasm file: {err}"),
                 ));
             }
+        }
+        if !self.server.metrics && self.admin.is_none() {
+            return Err(invalid(
+                "server.metrics",
+                "is false, so /metrics would be served nowhere: add an [admin] listener (it serves them) or set it true".into(),
+            ));
         }
         if self.server.max_connections == 0 {
             return Err(invalid("server.max_connections", "must be greater than 0".into()));

@@ -41,6 +41,7 @@ pub(crate) async fn handle(state: Arc<AppState>, request: Request<Incoming>, sta
         ),
         (&Method::GET, paths::HEALTHZ) => ("healthz", Ok(respond::text(StatusCode::OK, "text/plain", "ok\n"))),
         (&Method::GET, "/readyz") => ("readyz", ready(&state)),
+        (&Method::GET, paths::METRICS) if !state.server.metrics => ("other", Err(respond::not_found(&path))),
         (&Method::GET, paths::METRICS) => (
             "metrics",
             Ok(respond::text(
