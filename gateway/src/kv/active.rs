@@ -7,9 +7,17 @@
 //! (`crate::events::applier`), and each request is keyed by `(origin gateway, request id)` so that
 //! entries from several gateways never collide. Entries from other gateways expire after a
 //! while in case their `free` is lost with their gateway.
+//!
+//! [`ShardedActive`] is what the gateway uses: the tracker split by worker into shards under
+//! locks of their own, so that one request's per-block work (counting its prompt's blocks on
+//! its worker, and uncounting them at the end) never holds a lock that requests on other
+//! shards need. The one structure every request touches is a map from request to shard, with
+//! O(1) work under its lock.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
 
 use crate::kv::index::{HashKeyed, WorkerId};
 
@@ -42,7 +50,7 @@ struct Entry {
     started: Instant,
 }
 
-/// The tracker (not synchronised; `crate::kv::KvState` holds it under a mutex).
+/// The tracker of one shard (not synchronised; [`ShardedActive`] holds each under its lock).
 #[derive(Debug)]
 pub struct ActiveSequences {
     origin: u64,
@@ -65,11 +73,12 @@ impl ActiveSequences {
     }
 
     /// Records a request routed to `worker` with the prompt's block `hashes` and
-    /// `prefill_tokens` still to compute. A key already present is left as it is.
-    pub fn add(&mut self, key: RequestKey, worker: WorkerId, hashes: Vec<u64>, prefill_tokens: u64) {
-        self.sweep();
+    /// `prefill_tokens` still to compute. A key already present is left as it is. Returns the
+    /// keys of other gateways' entries that expired meanwhile (usually none).
+    pub fn add(&mut self, key: RequestKey, worker: WorkerId, hashes: Vec<u64>, prefill_tokens: u64) -> Vec<RequestKey> {
+        let expired = self.sweep();
         if self.requests.contains_key(&key) {
-            return;
+            return expired;
         }
         let load = self.workers.entry(worker).or_default();
         for &hash in &hashes {
@@ -86,6 +95,7 @@ impl ActiveSequences {
                 started: Instant::now(),
             },
         );
+        expired
     }
 
     /// The request's first token came back: its prompt is no longer prefill work.
@@ -126,10 +136,19 @@ impl ActiveSequences {
         }
     }
 
-    /// Forgets a worker and every request on it.
-    pub fn remove_worker(&mut self, worker: WorkerId) {
+    /// Forgets a worker and every request on it; returns those requests' keys.
+    pub fn remove_worker(&mut self, worker: WorkerId) -> Vec<RequestKey> {
         self.workers.remove(&worker);
-        self.requests.retain(|_, entry| entry.worker != worker);
+        let gone: Vec<RequestKey> = self
+            .requests
+            .iter()
+            .filter(|(_, entry)| entry.worker == worker)
+            .map(|(key, _)| *key)
+            .collect();
+        for key in &gone {
+            self.requests.remove(key);
+        }
+        gone
     }
 
     /// The load on `worker`.
@@ -142,14 +161,15 @@ impl ActiveSequences {
     }
 
     /// Active requests in total.
+    #[cfg(test)]
     pub fn requests(&self) -> usize {
         self.requests.len()
     }
 
-    fn sweep(&mut self) {
+    fn sweep(&mut self) -> Vec<RequestKey> {
         let now = Instant::now();
         if now.duration_since(self.last_sweep) < self.remote_ttl / 4 {
-            return;
+            return Vec::new();
         }
         self.last_sweep = now;
         let origin = self.origin;
@@ -160,11 +180,110 @@ impl ActiveSequences {
             .filter(|(key, entry)| key.0 != origin && now.duration_since(entry.started) > ttl)
             .map(|(key, _)| *key)
             .collect();
-        for key in expired {
-            if let Some(entry) = self.requests.remove(&key) {
+        for key in &expired {
+            if let Some(entry) = self.requests.remove(key) {
                 self.release(entry);
             }
         }
+        expired
+    }
+}
+
+/// The tracker, sharded by worker (see the module documentation).
+#[derive(Debug)]
+pub struct ShardedActive {
+    shards: Box<[Mutex<ActiveSequences>]>,
+    /// Which shard holds each request.
+    owners: Mutex<HashMap<RequestKey, usize>>,
+}
+
+impl ShardedActive {
+    /// A tracker of `shards` shards (at least one) for the gateway `origin`.
+    pub fn new(origin: u64, remote_ttl: Duration, shards: usize) -> ShardedActive {
+        ShardedActive {
+            shards: (0..shards.max(1))
+                .map(|_| Mutex::new(ActiveSequences::new(origin, remote_ttl)))
+                .collect(),
+            owners: Mutex::new(HashMap::new()),
+        }
+    }
+
+    fn shard_of(&self, worker: WorkerId) -> usize {
+        worker as usize % self.shards.len()
+    }
+
+    /// As [`ActiveSequences::add`].
+    pub fn add(&self, key: RequestKey, worker: WorkerId, hashes: Vec<u64>, prefill_tokens: u64) {
+        let shard = self.shard_of(worker);
+        {
+            let mut owners = self.owners.lock();
+            if owners.contains_key(&key) {
+                return;
+            }
+            owners.insert(key, shard);
+        }
+        let expired = self.shards[shard].lock().add(key, worker, hashes, prefill_tokens);
+        if !expired.is_empty() {
+            let mut owners = self.owners.lock();
+            for key in expired {
+                owners.remove(&key);
+            }
+        }
+    }
+
+    /// As [`ActiveSequences::prefill_done`].
+    pub fn prefill_done(&self, key: RequestKey) {
+        let shard = self.owners.lock().get(&key).copied();
+        if let Some(shard) = shard {
+            self.shards[shard].lock().prefill_done(key);
+        }
+    }
+
+    /// As [`ActiveSequences::free`].
+    pub fn free(&self, key: RequestKey) {
+        let shard = self.owners.lock().remove(&key);
+        if let Some(shard) = shard {
+            self.shards[shard].lock().free(key);
+        }
+    }
+
+    /// As [`ActiveSequences::remove_worker`].
+    pub fn remove_worker(&self, worker: WorkerId) {
+        let gone = self.shards[self.shard_of(worker)].lock().remove_worker(worker);
+        let mut owners = self.owners.lock();
+        for key in gone {
+            owners.remove(&key);
+        }
+    }
+
+    /// The load on `worker`.
+    pub fn load(&self, worker: WorkerId) -> Load {
+        self.shards[self.shard_of(worker)].lock().load(worker)
+    }
+
+    /// The loads of `workers`, in order, each shard locked once.
+    pub fn loads(&self, workers: &[WorkerId]) -> Vec<Load> {
+        let mut out = vec![Load::default(); workers.len()];
+        for (index, shard) in self.shards.iter().enumerate() {
+            let mut members = workers
+                .iter()
+                .enumerate()
+                .filter(|(_, worker)| self.shard_of(**worker) == index)
+                .peekable();
+            if members.peek().is_none() {
+                continue;
+            }
+            let shard = shard.lock();
+            for (slot, &worker) in members {
+                out[slot] = shard.load(worker);
+            }
+        }
+        out
+    }
+
+    /// Active requests in total.
+    pub fn requests(&self) -> usize {
+        self.owners.lock().len()
     }
 }
 
@@ -210,6 +329,36 @@ mod tests {
         assert_eq!(active.load(5), Load::default());
         active.free((1, 1));
         assert_eq!(active.load(5), Load::default());
+    }
+
+    #[test]
+    fn the_sharded_tracker_answers_as_one() {
+        let sharded = ShardedActive::new(1, Duration::from_secs(60), 4);
+        let mut single = ActiveSequences::new(1, Duration::from_secs(60));
+        let ops: [(RequestKey, WorkerId, Vec<u64>, u64); 5] = [
+            ((1, 1), 5, vec![10, 11, 12], 300),
+            ((1, 2), 5, vec![10, 11, 13], 100),
+            ((1, 3), 6, vec![10], 64),
+            ((2, 1), 7, vec![20, 21], 128),
+            ((1, 4), 9, vec![30], 64),
+        ];
+        for (key, worker, hashes, prefill) in ops {
+            sharded.add(key, worker, hashes.clone(), prefill);
+            single.add(key, worker, hashes, prefill);
+        }
+        let workers = [5, 6, 7, 8, 9];
+        let expected: Vec<Load> = workers.iter().map(|&w| single.load(w)).collect();
+        assert_eq!(sharded.loads(&workers), expected);
+        sharded.prefill_done((1, 1));
+        single.prefill_done((1, 1));
+        sharded.free((1, 2));
+        single.free((1, 2));
+        sharded.remove_worker(7);
+        single.remove_worker(7);
+        let expected: Vec<Load> = workers.iter().map(|&w| single.load(w)).collect();
+        assert_eq!(sharded.loads(&workers), expected);
+        assert_eq!(sharded.requests(), single.requests());
+        assert_eq!(sharded.load(5), single.load(5));
     }
 
     #[test]

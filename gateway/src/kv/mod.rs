@@ -22,7 +22,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
-use parking_lot::{Mutex, RwLock};
+use parking_lot::RwLock;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
@@ -38,7 +38,11 @@ use tokio::sync::mpsc;
 use crate::config::{ChatTemplateConfig, Config, ModelConfig};
 use crate::metrics::Labels;
 
-pub use active::{ActiveSequences, Load};
+pub use active::{Load, ShardedActive};
+
+/// Shards of the active-sequence tracker (requests on workers of different shards never
+/// share a lock for their per-block work).
+const ACTIVE_SHARDS: usize = 16;
 pub use index::{IndexSize, KvIndex, Overlap, WorkerId};
 
 /// How one model's prompts become block hashes.
@@ -262,7 +266,7 @@ pub struct SummaryWorker<'a> {
 #[derive(Debug)]
 pub struct KvState {
     index: RwLock<KvIndex>,
-    active: Mutex<ActiveSequences>,
+    active: ShardedActive,
     models: RwLock<HashMap<String, Arc<ModelKv>>>,
     origin: u64,
     replica_out: OnceLock<mpsc::UnboundedSender<ActiveUpdate>>,
@@ -303,7 +307,7 @@ impl KvState {
         let origin = origin_id();
         Ok(KvState {
             index: RwLock::new(KvIndex::new()),
-            active: Mutex::new(ActiveSequences::new(origin, std::time::Duration::from_secs(600))),
+            active: ShardedActive::new(origin, std::time::Duration::from_secs(600), ACTIVE_SHARDS),
             models: RwLock::new(models),
             origin,
             replica_out: OnceLock::new(),
@@ -403,8 +407,8 @@ impl KvState {
 
     /// The live load of each worker in `workers`.
     pub fn loads(&self, workers: impl IntoIterator<Item = WorkerId>) -> Vec<Load> {
-        let active = self.active.lock();
-        workers.into_iter().map(|worker| active.load(worker)).collect()
+        let workers: Vec<WorkerId> = workers.into_iter().collect();
+        self.active.loads(&workers)
     }
 
     /// Starts tracking request `request` on `worker` (named `worker_name` to other replicas).
@@ -428,7 +432,7 @@ impl KvState {
                 },
             });
         }
-        self.active.lock().add(key, worker, hashes, prefill_tokens);
+        self.active.add(key, worker, hashes, prefill_tokens);
         ActiveGuard {
             state: self.clone(),
             request,
@@ -443,7 +447,7 @@ impl KvState {
             return;
         }
         let key = (update.origin, update.request);
-        let mut active = self.active.lock();
+        let active = &self.active;
         match (&update.op, worker) {
             (ActiveOp::Add { hashes, prefill_tokens }, Some(worker)) => {
                 active.add(key, worker, hashes.clone(), *prefill_tokens)
@@ -462,7 +466,7 @@ impl KvState {
     /// Drops everything known about a worker.
     pub fn forget(&self, worker: WorkerId) {
         self.index.write().remove_worker(worker);
-        self.active.lock().remove_worker(worker);
+        self.active.remove_worker(worker);
         self.refresh_size();
     }
 
@@ -481,7 +485,7 @@ impl KvState {
     /// A summary for `GET /admin/kv`.
     pub fn summary<'w>(&self, workers: impl IntoIterator<Item = SummaryWorker<'w>>) -> KvSummary {
         let index = self.index.read();
-        let active = self.active.lock();
+        let active = &self.active;
         KvSummary {
             index: index.size(),
             index_heap_bytes: index.heap_bytes(),
@@ -521,7 +525,7 @@ impl ActiveGuard {
         if !std::mem::take(&mut self.prefill_pending) {
             return;
         }
-        self.state.active.lock().prefill_done((self.state.origin, self.request));
+        self.state.active.prefill_done((self.state.origin, self.request));
         self.share(ActiveOp::PrefillDone);
     }
 
@@ -539,7 +543,7 @@ impl ActiveGuard {
 
 impl Drop for ActiveGuard {
     fn drop(&mut self) {
-        self.state.active.lock().free((self.state.origin, self.request));
+        self.state.active.free((self.state.origin, self.request));
         self.share(ActiveOp::Free);
     }
 }
