@@ -211,36 +211,49 @@ impl<'a> Stream<'a> {
 /// Whether a sample's first slice is an IDR slice (NAL type 5), from which decoding can start
 /// with no earlier picture.
 fn starts_with_idr(sample: &[u8], length_size: usize) -> bool {
-    let mut pos = 0;
-    while let Some(header) = sample.get(pos..pos + length_size) {
-        let len = header.iter().fold(0usize, |n, &b| (n << 8) | usize::from(b));
-        match sample.get(pos + length_size).map(|b| b & 0x1f) {
+    for unit in nal_units(sample, length_size) {
+        match unit.ok().and_then(|unit| unit.first()).map(|b| b & 0x1f) {
             Some(kind @ 1..=5) => return kind == 5,
-            Some(_) => pos += length_size + len,
+            Some(_) => {}
             None => return false,
         }
     }
     false
 }
 
-/// Rewrites one MP4 sample (NAL units behind big-endian lengths) into Annex B (each NAL unit
-/// behind a `00 00 00 01` start code), appending to `out`.
+/// Rewrites one MP4 sample into Annex B (each NAL unit behind a `00 00 00 01` start code),
+/// appending to `out`.
 fn length_prefixed_to_annex_b(sample: &[u8], length_size: usize, out: &mut Vec<u8>) -> Result<(), String> {
-    let mut pos = 0;
-    while pos < sample.len() {
-        let header = sample
-            .get(pos..pos + length_size)
-            .ok_or_else(|| format!("a NAL length at byte {pos} is cut off"))?;
-        let len = header.iter().fold(0usize, |n, &b| (n << 8) | usize::from(b));
-        pos += length_size;
-        let unit = sample
-            .get(pos..pos + len)
-            .ok_or_else(|| format!("a {len}-byte NAL unit at byte {pos} runs past the sample's end"))?;
+    for unit in nal_units(sample, length_size) {
         out.extend_from_slice(&[0, 0, 0, 1]);
-        out.extend_from_slice(unit);
-        pos += len;
+        out.extend_from_slice(unit?);
     }
     Ok(())
+}
+
+/// The NAL units of one MP4 sample (each behind a big-endian length of `length_size` bytes);
+/// a length or unit cut off by the sample's end is an error, and ends the walk.
+fn nal_units(sample: &[u8], length_size: usize) -> impl Iterator<Item = Result<&[u8], String>> {
+    let mut pos = 0;
+    std::iter::from_fn(move || {
+        if pos >= sample.len() {
+            return None;
+        }
+        let Some(header) = sample.get(pos..pos + length_size) else {
+            let at = std::mem::replace(&mut pos, sample.len());
+            return Some(Err(format!("a NAL length at byte {at} is cut off")));
+        };
+        let len = header.iter().fold(0usize, |n, &b| (n << 8) | usize::from(b));
+        let start = pos + length_size;
+        let Some(unit) = sample.get(start..start + len) else {
+            pos = sample.len();
+            return Some(Err(format!(
+                "a {len}-byte NAL unit at byte {start} runs past the sample's end"
+            )));
+        };
+        pos = start + len;
+        Some(Ok(unit))
+    })
 }
 
 fn copy_planes(yuv: &openh264::decoder::DecodedYUV<'_>, max_pixels: u64) -> Result<YuvFrame, MediaError> {

@@ -498,6 +498,17 @@ pub struct Features {
 }
 
 impl Features {
+    /// Features from each item's rows (`None`: an item left out), in item order.
+    pub(crate) fn from_items(dim: usize, items: Vec<Option<Vec<f32>>>) -> Features {
+        let mut tokens = Vec::with_capacity(items.len());
+        let mut data = Vec::new();
+        for rows in items.into_iter().flatten() {
+            tokens.push(rows.len() / dim);
+            data.extend_from_slice(&rows);
+        }
+        Features { dim, tokens, data }
+    }
+
     /// Item `i`'s rows.
     pub fn item(&self, i: usize) -> &[f32] {
         let start: usize = self.tokens[..i].iter().sum::<usize>() * self.dim;
@@ -702,13 +713,7 @@ impl VisionEncoder {
                 per_item[index] = Some(projected[k * keep * dim..(k + 1) * keep * dim].to_vec());
             }
         }
-        let mut tokens = Vec::with_capacity(images.len());
-        let mut data = Vec::new();
-        for rows in per_item.into_iter().flatten() {
-            tokens.push(rows.len() / dim);
-            data.extend_from_slice(&rows);
-        }
-        Ok(Features { dim, tokens, data })
+        Ok(Features::from_items(dim, per_item))
     }
 
     /// Encodes a video's frames (one size) and pools them in time ([`pool_in_time`]), so

@@ -275,13 +275,34 @@ impl Gpu {
         unsafe { self.blas.gemm(config, weight, x, y) }.map_err(|err| CudaError::Blas(err.to_string()))
     }
 
-    /// LayerNorm of `rows` rows of `x` into `out` (which may be `x` itself: each row is read
-    /// whole before it is written).
+    /// LayerNorm of `rows` rows of `x` into `out`.
     pub(crate) fn layer_norm(
         &self,
         x: &CudaSlice<f32>,
         norm: &GpuNorm,
         out: &mut CudaSlice<f32>,
+        rows: usize,
+    ) -> Result<(), CudaError> {
+        self.launch_layer_norm(x, norm, out, rows)
+    }
+
+    /// The same, in place.
+    pub(crate) fn layer_norm_in_place(
+        &self,
+        x: &mut CudaSlice<f32>,
+        norm: &GpuNorm,
+        rows: usize,
+    ) -> Result<(), CudaError> {
+        self.launch_layer_norm(x, norm, x, rows)
+    }
+
+    /// The kernel takes `out` by pointer; it may be `x` itself, since each row's reads finish
+    /// (two block-wide reductions) before its writes.
+    fn launch_layer_norm(
+        &self,
+        x: &CudaSlice<f32>,
+        norm: &GpuNorm,
+        out: &CudaSlice<f32>,
         rows: usize,
     ) -> Result<(), CudaError> {
         let width = int(norm.width)?;
@@ -293,31 +314,8 @@ impl Gpu {
             .arg(out)
             .arg(&width)
             .arg(&norm.eps);
-        // SAFETY: the kernel reads and writes `rows·width` values; the buffers hold them.
-        unsafe { launch.launch(rows_launch(rows, 256)?) }.map_err(driver)?;
-        Ok(())
-    }
-
-    /// The same, in place.
-    pub(crate) fn layer_norm_in_place(
-        &self,
-        x: &mut CudaSlice<f32>,
-        norm: &GpuNorm,
-        rows: usize,
-    ) -> Result<(), CudaError> {
-        let width = int(norm.width)?;
-        let mut launch = self.stream.launch_builder(&self.kernels.layer_norm);
-        let alias: &CudaSlice<f32> = x;
-        // The kernel takes the same pointer as input and output; each row's reads finish
-        // (two block-wide reductions) before its writes.
-        launch
-            .arg(alias)
-            .arg(&norm.weight)
-            .arg(&norm.bias)
-            .arg(alias)
-            .arg(&width)
-            .arg(&norm.eps);
-        // SAFETY: as `layer_norm`, with `out == x`.
+        // SAFETY: the kernel reads and writes `rows·width` values; the buffers hold them, and
+        // `out` is either a buffer no one else reads meanwhile or `x` (see above).
         unsafe { launch.launch(rows_launch(rows, 256)?) }.map_err(driver)?;
         Ok(())
     }

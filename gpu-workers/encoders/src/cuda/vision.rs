@@ -315,13 +315,7 @@ impl CudaVision {
                 per_item[index] = Some(output[k * per..(k + 1) * per].to_vec());
             }
         }
-        let mut tokens = Vec::with_capacity(images.len());
-        let mut data = Vec::new();
-        for rows in per_item.into_iter().flatten() {
-            tokens.push(rows.len() / dim);
-            data.extend_from_slice(&rows);
-        }
-        Ok(Features { dim, tokens, data })
+        Ok(Features::from_items(dim, per_item))
     }
 
     /// How the graph cache would run a micro-batch of `items` images of one size (for tests
