@@ -369,7 +369,7 @@ fn run_ours(requests: &Requests, stream: &Stream) -> Run {
     let mut lookup_ns: Vec<u64> = Vec::with_capacity(stream.lookups);
     let mut out: Vec<Overlap> = Vec::with_capacity(4096);
     let before = live();
-    let mut index = KvIndex::new();
+    let index = KvIndex::new();
     let mut acc = 0usize;
     let start = Instant::now();
     for op in &stream.ops {
@@ -459,7 +459,7 @@ fn run_dynamo(requests: &Requests, stream: &Stream) -> Run {
 
 /// Replays the stream into both indexes in lockstep and compares every lookup.
 fn verify(requests: &Requests, stream: &Stream) -> (usize, usize, usize) {
-    let mut ours = KvIndex::new();
+    let ours = KvIndex::new();
     let mut theirs = RadixTree::new();
     let mut out = Vec::new();
     let (mut compared, mut disagreements, mut sim_mismatch) = (0, 0, 0);
@@ -507,7 +507,9 @@ struct Concurrent {
     lookup_ns: Vec<u64>,
     hold_ns: Vec<u64>,
     wait_ns: Vec<u64>,
-    /// The longest write-lock holds: (hold ns, batch number, live heap change during the batch).
+    /// What `hold_ns` times.
+    batch_label: &'static str,
+    /// The longest batches: (ns, batch number, live heap change during the batch).
     longest: Vec<(u64, usize, isize)>,
 }
 
@@ -546,9 +548,21 @@ fn gate(progress: &AtomicUsize, needed: usize) -> Duration {
     t.elapsed()
 }
 
-fn concurrent_ours(requests: &Requests, stream: &Stream) -> Concurrent {
+/// How the concurrent run shares our index between the writer and the reader.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Sharing {
+    /// As the gateway does: the index's own per-table locks, one block at a time.
+    TableLocks,
+    /// The design it replaced, for comparison: one `RwLock` around the index, the writer
+    /// holding it for a whole batch of events.
+    GlobalLockPerBatch,
+}
+
+fn concurrent_ours(requests: &Requests, stream: &Stream, sharing: Sharing) -> Concurrent {
     let (events, lookups) = split(stream);
-    let index = RwLock::new(KvIndex::new());
+    let index = KvIndex::new();
+    // The one lock of the replaced design (unused with table locks).
+    let global = RwLock::new(());
     let progress = AtomicUsize::new(0);
     let barrier = Barrier::new(2);
     let start = Instant::now();
@@ -562,12 +576,12 @@ fn concurrent_ours(requests: &Requests, stream: &Stream) -> Concurrent {
             let mut applied = 0;
             for batch in events.chunks(BATCH) {
                 let t = Instant::now();
-                let mut guard = index.write();
+                let guard = (sharing == Sharing::GlobalLockPerBatch).then(|| global.write());
                 let locked = Instant::now();
                 // The reader allocates nothing once started, so this is the index's growth.
                 let live_before = live();
                 for &(worker, event) in batch {
-                    guard.apply(worker, StorageTier::Device, event);
+                    index.apply(worker, StorageTier::Device, event);
                 }
                 let live_after = live();
                 drop(guard);
@@ -589,7 +603,9 @@ fn concurrent_ours(requests: &Requests, stream: &Stream) -> Concurrent {
             for &(request, needed) in &lookups {
                 gated += gate(&progress, needed);
                 let t = Instant::now();
-                index.read().overlaps(requests.seq(request), &mut out);
+                let guard = (sharing == Sharing::GlobalLockPerBatch).then(|| global.read());
+                index.overlaps(requests.seq(request), &mut out);
+                drop(guard);
                 ns.push(t.elapsed().as_nanos() as u64);
                 acc += out.len();
             }
@@ -608,7 +624,14 @@ fn concurrent_ours(requests: &Requests, stream: &Stream) -> Concurrent {
     longest.sort_unstable_by_key(|&(ns, ..)| std::cmp::Reverse(ns));
     longest.truncate(4);
     let mut c = Concurrent {
-        name: "ours RwLock<KvIndex>",
+        name: match sharing {
+            Sharing::TableLocks => "ours KvIndex, table locks",
+            Sharing::GlobalLockPerBatch => "ours, one RwLock per batch (before)",
+        },
+        batch_label: match sharing {
+            Sharing::TableLocks => "apply time (no lock across it)",
+            Sharing::GlobalLockPerBatch => "write-lock hold",
+        },
         wall,
         writer,
         reader,
@@ -702,6 +725,7 @@ fn concurrent_dynamo(requests: &Requests, stream: &Stream) -> Concurrent {
         lookup_ns,
         hold_ns: Vec::new(),
         wait_ns: Vec::new(),
+        batch_label: "",
         longest: Vec::new(),
     }
 }
@@ -806,9 +830,10 @@ fn print_concurrent(c: &Concurrent) {
     );
     if !c.hold_ns.is_empty() {
         println!(
-            "  {:<36} write-lock hold per {BATCH}-event batch p50 {:.1} us, p99 {:.1} us, max {:.1} us ({} batches); \
+            "  {:<36} {} per {BATCH}-event batch p50 {:.1} us, p99 {:.1} us, max {:.1} us ({} batches); \
              writer wait for lock p50 {:.2} us, p99 {:.1} us",
             "",
+            c.batch_label,
             us(pct(&c.hold_ns, 0.5)),
             us(pct(&c.hold_ns, 0.99)),
             us(*c.hold_ns.last().unwrap()),
@@ -821,7 +846,7 @@ fn print_concurrent(c: &Concurrent) {
             .iter()
             .map(|&(ns, batch, grew)| format!("#{batch} {:.0} us ({:+.2} MiB heap)", us(ns), grew as f64 / 1048576.0))
             .collect();
-        println!("  {:<36} longest holds: {}", "", longest.join(", "));
+        println!("  {:<36} longest batches: {}", "", longest.join(", "));
     }
 }
 
@@ -868,7 +893,8 @@ fn main() {
                  every batch holding events that precede it in the stream, so it never sees an emptier index than \
                  the stream implies"
             );
-            print_concurrent(&concurrent_ours(&requests, &stream));
+            print_concurrent(&concurrent_ours(&requests, &stream, Sharing::TableLocks));
+            print_concurrent(&concurrent_ours(&requests, &stream, Sharing::GlobalLockPerBatch));
             print_concurrent(&concurrent_dynamo(&requests, &stream));
         }
     }

@@ -9,7 +9,8 @@
 //! cannot dump (vLLM) instead drops the worker's blocks and goes on from the new event.
 //! Registered workers that stop heartbeating leave the pool and the index, so cache affinity
 //! can never pick them. Consecutive events are applied in batches of at most [`MAX_BATCH`]
-//! under one write lock.
+//! (one metrics update per batch); the index locks per block, so lookups never wait for a
+//! batch.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -28,7 +29,7 @@ use crate::kv::index::{Anomaly, WorkerId};
 use crate::kv::{ActiveUpdate, KvState};
 use crate::workers::WorkerPool;
 
-/// Most events applied under one write lock.
+/// Most events applied (and counted in the metrics) per batch.
 pub const MAX_BATCH: usize = 256;
 
 /// Least time between two dump requests for one worker.
@@ -295,7 +296,7 @@ impl Applier {
             .inc();
     }
 
-    /// Applies the pending events under one write lock.
+    /// Applies the pending events.
     fn flush(&mut self) {
         if self.batch.is_empty() {
             return;
@@ -303,7 +304,7 @@ impl Applier {
         let mut applied: HashMap<&str, u64> = HashMap::new();
         let mut mismatched: Vec<&str> = Vec::new();
         {
-            let mut index = self.state.index_mut();
+            let index = self.state.index();
             for (worker, kv_id, tier, event) in &self.batch {
                 if index.apply(*kv_id, *tier, event) == Some(Anomaly::HashMismatch) {
                     mismatched.push(worker);
@@ -376,7 +377,7 @@ impl Applier {
         let Some(resync) = track.resync.take() else {
             return;
         };
-        let anomaly = self.state.index_mut().load_dump(track.kv_id, &dump.blocks);
+        let anomaly = self.state.index().load_dump(track.kv_id, &dump.blocks);
         track.last_event_id = dump.last_event_id;
         let source = track.source.clone();
         tracing::info!(%worker, blocks = dump.blocks.len(), last_event_id = dump.last_event_id, "resynced from dump");

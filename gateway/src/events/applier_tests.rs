@@ -152,7 +152,7 @@ impl Fixture {
         let Some(worker) = self.pool.by_name(name) else {
             return 0;
         };
-        self.kv.index_mut().worker_blocks(worker.kv_id)
+        self.kv.index().worker_blocks(worker.kv_id)
     }
 
     fn gaps(&self, name: &str) -> u64 {
@@ -318,7 +318,7 @@ async fn a_registered_worker_that_stops_heartbeating_leaves_the_pool_and_the_ind
     // Then three intervals and a tick without one.
     tokio::time::sleep(Duration::from_millis(600)).await;
     assert!(f.pool.by_name("r").is_none(), "out of the pool");
-    assert_eq!(f.kv.index_mut().worker_blocks(kv_id), 0, "and out of the index");
+    assert_eq!(f.kv.index().worker_blocks(kv_id), 0, "and out of the index");
     assert_eq!(f.kv.metrics.workers_expired.get(), 1);
     // A configured worker never expires.
     assert!(f.pool.by_name("w").is_some());

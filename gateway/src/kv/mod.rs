@@ -1,14 +1,11 @@
 //! KV-aware routing state: the prefix index, the active-sequence tracker, and how prompts
 //! become block hashes.
 //!
-//! [`KvState`] is shared by every request and by the event applier ([`sync`]). Concurrency:
-//! the index sits behind one `parking_lot::RwLock`. Lookups take the read lock for one walk
+//! [`KvState`] is shared by every request and by the event applier (`crate::events`).
+//! Concurrency: the index locks itself, one node table per block (see [`index`]), so a lookup
 //! (microseconds, measured by the `kv_index` bench and the `switchyard_kv_lookup_seconds`
-//! histogram); the single applier task takes the write lock for a batch of at most
-//! `events::applier::MAX_BATCH` events, so a lookup waits at most one bounded batch and the applier at
-//! most the lookups in progress (the lock is fair: a waiting writer stops new readers). The
-//! node table is split in 64 tables so that a rehash, the one long operation under the write
-//! lock, moves 1/64 of the index. The active-sequence tracker is a separate mutex touched at
+//! histogram) waits at most for one block's write, never for a batch of events. The
+//! active-sequence tracker is sharded by worker, each shard under its own mutex, touched at
 //! route, first token and end.
 //!
 //! Workers are named here by their [`WorkerId`] alone: this module knows nothing of the worker
@@ -265,7 +262,7 @@ pub struct SummaryWorker<'a> {
 /// Shared KV routing state.
 #[derive(Debug)]
 pub struct KvState {
-    index: RwLock<KvIndex>,
+    index: KvIndex,
     active: ShardedActive,
     models: RwLock<HashMap<String, Arc<ModelKv>>>,
     origin: u64,
@@ -306,7 +303,7 @@ impl KvState {
         }
         let origin = origin_id();
         Ok(KvState {
-            index: RwLock::new(KvIndex::new()),
+            index: KvIndex::new(),
             active: ShardedActive::new(origin, std::time::Duration::from_secs(600), ACTIVE_SHARDS),
             models: RwLock::new(models),
             origin,
@@ -400,7 +397,7 @@ impl KvState {
     pub fn lookup(&self, hashes: &[u64]) -> Vec<Overlap> {
         let started = Instant::now();
         let mut out = Vec::new();
-        self.index.read().overlaps(hashes, &mut out);
+        self.index.overlaps(hashes, &mut out);
         self.metrics.lookup_seconds.observe(started.elapsed().as_secs_f64());
         out
     }
@@ -465,26 +462,26 @@ impl KvState {
 
     /// Drops everything known about a worker.
     pub fn forget(&self, worker: WorkerId) {
-        self.index.write().remove_worker(worker);
+        self.index.remove_worker(worker);
         self.active.remove_worker(worker);
         self.refresh_size();
     }
 
-    /// The write side of the index, for the applier.
-    pub(crate) fn index_mut(&self) -> parking_lot::RwLockWriteGuard<'_, KvIndex> {
-        self.index.write()
+    /// The index, for the applier (which writes it) and tests.
+    pub(crate) fn index(&self) -> &KvIndex {
+        &self.index
     }
 
     /// Updates the index size gauges.
     pub fn refresh_size(&self) {
-        let size = self.index.read().size();
+        let size = self.index.size();
         self.metrics.index_nodes.set(size.nodes as i64);
         self.metrics.index_blocks.set(size.blocks as i64);
     }
 
     /// A summary for `GET /admin/kv`.
     pub fn summary<'w>(&self, workers: impl IntoIterator<Item = SummaryWorker<'w>>) -> KvSummary {
-        let index = self.index.read();
+        let index = &self.index;
         let active = &self.active;
         KvSummary {
             index: index.size(),

@@ -86,7 +86,7 @@ fn cache(router: &Router, worker: usize, blocks: usize, seed: u32) {
         })
         .collect();
     let id = router.pool().workers()[worker].kv_id;
-    router.kv().index_mut().apply(
+    router.kv().index().apply(
         id,
         StorageTier::Device,
         &KvEvent::Stored {
