@@ -57,6 +57,21 @@ fn bench_route(c: &mut Criterion, runtime: &Arc<PolicyRuntime>) {
             });
         }
     }
+    // Through the switch, as the gateway calls it: the thread's cached instance found, its
+    // slot locked, the answer checked and counted.
+    let policy = runtime
+        .load_router(
+            "least-load",
+            built_in_router("least-load").expect("built in"),
+            toml::Table::new(),
+        )
+        .expect("loads");
+    let columns = policy.columns() | table::fallback_columns();
+    let switch = PolicySwitch::new(policy, SwitchConfig::default());
+    let workers = table::synthetic(8).select(columns);
+    group.bench_with_input(BenchmarkId::new("switch-least-load", 8), &workers, |b, workers| {
+        b.iter(|| switch.route(&request, |_| workers).0.expect("answer"))
+    });
     for n in SIZES {
         let workers = table::synthetic(n);
         group.bench_with_input(BenchmarkId::new("native-least-load", n), &workers, |b, workers| {

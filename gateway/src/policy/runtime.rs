@@ -99,8 +99,11 @@ const WASM_PAGE_BYTES: u64 = 64 << 10;
 /// Bytes of each instance's tables reset in place.
 const TABLE_KEEP_RESIDENT: usize = 4 << 10;
 
-/// Instance slots whose memory is given back to the OS in one go.
-const DECOMMIT_BATCH: usize = 64;
+/// Instance slots whose memory is given back to the OS in one go: one, so that a dropped
+/// instance's memory beyond the resident window goes back at once. Batched (64), five
+/// rolled-back memory bombs left ~250 MiB resident, up to 64 × the memory cap in all; the
+/// madvise of an instance that did not grow costs nothing measurable (`instantiate` bench).
+const DECOMMIT_BATCH: usize = 1;
 
 /// How often the epoch advances: the resolution of the per-call deadline.
 const EPOCH_TICK: Duration = Duration::from_micros(500);
@@ -127,7 +130,8 @@ impl PolicyRuntime {
             // writes (~3 µs per fault here) and pay an madvise with a TLB shootdown to give the
             // pages back: the low 64 KiB (the built-ins' 32 KiB shadow stack, statics and
             // argument arena) are reset with a memset instead, the tables likewise, and the
-            // rest is returned in batches. Re-instantiation: 12.6 → ~5 µs (BENCHMARKS.md).
+            // rest is returned as the instance is dropped. Re-instantiation: 12.6 → ~3 µs
+            // (BENCHMARKS.md).
             .linear_memory_keep_resident(LINEAR_MEMORY_KEEP_RESIDENT)
             .table_keep_resident(TABLE_KEEP_RESIDENT)
             .decommit_batch_size(DECOMMIT_BATCH);
@@ -528,23 +532,39 @@ impl RouterInstance {
                 (decision.worker, encoders, decision.fallbacks)
             }
         };
-        let size = workers.len();
-        if worker as usize >= size {
-            return Err(PolicyError::InvalidAnswer(format!(
-                "worker {worker} of a {size}-worker table"
-            )));
-        }
-        if fallbacks.len() > size || fallbacks.iter().any(|&index| index as usize >= size) {
-            return Err(PolicyError::InvalidAnswer(format!(
-                "{} fallbacks, or one out of range, for a {size}-worker table",
-                fallbacks.len()
-            )));
-        }
-        let encoders = table::check_encoders(workers, encoders).map_err(PolicyError::InvalidAnswer)?;
-        let mut pick = Pick::new(worker, fallbacks);
-        pick.encoders = encoders;
-        Ok(pick)
+        check_route_answer(workers, worker, encoders, fallbacks)
     }
+}
+
+/// Checks a router's answer against the table it was given: the worker and every fallback in
+/// range, the encoders valid ([`table::check_encoders`]); answers the [`Pick`], cleaned of
+/// repeated fallbacks.
+///
+/// # Errors
+///
+/// [`PolicyError::InvalidAnswer`] saying what is out of range.
+pub fn check_route_answer(
+    workers: &table::WorkerTable,
+    worker: u32,
+    encoders: Vec<u32>,
+    fallbacks: Vec<u32>,
+) -> Result<Pick, PolicyError> {
+    let size = workers.len();
+    if worker as usize >= size {
+        return Err(PolicyError::InvalidAnswer(format!(
+            "worker {worker} of a {size}-worker table"
+        )));
+    }
+    if fallbacks.len() > size || fallbacks.iter().any(|&index| index as usize >= size) {
+        return Err(PolicyError::InvalidAnswer(format!(
+            "{} fallbacks, or one out of range, for a {size}-worker table",
+            fallbacks.len()
+        )));
+    }
+    let encoders = table::check_encoders(workers, encoders).map_err(PolicyError::InvalidAnswer)?;
+    let mut pick = Pick::new(worker, fallbacks);
+    pick.encoders = encoders;
+    Ok(pick)
 }
 
 type OldColumns = v0_1::switchyard::policy::types::Columns;

@@ -7,10 +7,18 @@
 //! its deadline, refuses or answers out of range is served by the native least-load fallback;
 //! the thread's instance is dropped and re-created after a backoff, the failure is counted, and
 //! after `max_failures` failures of one version the previous version is restored automatically.
+//!
+//! A version that stops deciding (replaced, rolled back, a rollout ended) has its instances
+//! dropped at once, idle threads' included: each thread's instance sits in a slot the switch
+//! can also reach, and [`PolicySwitch`] empties the slots of retired versions, so a policy
+//! that leaked up to its memory cap gives that memory back without waiting for traffic.
 
 use std::borrow::Borrow;
 use std::cell::RefCell;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
+
+use parking_lot::Mutex;
 
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -76,6 +84,8 @@ pub struct PolicySwitch {
     decisions: Family<Labels, Counter>,
     rollout: arc_swap::ArcSwapOption<Rollout>,
     shadow: Family<Labels, Counter>,
+    /// Every thread's instance slot, with its version, for [`PolicySwitch::retire_unused`].
+    slots: Mutex<Vec<(Weak<Version>, Weak<Slot>)>>,
 }
 
 /// One thread's instance of a version. It is found by the version's identity: the `Weak`
@@ -85,7 +95,15 @@ pub struct PolicySwitch {
 struct Cached {
     owner: usize,
     version: Weak<Version>,
-    instance: RouterInstance,
+    slot: Arc<Slot>,
+}
+
+/// One thread's instance, shared with its switch so that retiring the version can drop it
+/// while the thread is idle (the instance is taken: the slot is empty), or, if the thread is
+/// in a call on it right then, mark it for the thread to drop after the call.
+struct Slot {
+    retired: AtomicBool,
+    instance: Mutex<Option<RouterInstance>>,
 }
 
 thread_local! {
@@ -128,7 +146,32 @@ impl PolicySwitch {
             decisions: Family::default(),
             rollout: arc_swap::ArcSwapOption::empty(),
             shadow: Family::default(),
+            slots: Mutex::new(Vec::new()),
         }
+    }
+
+    /// Drops the instances of every version that no longer decides (neither active nor a
+    /// rollout's candidate), on every thread. An instance in a call right now is marked, and
+    /// its thread drops it when the call returns.
+    fn retire_unused(&self) {
+        let live = self.versions.active_generation();
+        let candidate = self.rollout.load().as_ref().map(|r| r.candidate.generation);
+        self.slots.lock().retain(|(version, slot)| {
+            let Some(slot) = slot.upgrade() else {
+                return false;
+            };
+            let deciding = version
+                .upgrade()
+                .is_some_and(|v| v.generation == live || Some(v.generation) == candidate);
+            if deciding {
+                return true;
+            }
+            slot.retired.store(true, Ordering::Relaxed);
+            if let Some(mut instance) = slot.instance.try_lock() {
+                instance.take();
+            }
+            false
+        });
     }
 
     /// Registers the switch's metrics.
@@ -169,13 +212,16 @@ impl PolicySwitch {
     /// routed are unaffected; each thread switches on its next call.
     pub fn publish(&self, policy: Arc<RouterPolicy>) -> Arc<Version> {
         self.rollout.store(None);
-        self.versions.publish(policy)
+        let version = self.versions.publish(policy);
+        self.retire_unused();
+        version
     }
 
     /// Restores the most recent previous version. Returns it, or `None` if there is none.
     pub fn rollback(&self) -> Option<Arc<Version>> {
         let restored = self.versions.rollback()?;
         self.rollout.store(None);
+        self.retire_unused();
         Some(restored)
     }
 
@@ -194,6 +240,7 @@ impl PolicySwitch {
         });
         tracing::info!(candidate = %rollout.candidate.label(), mode = ?rollout.mode, "policy rollout started");
         self.rollout.store(Some(rollout.clone()));
+        self.retire_unused();
         rollout
     }
 
@@ -205,6 +252,7 @@ impl PolicySwitch {
     /// Ends a rollout without activating its candidate.
     pub fn stop_rollout(&self) {
         self.rollout.store(None);
+        self.retire_unused();
     }
 
     /// Picks a worker index for `request` in the table `table` builds for the columns it is
@@ -257,15 +305,11 @@ impl PolicySwitch {
         }
         match outcome {
             Ok(pick) => {
-                self.decisions
-                    .get_or_create(&vec![("version", version.label()), ("outcome", "policy".into())])
-                    .inc();
+                version.decisions(&self.decisions, false).inc();
                 (Some(pick), Routed::Policy(version))
             }
             Err(kind) => {
-                self.decisions
-                    .get_or_create(&vec![("version", version.label()), ("outcome", "fallback".into())])
-                    .inc();
+                version.decisions(&self.decisions, true).inc();
                 (table::least_load(table).map(Pick::only), Routed::Fallback(kind))
             }
         }
@@ -283,44 +327,75 @@ impl PolicySwitch {
         let key = self as *const PolicySwitch as usize;
         let result = INSTANCES.with(|instances| {
             let mut instances = instances.borrow_mut();
-            let position = instances
-                .iter()
-                .position(|cached| std::ptr::eq(cached.version.as_ptr(), Arc::as_ptr(version)));
-            let position = match position {
-                Some(position) => position,
-                None => {
-                    if !version.may_instantiate(now_ms) {
-                        return Err(None);
+            // Two rounds at most: a slot found empty (its version was retired, then made to
+            // decide again) is dropped and the version instantiated afresh.
+            for _ in 0..2 {
+                let position = instances
+                    .iter()
+                    .position(|cached| std::ptr::eq(cached.version.as_ptr(), Arc::as_ptr(version)));
+                let position = match position {
+                    Some(position) => position,
+                    None => {
+                        if !version.may_instantiate(now_ms) {
+                            return Err(None);
+                        }
+                        let instance = version.policy.instantiate().map_err(Some)?;
+                        // Dropped here, oldest first: instances of versions nobody holds any
+                        // more (a dropped switch's among them), and this switch's versions no
+                        // longer in use.
+                        let live = self.versions.active_generation();
+                        let candidate = self.rollout.load().as_ref().map(|r| r.candidate.generation);
+                        instances.retain(|cached| match cached.version.upgrade() {
+                            None => false,
+                            Some(v) => cached.owner != key || v.generation == live || Some(v.generation) == candidate,
+                        });
+                        if instances.len() >= INSTANCES_PER_THREAD {
+                            instances.remove(0);
+                        }
+                        let slot = Arc::new(Slot {
+                            retired: AtomicBool::new(false),
+                            instance: Mutex::new(Some(instance)),
+                        });
+                        {
+                            let mut slots = self.slots.lock();
+                            slots.retain(|(_, slot)| slot.strong_count() > 0);
+                            slots.push((Arc::downgrade(version), Arc::downgrade(&slot)));
+                        }
+                        instances.push(Cached {
+                            owner: key,
+                            version: Arc::downgrade(version),
+                            slot,
+                        });
+                        instances.len() - 1
                     }
-                    let instance = version.policy.instantiate().map_err(Some)?;
-                    // Dropped here, oldest first: instances of versions nobody holds any more
-                    // (a dropped switch's among them), and this switch's versions no longer in
-                    // use.
-                    let live = self.versions.active_generation();
-                    let candidate = self.rollout.load().as_ref().map(|r| r.candidate.generation);
-                    instances.retain(|cached| match cached.version.upgrade() {
-                        None => false,
-                        Some(v) => cached.owner != key || v.generation == live || Some(v.generation) == candidate,
-                    });
-                    if instances.len() >= INSTANCES_PER_THREAD {
-                        instances.remove(0);
-                    }
-                    instances.push(Cached {
-                        owner: key,
-                        version: Arc::downgrade(version),
-                        instance,
-                    });
-                    instances.len() - 1
-                }
-            };
-            match instances[position].instance.route(request, table) {
-                Ok(pick) => Ok(pick),
-                Err(err) => {
-                    // A trapped instance cannot be entered again; drop it either way.
+                };
+                let slot = &instances[position].slot;
+                let outcome = slot
+                    .instance
+                    .lock()
+                    .as_mut()
+                    .map(|instance| instance.route(request, table));
+                if slot.retired.load(Ordering::Relaxed) {
+                    // Retired during the call: its memory goes back now.
                     instances.remove(position);
-                    Err(Some(err))
+                    if let Some(outcome) = outcome {
+                        return outcome.map_err(Some);
+                    }
+                    continue;
+                }
+                match outcome {
+                    Some(Ok(pick)) => return Ok(pick),
+                    Some(Err(err)) => {
+                        // A trapped instance cannot be entered again; drop it either way.
+                        instances.remove(position);
+                        return Err(Some(err));
+                    }
+                    None => {
+                        instances.remove(position);
+                    }
                 }
             }
+            Err(None)
         });
         result.map_err(|failure| match failure {
             Some(err) => {
@@ -348,5 +423,6 @@ impl PolicySwitch {
         } else if self.versions.roll_back_if_active(version) {
             self.rollout.store(None);
         }
+        self.retire_unused();
     }
 }

@@ -39,6 +39,9 @@ pub struct Version<P> {
     failures: AtomicU32,
     /// Milliseconds since the switch's start before which no thread re-instantiates.
     retry_after_ms: AtomicU64,
+    /// Its decision counters (decided by the policy, by the fallback), looked up once: a
+    /// lookup builds the label strings, which costs more than the call it counts.
+    decisions: std::sync::OnceLock<[Counter; 2]>,
 }
 
 impl<P: Named> Version<P> {
@@ -48,7 +51,21 @@ impl<P: Named> Version<P> {
             policy,
             failures: AtomicU32::new(0),
             retry_after_ms: AtomicU64::new(0),
+            decisions: std::sync::OnceLock::new(),
         })
+    }
+
+    /// Its counter in `family` (labels `version` and `outcome`) of decisions made by the
+    /// policy, or by the fallback when `fallback`.
+    pub(crate) fn decisions(&self, family: &Family<Labels, Counter>, fallback: bool) -> &Counter {
+        let counters = self.decisions.get_or_init(|| {
+            ["policy", "fallback"].map(|outcome| {
+                family
+                    .get_or_create(&vec![("version", self.label()), ("outcome", outcome.to_string())])
+                    .clone()
+            })
+        });
+        &counters[usize::from(fallback)]
     }
 
     /// A label for metrics and logs: `name@sha256-prefix`.
