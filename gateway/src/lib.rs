@@ -47,6 +47,42 @@ pub mod bench {
     pub use crate::policy::{built_in_router, table};
 }
 
+/// The parsers the fuzz targets under `fuzz/` drive: what takes bytes from clients, workers
+/// and policies. Not a stable API.
+#[doc(hidden)]
+pub mod fuzzing {
+    pub use crate::events::http::{events as posted_events, registration as posted_registration};
+    pub use crate::events::vllm::Translator;
+    pub use crate::events::vllm::decode::{BytesHashFold, decode_batch_with};
+    pub use crate::kv::index::KvIndex;
+    pub use crate::policy::batching::{
+        Batch, Budget, PendingTable, fallback as fallback_batches, validate as check_batches,
+    };
+    pub use crate::policy::runtime::{Pick, check_route_answer};
+    pub use crate::policy::table::{Columns, WorkerTable};
+
+    /// Reads and sizes a request's media under the default `[media]` settings, as the request
+    /// path does before routing; answers the number of items.
+    ///
+    /// # Errors
+    ///
+    /// The 400 the client would get.
+    pub fn inspect_media(
+        request: &switchyard_protocol::api::GenerateRequest,
+    ) -> Result<usize, switchyard_protocol::api::ApiError> {
+        let settings = crate::media::MediaSettings::default();
+        let model = settings.model("fuzzed");
+        let items = crate::media::inspect(
+            request,
+            &settings.config,
+            &settings.limits,
+            &model.media,
+            &mut std::collections::HashMap::new(),
+        )?;
+        Ok(items.len())
+    }
+}
+
 use std::net::SocketAddr;
 use std::sync::Arc;
 

@@ -216,6 +216,10 @@ impl PartialEq for JinjaTemplate {
 
 const JINJA_NAME: &str = "chat_template";
 
+/// Most template instructions one rendering may run. Real chat templates spend tens to
+/// hundreds per message; this leaves room for conversations of tens of thousands of messages.
+const TEMPLATE_FUEL: u64 = 5_000_000;
+
 impl JinjaTemplate {
     /// Compiles `source` with the model's `bos_token` and `eos_token` texts.
     ///
@@ -230,6 +234,9 @@ impl JinjaTemplate {
             .build()
             .map_err(|err| TokenizeError::Template(err.to_string()))?;
         env.set_syntax(syntax);
+        // A template comes with a model file, from whoever published it; rendering runs per
+        // request. Bound its work so that none can loop a request's thread for good.
+        env.set_fuel(Some(TEMPLATE_FUEL));
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         env.add_function(
             "raise_exception",
@@ -611,6 +618,17 @@ mod tests {
             "a broken template is refused at load"
         );
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_template_that_would_run_for_hours_runs_out_of_fuel() {
+        // 10^15 iterations; each range alone is within minijinja's limit of 100,000 items.
+        let template = "{% for a in range(100000) %}{% for b in range(100000) %}{% for c in range(100000) %}x{% endfor %}{% endfor %}{% endfor %}";
+        let jinja = JinjaTemplate::new(template, "", "").expect("parses");
+        let started = std::time::Instant::now();
+        let err = jinja.render(&[user("hi")]).expect_err("runs out of fuel");
+        assert!(err.to_string().contains("fuel"), "{err}");
+        assert!(started.elapsed() < std::time::Duration::from_secs(60));
     }
 
     /// A word-level `tokenizer.json` with a regex pre-tokenizer, written by hand.

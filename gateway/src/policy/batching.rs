@@ -227,18 +227,29 @@ pub fn fallback(queue: &PendingTable, budget: &Budget) -> Vec<Batch> {
         priority(b).cmp(&priority(a)).then(waited(b).total_cmp(&waited(a)))
     });
     let largest = budget.token_budgets.iter().copied().max().unwrap_or(u32::MAX);
-    let label = |total: u32| {
-        let mut fitting: Vec<u32> = budget.token_budgets.iter().copied().filter(|b| *b >= total).collect();
+    // Totals are summed in u64: in u32, a sum saturating at u32::MAX would never pass a
+    // largest budget of u32::MAX, and one batch would take every item (found by fuzzing).
+    let label = |total: u64| {
+        let mut fitting: Vec<u32> = budget
+            .token_budgets
+            .iter()
+            .copied()
+            .filter(|b| u64::from(*b) >= total)
+            .collect();
         fitting.sort_unstable();
-        fitting.first().copied().unwrap_or(total)
+        // No budget fits only a lone item larger than all of them: its own size labels it.
+        fitting
+            .first()
+            .copied()
+            .unwrap_or_else(|| u32::try_from(total).unwrap_or(u32::MAX))
     };
     let max_items = budget.max_items.max(1) as usize;
     let mut batches = Vec::new();
     let mut items: Vec<u32> = Vec::new();
-    let mut total = 0u32;
+    let mut total = 0u64;
     for index in order {
-        let need = queue.tokens.get(index).copied().unwrap_or(0);
-        if !items.is_empty() && (total.saturating_add(need) > largest || items.len() >= max_items) {
+        let need = u64::from(queue.tokens.get(index).copied().unwrap_or(0));
+        if !items.is_empty() && (total + need > u64::from(largest) || items.len() >= max_items) {
             batches.push(Batch {
                 token_budget: label(total),
                 items: std::mem::take(&mut items),
@@ -249,7 +260,7 @@ pub fn fallback(queue: &PendingTable, budget: &Budget) -> Vec<Batch> {
             }
         }
         items.push(index as u32);
-        total = total.saturating_add(need);
+        total += need;
     }
     if !items.is_empty() {
         batches.push(Batch {
@@ -445,6 +456,17 @@ mod tests {
         assert_eq!(batches[0].token_budget, 512);
         assert_eq!(batches[1].items, [2], "larger than every budget: alone");
         assert_eq!(batches[1].token_budget, 5000);
+    }
+
+    #[test]
+    fn the_fallback_splits_items_whose_sum_passes_u32() {
+        // Found by the `policy_answer` fuzz target: with a largest budget of u32::MAX, a sum
+        // saturating in u32 never passed it, and one batch took items over the budget.
+        let queue = queue(&[u32::MAX, u32::MAX, 2_113_929_215]);
+        let budget = budget(&[3_204_392_703, u32::MAX], 53, 0);
+        let batches = fallback(&queue, &budget);
+        validate(&queue, &budget, &batches).expect("the fallback keeps the contract");
+        assert_eq!(batches[0].items, [0], "{batches:?}");
     }
 
     #[test]

@@ -174,6 +174,13 @@ impl Weights {
         self.index.contains_key(name)
     }
 
+    /// Every tensor's name and shape, in no particular order.
+    pub fn shapes(&self) -> impl Iterator<Item = (&str, &[usize])> {
+        self.index
+            .iter()
+            .map(|(name, (_, info))| (name.as_str(), info.shape.as_slice()))
+    }
+
     /// The tensor `name` widened to f32, checked to have `shape`.
     ///
     /// # Errors
