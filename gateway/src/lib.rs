@@ -185,7 +185,7 @@ impl Gateway {
             }
         };
         if let Some(tls) = &tls {
-            tracing::info!(fingerprint = %tls.fingerprint, self_signed = tls.self_signed, "TLS certificate (SHA-256)");
+            tracing::info!(fingerprint = %tls.fingerprint(), self_signed = tls.self_signed, "TLS certificate (SHA-256)");
         }
         #[cfg(feature = "embedded-mockers")]
         let mut mockers = workers::embedded::EmbeddedFleet::default();
@@ -234,6 +234,12 @@ impl Gateway {
             "policy_watch",
             "Policy files loaded from policy.watch_dir, by outcome",
             watch_outcomes.clone(),
+        );
+        let tls_reloads = server::tls::ReloadOutcomes::default();
+        metrics.registry_mut().register(
+            "tls_reloads",
+            "TLS certificate reloads after a change to its files or SIGHUP, by outcome",
+            tls_reloads.clone(),
         );
         let metrics = Arc::new(metrics);
         let pool = Arc::new(WorkerPool::new(&config.workers, metrics.clone())?);
@@ -300,6 +306,9 @@ impl Gateway {
             })
         };
         tasks.push(health);
+        if let (Some(tls), Some(files)) = (&tls, &config.server.tls) {
+            tasks.push(server::tls::spawn_reloader(tls.clone(), files.clone(), tls_reloads)?);
+        }
         if let Some(dir) = &config.policy.watch_dir {
             tasks.push(policy::watch::spawn(
                 dir,
@@ -426,9 +435,9 @@ impl Gateway {
         format!("{scheme}://{}", self.addr)
     }
 
-    /// The SHA-256 fingerprint of the served certificate, if TLS is on.
-    pub fn fingerprint(&self) -> Option<&str> {
-        self.tls.as_ref().map(|tls| tls.fingerprint.as_str())
+    /// The SHA-256 fingerprint of the certificate served now, if TLS is on.
+    pub fn fingerprint(&self) -> Option<String> {
+        self.tls.as_ref().map(server::tls::Tls::fingerprint)
     }
 
     /// The admin API's bearer token (the configured one, or the one generated at start when

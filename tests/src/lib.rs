@@ -355,6 +355,11 @@ pub struct TestCa {
     pub cert_path: PathBuf,
     /// The server key (PEM file).
     pub key_path: PathBuf,
+    /// The server certificate (DER) in the files now.
+    pub server_der: CertificateDer<'static>,
+    /// The CA's settings and key (PEM), to issue more server certificates.
+    ca_params: rcgen::CertificateParams,
+    ca_key_pem: String,
 }
 
 impl TestCa {
@@ -372,10 +377,9 @@ impl TestCa {
             .distinguished_name
             .push(rcgen::DnType::CommonName, "switchyard test CA");
         let ca_cert = ca_params.self_signed(&ca_key)?;
-        let issuer = rcgen::Issuer::new(ca_params, ca_key);
-        let server_key = rcgen::KeyPair::generate()?;
-        let server_params = rcgen::CertificateParams::new(vec!["localhost".to_string(), "127.0.0.1".to_string()])?;
-        let server_cert = server_params.signed_by(&server_key, &issuer)?;
+        let ca_key_pem = ca_key.serialize_pem();
+        let issuer = rcgen::Issuer::new(ca_params.clone(), ca_key);
+        let (server_cert, server_key) = TestCa::server_pair(&issuer)?;
         let cert_path = dir.path().join("server.pem");
         let key_path = dir.path().join("server.key");
         std::fs::write(&cert_path, server_cert.pem())?;
@@ -388,7 +392,43 @@ impl TestCa {
             dir,
             cert_path,
             key_path,
+            server_der: server_cert.der().clone(),
+            ca_params,
+            ca_key_pem,
         })
+    }
+
+    fn server_pair(issuer: &rcgen::Issuer<'_, rcgen::KeyPair>) -> anyhow::Result<(rcgen::Certificate, rcgen::KeyPair)> {
+        let server_key = rcgen::KeyPair::generate()?;
+        let server_params = rcgen::CertificateParams::new(vec!["localhost".to_string(), "127.0.0.1".to_string()])?;
+        let server_cert = server_params.signed_by(&server_key, issuer)?;
+        Ok((server_cert, server_key))
+    }
+
+    /// Issues a new server certificate and key from the same CA and writes them over the
+    /// files (each replaced by a rename, as deployment tools do); answers the new certificate.
+    ///
+    /// # Errors
+    ///
+    /// Fails if generation or writing fails.
+    pub fn reissue(&mut self) -> anyhow::Result<CertificateDer<'static>> {
+        let issuer = rcgen::Issuer::new(self.ca_params.clone(), rcgen::KeyPair::from_pem(&self.ca_key_pem)?);
+        let (cert, key) = TestCa::server_pair(&issuer)?;
+        replace(&self.key_path, key.serialize_pem().as_bytes())?;
+        replace(&self.cert_path, cert.pem().as_bytes())?;
+        self.server_der = cert.der().clone();
+        Ok(self.server_der.clone())
+    }
+
+    /// Writes a certificate whose key is not the one in the key file (a broken deployment).
+    ///
+    /// # Errors
+    ///
+    /// Fails if generation or writing fails.
+    pub fn write_mismatched_certificate(&self) -> anyhow::Result<()> {
+        let issuer = rcgen::Issuer::new(self.ca_params.clone(), rcgen::KeyPair::from_pem(&self.ca_key_pem)?);
+        let (cert, _other_key) = TestCa::server_pair(&issuer)?;
+        replace(&self.cert_path, cert.pem().as_bytes())
     }
 
     /// A TOML `[server.tls]` table pointing at the files.
@@ -399,6 +439,14 @@ impl TestCa {
             self.key_path.display().to_string()
         )
     }
+}
+
+/// Replaces `path` with `bytes` through a temporary file and a rename.
+fn replace(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
+    let temporary = path.with_extension("new");
+    std::fs::write(&temporary, bytes)?;
+    std::fs::rename(&temporary, path)?;
+    Ok(())
 }
 
 /// The `switchyard` gateway running as a child process.
