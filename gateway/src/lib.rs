@@ -307,7 +307,12 @@ impl Gateway {
         };
         tasks.push(health);
         if let (Some(tls), Some(files)) = (&tls, &config.server.tls) {
-            tasks.push(server::tls::spawn_reloader(tls.clone(), files.clone(), tls_reloads)?);
+            tasks.push(server::tls::spawn_reloader(
+                "client",
+                tls.clone(),
+                files.clone(),
+                tls_reloads.clone(),
+            )?);
         }
         if let Some(dir) = &config.policy.watch_dir {
             tasks.push(policy::watch::spawn(
@@ -343,7 +348,25 @@ impl Gateway {
                 client: client.clone(),
                 metrics: metrics.clone(),
             });
-            tasks.push(tokio::spawn(admin::serve(listener, token.clone(), admin_state)));
+            let admin_tls = match &admin.tls {
+                Some(files) => {
+                    let tls = server::tls::admin_from_files(files)?;
+                    tasks.push(server::tls::spawn_reloader(
+                        "admin",
+                        tls.clone(),
+                        files.pair(),
+                        tls_reloads.clone(),
+                    )?);
+                    Some(tls.acceptor)
+                }
+                None => None,
+            };
+            tasks.push(tokio::spawn(admin::serve(
+                listener,
+                token.clone(),
+                admin_state,
+                admin_tls,
+            )));
             admin_token = Some(token);
         }
         let fetcher = fetch::Fetcher::new(&config.media).map_err(|err| Error::Fetch(err.to_string()))?;

@@ -431,6 +431,27 @@ impl TestCa {
         replace(&self.cert_path, cert.pem().as_bytes())
     }
 
+    /// A client certificate and key issued by the CA (for mTLS).
+    ///
+    /// # Errors
+    ///
+    /// Fails if generation fails.
+    pub fn client_identity(
+        &self,
+    ) -> anyhow::Result<(Vec<CertificateDer<'static>>, rustls::pki_types::PrivateKeyDer<'static>)> {
+        let issuer = rcgen::Issuer::new(self.ca_params.clone(), rcgen::KeyPair::from_pem(&self.ca_key_pem)?);
+        let key = rcgen::KeyPair::generate()?;
+        let mut params = rcgen::CertificateParams::new(Vec::<String>::new())?;
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, "switchyard operator");
+        params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ClientAuth];
+        let cert = params.signed_by(&key, &issuer)?;
+        let key =
+            rustls::pki_types::PrivateKeyDer::try_from(key.serialize_der()).map_err(|err| anyhow::anyhow!(err))?;
+        Ok((vec![cert.der().clone()], key))
+    }
+
     /// A TOML `[server.tls]` table pointing at the files.
     pub fn tls_toml(&self) -> String {
         format!(
@@ -740,6 +761,28 @@ impl Client {
             Alpn::H2 => b"h2".to_vec(),
             Alpn::Http1 => b"http/1.1".to_vec(),
         }];
+        Ok(Client::with_tls_config(addr, localhost(), Arc::new(config)))
+    }
+
+    /// An HTTP/1.1 TLS client of `addr` that trusts `ca` and presents a client certificate.
+    ///
+    /// # Errors
+    ///
+    /// Fails if rustls refuses the settings.
+    pub fn tls_with_identity(
+        addr: SocketAddr,
+        ca: &CertificateDer<'static>,
+        chain: Vec<CertificateDer<'static>>,
+        key: rustls::pki_types::PrivateKeyDer<'static>,
+    ) -> anyhow::Result<Client> {
+        let mut roots = rustls::RootCertStore::empty();
+        roots.add(ca.clone())?;
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let mut config = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()?
+            .with_root_certificates(roots)
+            .with_client_auth_cert(chain, key)?;
+        config.alpn_protocols = vec![b"http/1.1".to_vec()];
         Ok(Client::with_tls_config(addr, localhost(), Arc::new(config)))
     }
 

@@ -1,6 +1,7 @@
 //! The TLS certificate is reloaded while the gateway serves: a stream open across the swap
 //! finishes, new connections see the new certificate, a broken new pair is refused (the old
-//! one stays), and SIGHUP reloads too.
+//! one stays), and SIGHUP reloads too. The admin listener speaks TLS when asked, and can require
+//! client certificates.
 
 use std::process::Command;
 use std::time::Duration;
@@ -111,5 +112,55 @@ async fn certificates_are_reloaded_without_dropping_connections() -> anyhow::Res
     .await;
     assert!(hup, "SIGHUP did not reload the certificate");
     assert_eq!(served(&client).await?, third);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_admin_listener_speaks_tls_and_requires_client_certificates() -> anyhow::Result<()> {
+    let ca = TestCa::new()?;
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+    let _gateway = Gateway::start(&format!(
+        "[server]\nplaintext = true\n[embedded_mockers]\ncount = 1\n\
+         [admin]\nlisten = \"127.0.0.1:{port}\"\ntoken = \"admin-secret-0123456789\"\n\
+         [admin.tls]\ncert = {:?}\nkey = {:?}\nclient_ca = {:?}\n",
+        ca.cert_path.display().to_string(),
+        ca.key_path.display().to_string(),
+        ca.ca_path.display().to_string(),
+    ))?;
+    let admin_addr = ([127, 0, 0, 1], port).into();
+
+    let (chain, key) = ca.client_identity()?;
+    let operator = Client::tls_with_identity(admin_addr, &ca.ca_der, chain, key)?;
+    let reply = operator
+        .connect()
+        .await?
+        .send_with_auth("GET", "/admin/policies", Vec::new(), "admin-secret-0123456789")
+        .await?;
+    assert_eq!(reply.status, 200, "{}", String::from_utf8_lossy(&reply.body()));
+    let reply = operator
+        .connect()
+        .await?
+        .send_with_auth("GET", "/admin/policies", Vec::new(), "wrong")
+        .await?;
+    assert_eq!(reply.status, 401, "a client certificate does not replace the token");
+
+    // No client certificate: the handshake is refused, so no request gets an answer.
+    let anonymous = Client::tls(admin_addr, &ca.ca_der, Alpn::Http1, None)?;
+    let refused = match anonymous.connect().await {
+        Err(_) => true,
+        Ok(mut connection) => connection
+            .send_with_auth("GET", "/admin/policies", Vec::new(), "admin-secret-0123456789")
+            .await
+            .is_err(),
+    };
+    assert!(refused, "an admin client without a certificate was served");
+
+    // Plain HTTP to the TLS listener gets nothing either.
+    let plain = Client::plain(admin_addr);
+    let answered = plain
+        .send("GET", "/admin/policies", "")
+        .await
+        .is_ok_and(|reply| reply.status == 200);
+    assert!(!answered, "plain HTTP was served on the TLS admin listener");
     Ok(())
 }

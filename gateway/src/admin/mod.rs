@@ -1,4 +1,5 @@
-//! The admin API: managing router policies and inspecting KV routing, on a listener of its own.
+//! The admin API: managing router policies and inspecting KV routing, on a listener of its own
+//! (plain HTTP, or TLS with `[admin.tls]`, then optionally requiring client certificates).
 //!
 //! Every request needs `authorization: Bearer TOKEN` with the configured token (401 otherwise).
 //! `GET /metrics` serves the gateway's metrics here too (the only place, with `server.metrics =
@@ -33,6 +34,7 @@ use serde_json::json;
 use switchyard_protocol::api::ApiError;
 use switchyard_protocol::respond::{self, Body};
 use tokio::net::TcpListener;
+use tokio_rustls::TlsAcceptor;
 
 use crate::events::applier::{DumpSource, Inbound};
 use crate::events::http as kv_http;
@@ -68,10 +70,10 @@ pub fn generate_token() -> Option<String> {
 }
 
 /// Serves the admin API on `listener` until the task is aborted.
-pub async fn serve(listener: TcpListener, token: String, state: Arc<AdminState>) {
+pub async fn serve(listener: TcpListener, token: String, state: Arc<AdminState>, tls: Option<TlsAcceptor>) {
     let candidates = Arc::new(Candidates::default());
     let token = Arc::new(token);
-    switchyard_protocol::serve::serve_http(listener, "admin", move |request| {
+    let handler = move |request: Request<Incoming>| {
         let (state, token, candidates) = (state.clone(), token.clone(), candidates.clone());
         async move {
             match authorize(&request, &token) {
@@ -81,8 +83,53 @@ pub async fn serve(listener: TcpListener, token: String, state: Arc<AdminState>)
                 Err(err) => respond::error(&err),
             }
         }
-    })
-    .await;
+    };
+    match tls {
+        None => switchyard_protocol::serve::serve_http(listener, "admin", handler).await,
+        Some(acceptor) => serve_tls(listener, acceptor, handler).await,
+    }
+}
+
+/// Serves `handler` over TLS (`[admin.tls]`): a handshake that fails (no or a wrong client
+/// certificate when one is required) or takes over 10 s ends that connection only.
+async fn serve_tls<F, Fut>(listener: TcpListener, acceptor: TlsAcceptor, handler: F)
+where
+    F: Fn(Request<Incoming>) -> Fut + Send + Sync + 'static,
+    Fut: std::future::Future<Output = Response<Body>> + Send + 'static,
+{
+    let handler = Arc::new(handler);
+    loop {
+        let (stream, peer) = match listener.accept().await {
+            Ok(accepted) => accepted,
+            Err(err) => {
+                tracing::warn!(server = "admin", error = %err, "accept failed");
+                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+                continue;
+            }
+        };
+        let _ = stream.set_nodelay(true);
+        let (handler, acceptor) = (handler.clone(), acceptor.clone());
+        tokio::spawn(async move {
+            let stream = match tokio::time::timeout(std::time::Duration::from_secs(10), acceptor.accept(stream)).await {
+                Ok(Ok(stream)) => stream,
+                Ok(Err(err)) => {
+                    tracing::info!(server = "admin", %peer, error = %err, "admin TLS handshake refused");
+                    return;
+                }
+                Err(_) => return,
+            };
+            let service = hyper::service::service_fn(move |request| {
+                let response = handler(request);
+                async move { Ok::<_, std::convert::Infallible>(response.await) }
+            });
+            if let Err(err) = hyper_util::server::conn::auto::Builder::new(hyper_util::rt::TokioExecutor::new())
+                .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+                .await
+            {
+                tracing::debug!(server = "admin", error = %err, "connection ended with an error");
+            }
+        });
+    }
 }
 
 fn authorize(request: &Request<Incoming>, token: &str) -> Result<(), ApiError> {

@@ -335,12 +335,41 @@ impl Default for PolicyConfig {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct AdminConfig {
-    /// Address of the admin listener (plain HTTP; keep it on a private interface).
+    /// Address of the admin listener (plain HTTP unless `tls` is set; keep it on a private
+    /// interface either way).
     pub listen: SocketAddr,
     /// Bearer token every admin request must carry; absent (dev mode only), one is generated
     /// at start and printed with the ready line.
     #[serde(default)]
     pub token: Option<String>,
+    /// `[admin.tls]`: serve the admin API over TLS, optionally requiring client certificates.
+    #[serde(default)]
+    pub tls: Option<AdminTlsConfig>,
+}
+
+/// `[admin.tls]`: the admin listener's certificate, and the CA its clients' certificates must
+/// chain to (mTLS; the bearer token is still required).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AdminTlsConfig {
+    /// Certificate chain, leaf first (PEM).
+    pub cert: PathBuf,
+    /// Private key (PEM).
+    pub key: PathBuf,
+    /// CA certificates (PEM) a client certificate must chain to; absent: no client
+    /// certificate is asked for.
+    #[serde(default)]
+    pub client_ca: Option<PathBuf>,
+}
+
+impl AdminTlsConfig {
+    /// The certificate and key, as the client listener's are configured.
+    pub fn pair(&self) -> TlsConfig {
+        TlsConfig {
+            cert: self.cert.clone(),
+            key: self.key.clone(),
+        }
+    }
 }
 
 /// `[server]`: the client-facing listener and its limits.

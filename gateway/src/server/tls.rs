@@ -27,7 +27,7 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio_rustls::TlsAcceptor;
 
-use crate::config::TlsConfig;
+use crate::config::{AdminTlsConfig, TlsConfig};
 
 /// Why TLS could not be set up.
 #[derive(Debug, thiserror::Error)]
@@ -153,7 +153,39 @@ fn served(certs: Vec<CertificateDer<'static>>, key: PrivateKeyDer<'static>) -> R
 /// Returns [`TlsError`] naming the file if it cannot be read or parsed, or if rustls refuses
 /// the pair.
 pub fn from_files(config: &TlsConfig) -> Result<Tls, TlsError> {
-    build(load_files(config)?, false)
+    build(load_files(config)?, false, None)
+}
+
+/// Loads the admin listener's certificate and key and, when `client_ca` is set, requires
+/// every client to present a certificate that chains to it.
+///
+/// # Errors
+///
+/// Returns [`TlsError`] naming the file that cannot be read or parsed, or holds no usable CA.
+pub fn admin_from_files(config: &AdminTlsConfig) -> Result<Tls, TlsError> {
+    let client_roots = match &config.client_ca {
+        None => None,
+        Some(path) => {
+            let refused = |reason: String| TlsError::Pem {
+                path: path.display().to_string(),
+                reason,
+            };
+            let mut roots = rustls::RootCertStore::empty();
+            for cert in CertificateDer::pem_file_iter(path).map_err(|err| refused(err.to_string()))? {
+                roots
+                    .add(cert.map_err(|err| refused(err.to_string()))?)
+                    .map_err(|err| refused(err.to_string()))?;
+            }
+            if roots.is_empty() {
+                return Err(refused("holds no CA certificate".into()));
+            }
+            let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider())
+                .build()
+                .map_err(|err| refused(err.to_string()))?;
+            Some(verifier)
+        }
+    };
+    build(load_files(&config.pair())?, false, client_roots)
 }
 
 /// Generates a self-signed certificate for `localhost` and `127.0.0.1`.
@@ -172,15 +204,22 @@ pub fn self_signed() -> Result<Tls, TlsError> {
         path: "<generated>".into(),
         reason: reason.to_string(),
     })?;
-    build(served(vec![cert], key)?, true)
+    build(served(vec![cert], key)?, true, None)
 }
 
-fn build(served: Served, self_signed: bool) -> Result<Tls, TlsError> {
+fn build(
+    served: Served,
+    self_signed: bool,
+    clients: Option<Arc<dyn rustls::server::danger::ClientCertVerifier>>,
+) -> Result<Tls, TlsError> {
     let current = Arc::new(ArcSwap::from_pointee(served));
-    let mut config = rustls::ServerConfig::builder_with_provider(provider())
-        .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])?
-        .with_no_client_auth()
-        .with_cert_resolver(Arc::new(Current(current.clone())));
+    let builder = rustls::ServerConfig::builder_with_provider(provider())
+        .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])?;
+    let builder = match clients {
+        Some(verifier) => builder.with_client_cert_verifier(verifier),
+        None => builder.with_no_client_auth(),
+    };
+    let mut config = builder.with_cert_resolver(Arc::new(Current(current.clone())));
     config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
     Ok(Tls {
         acceptor: TlsAcceptor::from(Arc::new(config)),
@@ -189,7 +228,7 @@ fn build(served: Served, self_signed: bool) -> Result<Tls, TlsError> {
     })
 }
 
-/// Certificate reloads, by outcome (`loaded`, `refused`).
+/// Certificate reloads, by listener (`client`, `admin`) and outcome (`loaded`, `refused`).
 pub type ReloadOutcomes = Family<Vec<(&'static str, String)>, Counter>;
 
 /// Reloads `files` into `tls` whenever either file changes (written in place or replaced by a
@@ -199,7 +238,12 @@ pub type ReloadOutcomes = Family<Vec<(&'static str, String)>, Counter>;
 /// # Errors
 ///
 /// Returns [`TlsError::Pem`] if a folder cannot be watched.
-pub fn spawn_reloader(tls: Tls, files: TlsConfig, outcomes: ReloadOutcomes) -> Result<JoinHandle<()>, TlsError> {
+pub fn spawn_reloader(
+    listener: &'static str,
+    tls: Tls,
+    files: TlsConfig,
+    outcomes: ReloadOutcomes,
+) -> Result<JoinHandle<()>, TlsError> {
     let (sender, mut changes) = mpsc::unbounded_channel::<()>();
     let watched: Vec<PathBuf> = [&files.cert, &files.key]
         .iter()
@@ -259,14 +303,16 @@ pub fn spawn_reloader(tls: Tls, files: TlsConfig, outcomes: ReloadOutcomes) -> R
             let before = tls.fingerprint();
             match tls.reload(&files) {
                 Ok(fingerprint) => {
-                    outcomes.get_or_create(&vec![("outcome", "loaded".into())]).inc();
+                    let labels = vec![("listener", listener.to_string()), ("outcome", "loaded".into())];
+                    outcomes.get_or_create(&labels).inc();
                     if fingerprint != before {
-                        tracing::info!(%fingerprint, "TLS certificate reloaded (SHA-256)");
+                        tracing::info!(listener, %fingerprint, "TLS certificate reloaded (SHA-256)");
                     }
                 }
                 Err(err) => {
-                    outcomes.get_or_create(&vec![("outcome", "refused".into())]).inc();
-                    tracing::error!(error = %err, fingerprint = %before, "new TLS certificate refused; serving the old one");
+                    let labels = vec![("listener", listener.to_string()), ("outcome", "refused".into())];
+                    outcomes.get_or_create(&labels).inc();
+                    tracing::error!(listener, error = %err, fingerprint = %before, "new TLS certificate refused; serving the old one");
                 }
             }
         }
