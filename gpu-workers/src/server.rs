@@ -357,6 +357,12 @@ async fn generate(
         ));
     }
     let (parts, body) = request.into_parts();
+    // The gateway's id for the answer, when a gateway sent the request; else this worker's own.
+    let response_id = parts
+        .headers
+        .get(api::RESPONSE_ID_HEADER)
+        .and_then(|value| api::response_id_part(value.as_bytes()))
+        .map(str::to_string);
     let body = respond::read_limited(&parts.headers, body, state.config.max_body_bytes).await?;
     let request = api::parse_generate_request(endpoint, &body)?;
     if request.model() != state.config.model {
@@ -402,10 +408,11 @@ async fn generate(
         header,
     } = started;
     let number = state.next_request.fetch_add(1, Ordering::Relaxed);
+    let unique = response_id.unwrap_or_else(|| format!("{}-{number}", state.config.owner));
     let meta = ResponseMeta {
         id: match endpoint {
-            Endpoint::Chat => format!("chatcmpl-{}-{number}", state.config.owner),
-            Endpoint::Completion => format!("cmpl-{}-{number}", state.config.owner),
+            Endpoint::Chat => format!("chatcmpl-{unique}"),
+            Endpoint::Completion => format!("cmpl-{unique}"),
         },
         model: request.model().to_string(),
         created: SystemTime::now()

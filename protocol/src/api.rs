@@ -17,6 +17,22 @@ pub const MODELS_PATH: &str = "/v1/models";
 /// The SSE line that ends every OpenAI stream.
 pub const SSE_DONE: &[u8] = b"data: [DONE]\n\n";
 
+/// Header on a request a gateway forwards to a Switchyard worker: the unique part of the
+/// response id the worker answers with (`chatcmpl-{it}` or `cmpl-{it}`), so that ids are unique
+/// per gateway across workers and their restarts.
+pub const RESPONSE_ID_HEADER: &str = "x-switchyard-response-id";
+
+/// The response-id part in a [`RESPONSE_ID_HEADER`] value, if it is one: 1 to 64 ASCII letters,
+/// digits, `-` and `_`.
+pub fn response_id_part(value: &[u8]) -> Option<&str> {
+    let ok = !value.is_empty()
+        && value.len() <= 64
+        && value
+            .iter()
+            .all(|b| b.is_ascii_alphanumeric() || *b == b'-' || *b == b'_');
+    ok.then(|| std::str::from_utf8(value).ok()).flatten()
+}
+
 /// `POST /v1/chat/completions` request body (the fields Switchyard acts on; others are ignored).
 #[derive(Debug, Clone, Deserialize)]
 pub struct ChatCompletionRequest {
@@ -638,6 +654,15 @@ impl ModelList {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn response_id_parts_are_short_plain_tokens() {
+        assert_eq!(response_id_part(b"00ab12cd-7"), Some("00ab12cd-7"));
+        assert_eq!(response_id_part(b""), None);
+        assert_eq!(response_id_part(b"a b"), None);
+        assert_eq!(response_id_part(b"a\"b"), None);
+        assert_eq!(response_id_part(&[b'a'; 65]), None);
+    }
+
     use super::*;
 
     fn parse_err(endpoint: Endpoint, body: &str) -> ApiError {

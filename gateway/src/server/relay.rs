@@ -292,12 +292,22 @@ pub(crate) async fn generate(
                 .collect::<Vec<_>>()
         });
         let request_key = format!("{:016x}-{id}-{attempt}", router.kv().origin());
+        let response_id = format!("{:016x}-{id}", router.kv().origin());
         let (outcome, text_only) = match &chosen {
             _ if local && !media_items.is_empty() => {
                 let plan = planned(request_key, &mut std::iter::repeat(LOCAL_ENCODER.to_string()));
                 let header = serde_json::to_string(&plan).unwrap_or_default();
                 (
-                    attempt_on(state, &worker, endpoint, body.clone(), stream, Some(&header)).await,
+                    attempt_on(
+                        state,
+                        &worker,
+                        endpoint,
+                        body.clone(),
+                        stream,
+                        Some(&header),
+                        &response_id,
+                    )
+                    .await,
                     None,
                 )
             }
@@ -308,15 +318,16 @@ pub(crate) async fn generate(
                     settings: &model_limits.media,
                     items: &media_items,
                     encoders: chosen,
+                    response_id: &response_id,
                 };
                 media_attempt(state, &worker, endpoint, body.clone(), stream, plan, media).await?
             }
             Some(_) => (
-                attempt_on(state, &worker, endpoint, body.clone(), stream, None).await,
+                attempt_on(state, &worker, endpoint, body.clone(), stream, None, &response_id).await,
                 None,
             ),
             None => (
-                attempt_on(state, &worker, endpoint, body.clone(), stream, None).await,
+                attempt_on(state, &worker, endpoint, body.clone(), stream, None, &response_id).await,
                 Some(encoders::REASON_NO_ENCODER),
             ),
         };
@@ -390,6 +401,8 @@ struct MediaRequest<'a> {
     settings: &'a switchyard_media::ModelMedia,
     items: &'a [media::MediaItem],
     encoders: &'a [Arc<Worker>],
+    /// The unique part of the answer's id ([`api::RESPONSE_ID_HEADER`]).
+    response_id: &'a str,
 }
 
 /// One attempt of a request with media: the media goes to its encoders and the request to
@@ -424,16 +437,16 @@ async fn media_attempt(
         return match verdict {
             Verdict::ClientError(err) => Err(err),
             Verdict::TextOnly(reason) => Ok((
-                attempt_on(state, worker, endpoint, body, stream, Some(&header)).await,
+                attempt_on(state, worker, endpoint, body, stream, Some(&header), media.response_id).await,
                 Some(reason),
             )),
             Verdict::Delivered { .. } => Ok((
-                attempt_on(state, worker, endpoint, body, stream, Some(&header)).await,
+                attempt_on(state, worker, endpoint, body, stream, Some(&header), media.response_id).await,
                 None,
             )),
         };
     }
-    let llm = attempt_on(state, worker, endpoint, body, stream, Some(&header));
+    let llm = attempt_on(state, worker, endpoint, body, stream, Some(&header), media.response_id);
     tokio::pin!(llm);
     tokio::pin!(encode);
     let verdict = tokio::select! {
@@ -470,8 +483,11 @@ async fn attempt_on(
     body: Bytes,
     stream: bool,
     media_plan: Option<&str>,
+    response_id: &str,
 ) -> Attempt {
-    let mut request = Request::post(worker.uri(endpoint.path())).header(header::CONTENT_TYPE, "application/json");
+    let mut request = Request::post(worker.uri(endpoint.path()))
+        .header(header::CONTENT_TYPE, "application/json")
+        .header(api::RESPONSE_ID_HEADER, response_id);
     if let Some(plan) = media_plan {
         request = request.header(MEDIA_PLAN_HEADER, plan);
     }
