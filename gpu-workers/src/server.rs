@@ -439,6 +439,7 @@ async fn generate(
             meta,
             queue: VecDeque::new(),
             sent_role: false,
+            include_usage: request.include_usage(),
             ended: false,
             _in_flight: in_flight,
         }))
@@ -686,12 +687,28 @@ impl ResponseMeta {
         if let Some(usage) = usage {
             chunk["usage"] = usage;
         }
-        let mut event = b"data: ".to_vec();
-        // Serializing a `Value` cannot fail.
-        event.extend_from_slice(&serde_json::to_vec(&chunk).unwrap_or_default());
-        event.extend_from_slice(b"\n\n");
-        event.into()
+        sse_event(&chunk)
     }
+
+    /// The last chunk of a stream that asked for `include_usage`: no choices, the usage.
+    fn usage_chunk(&self, usage: serde_json::Value) -> Bytes {
+        sse_event(&json!({
+            "id": self.id,
+            "object": match self.endpoint { Endpoint::Chat => "chat.completion.chunk", Endpoint::Completion => "text_completion" },
+            "created": self.created,
+            "model": self.model,
+            "choices": [],
+            "usage": usage,
+        }))
+    }
+}
+
+fn sse_event(chunk: &serde_json::Value) -> Bytes {
+    let mut event = b"data: ".to_vec();
+    // Serializing a `Value` cannot fail.
+    event.extend_from_slice(&serde_json::to_vec(chunk).unwrap_or_default());
+    event.extend_from_slice(b"\n\n");
+    event.into()
 }
 
 fn usage_json(prompt_tokens: u32, completion_tokens: u32, cached_tokens: u32) -> serde_json::Value {
@@ -765,6 +782,9 @@ struct SseBody {
     /// Frames ready to send.
     queue: VecDeque<Bytes>,
     sent_role: bool,
+    /// `stream_options.include_usage`: the usage goes in a chunk of its own, after the finish
+    /// chunk, with empty `choices` (as OpenAI answers); otherwise in the finish chunk.
+    include_usage: bool,
     /// The finish chunk (or an error) is queued: nothing more comes from the engine.
     ended: bool,
     _in_flight: InFlight,
@@ -780,8 +800,13 @@ impl SseBody {
                     self.queue.push_back(self.meta.chunk(Some(&piece), role, None, None));
                 }
                 Event::Finished(reason, usage) => {
-                    self.queue
-                        .push_back(self.meta.chunk(None, false, Some(reason), Some(usage)));
+                    if self.include_usage {
+                        self.queue.push_back(self.meta.chunk(None, false, Some(reason), None));
+                        self.queue.push_back(self.meta.usage_chunk(usage));
+                    } else {
+                        self.queue
+                            .push_back(self.meta.chunk(None, false, Some(reason), Some(usage)));
+                    }
                     self.queue.push_back(Bytes::from_static(api::SSE_DONE));
                     self.ended = true;
                 }

@@ -46,6 +46,29 @@ fn streams_chat_tokens_as_sse() {
 }
 
 #[test]
+fn include_usage_ends_the_stream_with_a_usage_chunk() {
+    let mocker = mocker(&["--speedup", "20"]);
+    let body = r#"{"model":"mock","messages":[{"role":"user","content":"hi"}],"stream":true,"max_tokens":3,
+                  "stream_options":{"include_usage":true}}"#;
+    let (status, text) = post(mocker.1[0], "/v1/chat/completions", body);
+    assert_eq!(status, 200);
+    let data: Vec<&str> = text.lines().filter_map(|l| l.strip_prefix("data: ")).collect();
+    assert_eq!(
+        data.len(),
+        6,
+        "3 tokens, the finish chunk, the usage chunk, [DONE]: {text}"
+    );
+    let finish: serde_json::Value = serde_json::from_str(data[3]).expect("json");
+    assert_eq!(finish["choices"][0]["finish_reason"], "length");
+    assert!(finish.get("usage").is_none(), "usage has a chunk of its own: {finish}");
+    let usage: serde_json::Value = serde_json::from_str(data[4]).expect("json");
+    assert_eq!(usage["choices"], serde_json::json!([]));
+    assert_eq!(usage["usage"]["completion_tokens"], 3);
+    assert_eq!(usage["id"], finish["id"]);
+    assert_eq!(data[5], "[DONE]");
+}
+
+#[test]
 fn refuses_bad_requests_with_openai_errors() {
     let mocker = mocker(&["--num-gpu-blocks", "4", "--block-size", "4"]);
     let cases = [

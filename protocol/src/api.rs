@@ -43,6 +43,9 @@ pub struct ChatCompletionRequest {
     /// Stream the answer as server-sent events.
     #[serde(default)]
     pub stream: Option<bool>,
+    /// Options of a streamed answer.
+    #[serde(default)]
+    pub stream_options: Option<StreamOptions>,
     /// Upper bound on generated tokens (legacy name).
     #[serde(default)]
     pub max_tokens: Option<u32>,
@@ -55,6 +58,15 @@ pub struct ChatCompletionRequest {
     /// How tokens are chosen and when generation stops.
     #[serde(flatten)]
     pub sampling: SamplingOptions,
+}
+
+/// `stream_options` of a streamed request.
+#[derive(Debug, Clone, Copy, Default, Deserialize, Serialize, PartialEq, Eq)]
+pub struct StreamOptions {
+    /// End the stream with one more chunk whose `choices` is empty and whose `usage` counts
+    /// the request's tokens (as OpenAI does); the finish chunk then carries no usage.
+    #[serde(default)]
+    pub include_usage: Option<bool>,
 }
 
 /// The sampling fields of a generation request (OpenAI's, plus vLLM's `top_k`,
@@ -250,6 +262,9 @@ pub struct CompletionRequest {
     /// Stream the answer as server-sent events.
     #[serde(default)]
     pub stream: Option<bool>,
+    /// Options of a streamed answer.
+    #[serde(default)]
+    pub stream_options: Option<StreamOptions>,
     /// Upper bound on generated tokens.
     #[serde(default)]
     pub max_tokens: Option<u32>,
@@ -306,6 +321,15 @@ impl GenerateRequest {
             GenerateRequest::Chat(req) => req.is_stream(),
             GenerateRequest::Completion(req) => req.is_stream(),
         }
+    }
+
+    /// Whether a streamed answer ends with a usage-only chunk (`stream_options.include_usage`).
+    pub fn include_usage(&self) -> bool {
+        let options = match self {
+            GenerateRequest::Chat(req) => req.stream_options,
+            GenerateRequest::Completion(req) => req.stream_options,
+        };
+        options.and_then(|o| o.include_usage).unwrap_or(false)
     }
 
     /// The requested token limit, if any.
