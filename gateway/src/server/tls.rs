@@ -65,6 +65,14 @@ struct Served {
     fingerprint: String,
 }
 
+impl std::fmt::Debug for Served {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Served")
+            .field("fingerprint", &self.fingerprint)
+            .finish()
+    }
+}
+
 impl std::fmt::Debug for Tls {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Tls")
@@ -77,14 +85,6 @@ impl std::fmt::Debug for Tls {
 /// Hands rustls the pair served now, for every handshake.
 #[derive(Debug)]
 struct Current(Arc<ArcSwap<Served>>);
-
-impl std::fmt::Debug for Served {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Served")
-            .field("fingerprint", &self.fingerprint)
-            .finish()
-    }
-}
 
 impl ResolvesServerCert for Current {
     fn resolve(&self, _hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
