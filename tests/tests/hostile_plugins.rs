@@ -168,6 +168,16 @@ fn rss_mib(pid: u32) -> anyhow::Result<f64> {
     Ok(kib / 1024.0)
 }
 
+/// Warms up the request path and the allocator, then answers the gateway's RSS in MiB.
+async fn warm_baseline(client: &Client, pid: u32) -> anyhow::Result<f64> {
+    for _ in 0..20 {
+        client
+            .post_json("/v1/chat/completions", &chat_body("mock", "warm up", 2, false))
+            .await?;
+    }
+    rss_mib(pid)
+}
+
 /// Issue 20, item 0: a memory bomb's instance grows to the memory cap and traps; its slot's
 /// memory must be given back when the instance is dropped, not when 64 slots have piled up
 /// in wasmtime's decommit queue (five pushes left ~250 MiB resident that way).
@@ -175,13 +185,7 @@ fn rss_mib(pid: u32) -> anyhow::Result<f64> {
 async fn a_policy_that_grows_its_memory_leaves_none_behind() -> anyhow::Result<()> {
     let (gateway, client, admin) = start()?;
     let pid = gateway.process.id();
-    // Warm up the fallback path and the allocator, then take the baseline.
-    for _ in 0..20 {
-        client
-            .post_json("/v1/chat/completions", &chat_body("mock", "warm up", 2, false))
-            .await?;
-    }
-    let baseline = rss_mib(pid)?;
+    let baseline = warm_baseline(&client, pid).await?;
     let bomb = guest("memory_bomb")?;
     for push in 0..5 {
         let (status, answer) = admin
@@ -232,12 +236,7 @@ async fn a_policy_that_leaks_across_calls_leaves_none_behind_once_retired() -> a
     )?;
     let client = Client::plain(gateway.addr);
     let pid = gateway.process.id();
-    for _ in 0..20 {
-        client
-            .post_json("/v1/chat/completions", &chat_body("mock", "warm up", 2, false))
-            .await?;
-    }
-    let baseline = rss_mib(pid)?;
+    let baseline = warm_baseline(&client, pid).await?;
     let leak = guest("leak")?;
     let mut peak: f64 = 0.0;
     for push in 0..3 {
