@@ -679,7 +679,7 @@ impl ResponseMeta {
         };
         let mut chunk = json!({
             "id": self.id,
-            "object": match self.endpoint { Endpoint::Chat => "chat.completion.chunk", Endpoint::Completion => "text_completion" },
+            "object": self.chunk_object(),
             "created": self.created,
             "model": self.model,
             "choices": [choice],
@@ -694,21 +694,26 @@ impl ResponseMeta {
     fn usage_chunk(&self, usage: serde_json::Value) -> Bytes {
         sse_event(&json!({
             "id": self.id,
-            "object": match self.endpoint { Endpoint::Chat => "chat.completion.chunk", Endpoint::Completion => "text_completion" },
+            "object": self.chunk_object(),
             "created": self.created,
             "model": self.model,
             "choices": [],
             "usage": usage,
         }))
     }
+
+    /// The `object` of this answer's stream chunks.
+    fn chunk_object(&self) -> &'static str {
+        match self.endpoint {
+            Endpoint::Chat => "chat.completion.chunk",
+            Endpoint::Completion => "text_completion",
+        }
+    }
 }
 
 fn sse_event(chunk: &serde_json::Value) -> Bytes {
-    let mut event = b"data: ".to_vec();
     // Serializing a `Value` cannot fail.
-    event.extend_from_slice(&serde_json::to_vec(chunk).unwrap_or_default());
-    event.extend_from_slice(b"\n\n");
-    event.into()
+    api::sse_event(&serde_json::to_vec(chunk).unwrap_or_default())
 }
 
 fn usage_json(prompt_tokens: u32, completion_tokens: u32, cached_tokens: u32) -> serde_json::Value {

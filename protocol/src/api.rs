@@ -608,11 +608,18 @@ impl ApiError {
 
     /// The error as one SSE event, for errors that happen after a stream has started.
     pub fn to_sse_event(&self) -> bytes::Bytes {
-        let mut event = b"data: ".to_vec();
-        event.extend_from_slice(&self.to_json());
-        event.extend_from_slice(b"\n\n");
-        event.into()
+        sse_event(&self.to_json())
     }
+}
+
+/// One SSE event whose data is `json` (serialized JSON holds no raw line break, so it is one
+/// `data:` line).
+pub fn sse_event(json: &[u8]) -> bytes::Bytes {
+    let mut event = Vec::with_capacity(json.len() + 8);
+    event.extend_from_slice(b"data: ");
+    event.extend_from_slice(json);
+    event.extend_from_slice(b"\n\n");
+    event.into()
 }
 
 /// Token counts of one request.

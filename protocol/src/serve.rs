@@ -2,8 +2,9 @@
 //!
 //! This module owns the accept loop every plain-HTTP server of Switchyard runs: the workers'
 //! OpenAI endpoints and the gateway's admin API. Accept errors (out of file descriptors and the
-//! like) back off instead of spinning; each connection is served on its own task. TLS and
-//! connection limits for clients live in the gateway's listener, not here.
+//! like) back off instead of spinning; each connection is served on its own task, after an
+//! optional wrapping step ([`serve_http_over`]: the admin listener's TLS). The client
+//! listener's TLS and connection limits live in the gateway's listener, not here.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -15,7 +16,8 @@ use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;
-use tokio::net::TcpListener;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::{TcpListener, TcpStream};
 
 use crate::respond::Body;
 
@@ -26,6 +28,20 @@ where
     F: Fn(Request<Incoming>) -> Fut + Send + Sync + 'static,
     Fut: Future<Output = Response<Body>> + Send + 'static,
 {
+    serve_http_over(listener, name, |stream| std::future::ready(Some(stream)), handler).await;
+}
+
+/// [`serve_http`] over what `wrap` makes of each accepted connection (a TLS session, say);
+/// a connection it answers `None` for is dropped. `wrap` runs on the connection's own task.
+pub async fn serve_http_over<W, WFut, S, F, Fut>(listener: TcpListener, name: &'static str, wrap: W, handler: F)
+where
+    W: Fn(TcpStream) -> WFut + Send + Sync + 'static,
+    WFut: Future<Output = Option<S>> + Send + 'static,
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    F: Fn(Request<Incoming>) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Response<Body>> + Send + 'static,
+{
+    let wrap = Arc::new(wrap);
     let handler = Arc::new(handler);
     loop {
         let (stream, _) = match listener.accept().await {
@@ -37,8 +53,11 @@ where
             }
         };
         let _ = stream.set_nodelay(true);
-        let handler = handler.clone();
+        let (wrap, handler) = (wrap.clone(), handler.clone());
         tokio::spawn(async move {
+            let Some(stream) = wrap(stream).await else {
+                return;
+            };
             let service = service_fn(move |request| {
                 let response = handler(request);
                 async move { Ok::<_, Infallible>(response.await) }

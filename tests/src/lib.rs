@@ -398,6 +398,12 @@ impl TestCa {
         })
     }
 
+    /// The CA, to sign with.
+    fn issuer(&self) -> anyhow::Result<rcgen::Issuer<'static, rcgen::KeyPair>> {
+        let key = rcgen::KeyPair::from_pem(&self.ca_key_pem)?;
+        Ok(rcgen::Issuer::new(self.ca_params.clone(), key))
+    }
+
     fn server_pair(issuer: &rcgen::Issuer<'_, rcgen::KeyPair>) -> anyhow::Result<(rcgen::Certificate, rcgen::KeyPair)> {
         let server_key = rcgen::KeyPair::generate()?;
         let server_params = rcgen::CertificateParams::new(vec!["localhost".to_string(), "127.0.0.1".to_string()])?;
@@ -412,7 +418,7 @@ impl TestCa {
     ///
     /// Fails if generation or writing fails.
     pub fn reissue(&mut self) -> anyhow::Result<CertificateDer<'static>> {
-        let issuer = rcgen::Issuer::new(self.ca_params.clone(), rcgen::KeyPair::from_pem(&self.ca_key_pem)?);
+        let issuer = self.issuer()?;
         let (cert, key) = TestCa::server_pair(&issuer)?;
         replace(&self.key_path, key.serialize_pem().as_bytes())?;
         replace(&self.cert_path, cert.pem().as_bytes())?;
@@ -426,7 +432,7 @@ impl TestCa {
     ///
     /// Fails if generation or writing fails.
     pub fn write_mismatched_certificate(&self) -> anyhow::Result<()> {
-        let issuer = rcgen::Issuer::new(self.ca_params.clone(), rcgen::KeyPair::from_pem(&self.ca_key_pem)?);
+        let issuer = self.issuer()?;
         let (cert, _other_key) = TestCa::server_pair(&issuer)?;
         replace(&self.cert_path, cert.pem().as_bytes())
     }
@@ -439,7 +445,7 @@ impl TestCa {
     pub fn client_identity(
         &self,
     ) -> anyhow::Result<(Vec<CertificateDer<'static>>, rustls::pki_types::PrivateKeyDer<'static>)> {
-        let issuer = rcgen::Issuer::new(self.ca_params.clone(), rcgen::KeyPair::from_pem(&self.ca_key_pem)?);
+        let issuer = self.issuer()?;
         let key = rcgen::KeyPair::generate()?;
         let mut params = rcgen::CertificateParams::new(Vec::<String>::new())?;
         params

@@ -86,49 +86,25 @@ pub async fn serve(listener: TcpListener, token: String, state: Arc<AdminState>,
     };
     match tls {
         None => switchyard_protocol::serve::serve_http(listener, "admin", handler).await,
-        Some(acceptor) => serve_tls(listener, acceptor, handler).await,
-    }
-}
-
-/// Serves `handler` over TLS (`[admin.tls]`): a handshake that fails (no or a wrong client
-/// certificate when one is required) or takes over 10 s ends that connection only.
-async fn serve_tls<F, Fut>(listener: TcpListener, acceptor: TlsAcceptor, handler: F)
-where
-    F: Fn(Request<Incoming>) -> Fut + Send + Sync + 'static,
-    Fut: std::future::Future<Output = Response<Body>> + Send + 'static,
-{
-    let handler = Arc::new(handler);
-    loop {
-        let (stream, peer) = match listener.accept().await {
-            Ok(accepted) => accepted,
-            Err(err) => {
-                tracing::warn!(server = "admin", error = %err, "accept failed");
-                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-                continue;
-            }
-        };
-        let _ = stream.set_nodelay(true);
-        let (handler, acceptor) = (handler.clone(), acceptor.clone());
-        tokio::spawn(async move {
-            let stream = match tokio::time::timeout(std::time::Duration::from_secs(10), acceptor.accept(stream)).await {
-                Ok(Ok(stream)) => stream,
-                Ok(Err(err)) => {
-                    tracing::info!(server = "admin", %peer, error = %err, "admin TLS handshake refused");
-                    return;
+        // A handshake that fails (no or a wrong client certificate when one is required) or
+        // takes over 10 s ends that connection only.
+        Some(acceptor) => {
+            let handshake = move |stream: tokio::net::TcpStream| {
+                let acceptor = acceptor.clone();
+                async move {
+                    let peer = stream.peer_addr().ok();
+                    match tokio::time::timeout(std::time::Duration::from_secs(10), acceptor.accept(stream)).await {
+                        Ok(Ok(stream)) => Some(stream),
+                        Ok(Err(err)) => {
+                            tracing::info!(server = "admin", ?peer, error = %err, "admin TLS handshake refused");
+                            None
+                        }
+                        Err(_) => None,
+                    }
                 }
-                Err(_) => return,
             };
-            let service = hyper::service::service_fn(move |request| {
-                let response = handler(request);
-                async move { Ok::<_, std::convert::Infallible>(response.await) }
-            });
-            if let Err(err) = hyper_util::server::conn::auto::Builder::new(hyper_util::rt::TokioExecutor::new())
-                .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
-                .await
-            {
-                tracing::debug!(server = "admin", error = %err, "connection ended with an error");
-            }
-        });
+            switchyard_protocol::serve::serve_http_over(listener, "admin", handshake, handler).await;
+        }
     }
 }
 

@@ -362,12 +362,12 @@ impl BatcherSwitch {
     pub fn form_batches(&self, queue: &PendingTable, budget: &Budget) -> (Vec<Batch>, BatchedBy) {
         let version = self.versions.active();
         let outcome = self.call(&version, queue, budget);
-        let (batches, by, outcome) = match outcome {
-            Ok(batches) => (batches, BatchedBy::Policy(version.clone()), "policy"),
-            Err(kind) => (fallback(queue, budget), BatchedBy::Fallback(kind), "fallback"),
+        let (batches, by) = match outcome {
+            Ok(batches) => (batches, BatchedBy::Policy(version.clone())),
+            Err(kind) => (fallback(queue, budget), BatchedBy::Fallback(kind)),
         };
-        self.decisions
-            .get_or_create(&vec![("version", version.label()), ("outcome", outcome.into())])
+        version
+            .decisions(&self.decisions, matches!(by, BatchedBy::Fallback(_)))
             .inc();
         (batches, by)
     }

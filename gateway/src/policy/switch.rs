@@ -154,16 +154,12 @@ impl PolicySwitch {
     /// rollout's candidate), on every thread. An instance in a call right now is marked, and
     /// its thread drops it when the call returns.
     fn retire_unused(&self) {
-        let live = self.versions.active_generation();
-        let candidate = self.rollout.load().as_ref().map(|r| r.candidate.generation);
+        let deciding = self.deciding();
         self.slots.lock().retain(|(version, slot)| {
             let Some(slot) = slot.upgrade() else {
                 return false;
             };
-            let deciding = version
-                .upgrade()
-                .is_some_and(|v| v.generation == live || Some(v.generation) == candidate);
-            if deciding {
+            if version.upgrade().is_some_and(|v| deciding(&v)) {
                 return true;
             }
             slot.retired.store(true, Ordering::Relaxed);
@@ -172,6 +168,13 @@ impl PolicySwitch {
             }
             false
         });
+    }
+
+    /// Whether a version decides requests now: it is the active one or a rollout's candidate.
+    fn deciding(&self) -> impl Fn(&Version) -> bool + use<> {
+        let live = self.versions.active_generation();
+        let candidate = self.rollout.load().as_ref().map(|r| r.candidate.generation);
+        move |version| version.generation == live || Some(version.generation) == candidate
     }
 
     /// Registers the switch's metrics.
@@ -343,11 +346,12 @@ impl PolicySwitch {
                         // Dropped here, oldest first: instances of versions nobody holds any
                         // more (a dropped switch's among them), and this switch's versions no
                         // longer in use.
-                        let live = self.versions.active_generation();
-                        let candidate = self.rollout.load().as_ref().map(|r| r.candidate.generation);
-                        instances.retain(|cached| match cached.version.upgrade() {
-                            None => false,
-                            Some(v) => cached.owner != key || v.generation == live || Some(v.generation) == candidate,
+                        let deciding = self.deciding();
+                        instances.retain(|cached| {
+                            cached
+                                .version
+                                .upgrade()
+                                .is_some_and(|v| cached.owner != key || deciding(&v))
                         });
                         if instances.len() >= INSTANCES_PER_THREAD {
                             instances.remove(0);

@@ -269,6 +269,9 @@ pub(crate) async fn generate(
         affinity,
         encoders: &encoder_rows,
     });
+    // Unique per gateway: the answer's id (the same on every attempt) and, with the attempt,
+    // the key the request's media is planned under.
+    let response_id = format!("{:016x}-{id}", router.kv().origin());
     let mut last_failure: Option<String> = None;
     for attempt in 0..=state.forwarding.retries {
         let Some(mut lease) = attempts.next_lease() else {
@@ -291,8 +294,7 @@ pub(crate) async fn generate(
                 })
                 .collect::<Vec<_>>()
         });
-        let request_key = format!("{:016x}-{id}-{attempt}", router.kv().origin());
-        let response_id = format!("{:016x}-{id}", router.kv().origin());
+        let request_key = format!("{response_id}-{attempt}");
         let (outcome, text_only) = match &chosen {
             _ if local && !media_items.is_empty() => {
                 let plan = planned(request_key, &mut std::iter::repeat(LOCAL_ENCODER.to_string()));

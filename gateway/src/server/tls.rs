@@ -301,20 +301,24 @@ pub fn spawn_reloader(
             tokio::time::sleep(Duration::from_millis(200)).await;
             while changes.try_recv().is_ok() {}
             let before = tls.fingerprint();
-            match tls.reload(&files) {
+            let outcome = match tls.reload(&files) {
                 Ok(fingerprint) => {
-                    let labels = vec![("listener", listener.to_string()), ("outcome", "loaded".into())];
-                    outcomes.get_or_create(&labels).inc();
                     if fingerprint != before {
                         tracing::info!(listener, %fingerprint, "TLS certificate reloaded (SHA-256)");
                     }
+                    "loaded"
                 }
                 Err(err) => {
-                    let labels = vec![("listener", listener.to_string()), ("outcome", "refused".into())];
-                    outcomes.get_or_create(&labels).inc();
                     tracing::error!(listener, error = %err, fingerprint = %before, "new TLS certificate refused; serving the old one");
+                    "refused"
                 }
-            }
+            };
+            outcomes
+                .get_or_create(&vec![
+                    ("listener", listener.to_string()),
+                    ("outcome", outcome.to_string()),
+                ])
+                .inc();
         }
     }))
 }
