@@ -24,9 +24,11 @@ mod kv;
 mod media;
 mod metrics;
 mod policy;
+mod reload;
 mod routing;
 mod server;
 mod state;
+mod tenants;
 mod workers;
 
 pub use config::{Config, ConfigError};
@@ -116,6 +118,9 @@ pub enum Error {
         /// The I/O error.
         source: std::io::Error,
     },
+    /// A file the gateway reloads on change cannot be watched.
+    #[error(transparent)]
+    Watch(#[from] reload::WatchError),
     /// The embedded mockers could not start.
     #[error("cannot start the embedded mockers: {0}")]
     Mockers(std::io::Error),
@@ -241,6 +246,8 @@ impl Gateway {
             "TLS certificate reloads after a change to its files or SIGHUP, by outcome",
             tls_reloads.clone(),
         );
+        let tenants = Arc::new(tenants::Tenants::new(&config)?);
+        tenants.register_metrics(metrics.registry_mut());
         let metrics = Arc::new(metrics);
         let pool = Arc::new(WorkerPool::new(&config.workers, metrics.clone())?);
         for worker in pool.workers().iter().filter(|w| w.role == config::Role::Llm) {
@@ -314,6 +321,7 @@ impl Gateway {
                 tls_reloads.clone(),
             )?);
         }
+        tasks.extend(tenants.spawn_tasks()?);
         if let Some(dir) = &config.policy.watch_dir {
             tasks.push(policy::watch::spawn(
                 dir,
@@ -378,6 +386,7 @@ impl Gateway {
             metrics,
             media: media::MediaSettings::from_config(&config),
             fetcher,
+            tenants,
             encoders: Arc::new(encoders::Encoders::new(
                 config.encoders.clone(),
                 client,
@@ -469,6 +478,11 @@ impl Gateway {
         self.admin_token.as_deref()
     }
 
+    /// Whether client requests need an API key (`[[api_keys]]` or `[tenants] keys_file`).
+    pub fn needs_api_key(&self) -> bool {
+        self.state.tenants.required()
+    }
+
     /// The models served by the workers now in the pool.
     pub fn models(&self) -> Vec<String> {
         self.state.router.pool().models()
@@ -528,6 +542,7 @@ fn load_policy<P>(
 
 impl Drop for Gateway {
     fn drop(&mut self) {
+        self.state.tenants.save_usage();
         for task in &self.tasks {
             task.abort();
         }

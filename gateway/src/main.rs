@@ -25,6 +25,24 @@ enum Command {
         #[command(subcommand)]
         action: PolicyAction,
     },
+    /// Make and hash client API keys (`[[api_keys]]` store only a key's SHA-256).
+    Keys {
+        #[command(subcommand)]
+        action: KeysAction,
+    },
+}
+
+#[derive(Debug, clap::Subcommand)]
+enum KeysAction {
+    /// Prints a new random key, and the `[[api_keys]]` entry to paste into the config or the
+    /// keys file (give the key to the client; the gateway keeps only its hash).
+    New {
+        /// The tenant the key belongs to.
+        #[arg(long)]
+        tenant: String,
+    },
+    /// Prints the SHA-256 of a key read from standard input (one line).
+    Hash,
 }
 
 #[derive(Debug, clap::Args)]
@@ -134,6 +152,9 @@ fn start(args: Args) -> anyhow::Result<()> {
     {
         return check(&file, config.as_deref(), deadline_ms, memory_limit_mib);
     }
+    if let Some(Command::Keys { action }) = args.command {
+        return keys_command(action);
+    }
     if let Some(Command::Policy { action }) = args.command {
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -203,12 +224,17 @@ async fn run(config: Config) -> anyhow::Result<()> {
         println!("swap the router live: {}", push_example(admin, token));
     }
     let insecure = if url.starts_with("https") { "-k " } else { "" };
+    let key = if gateway.needs_api_key() {
+        "-H \"authorization: Bearer $KEY\" "
+    } else {
+        ""
+    };
     println!(
-        "try: curl -N {insecure}{url}/v1/chat/completions -H 'content-type: application/json' -d '{{\"model\":\"{model}\",\"messages\":[{{\"role\":\"user\",\"content\":\"hi\"}}],\"stream\":true}}'"
+        "try: curl -N {insecure}{url}/v1/chat/completions {key}-H 'content-type: application/json' -d '{{\"model\":\"{model}\",\"messages\":[{{\"role\":\"user\",\"content\":\"hi\"}}],\"stream\":true}}'"
     );
     if gateway.encoder_count() > 0 {
         println!(
-            "try an image: curl {insecure}{url}/v1/chat/completions -H 'content-type: application/json' -d '{{\"model\":\"{model}\",\"messages\":[{{\"role\":\"user\",\"content\":[{{\"type\":\"text\",\"text\":\"what is this?\"}},{{\"type\":\"image_url\",\"image_url\":{{\"url\":\"{TINY_PNG}\"}}}}]}}]}}'"
+            "try an image: curl {insecure}{url}/v1/chat/completions {key}-H 'content-type: application/json' -d '{{\"model\":\"{model}\",\"messages\":[{{\"role\":\"user\",\"content\":[{{\"type\":\"text\",\"text\":\"what is this?\"}},{{\"type\":\"image_url\",\"image_url\":{{\"url\":\"{TINY_PNG}\"}}}}]}}]}}'"
         );
     }
     shutdown_signal().await?;
@@ -362,4 +388,43 @@ async fn admin_request(admin: &AdminArgs, method: http::Method, path: &str, body
     let body = String::from_utf8_lossy(&body).into_owned();
     anyhow::ensure!(status.is_success(), "the gateway answered {status}: {body}");
     Ok(body)
+}
+
+/// `switchyard keys new` and `switchyard keys hash`.
+fn keys_command(action: KeysAction) -> anyhow::Result<()> {
+    use sha2::{Digest, Sha256};
+    let hash = |key: &str| -> String {
+        Sha256::digest(key.as_bytes())
+            .iter()
+            .map(|byte| format!("{byte:02x}"))
+            .collect()
+    };
+    match action {
+        KeysAction::New { tenant } => {
+            let mut bytes = [0u8; 24];
+            rustls::crypto::ring::default_provider()
+                .secure_random
+                .fill(&mut bytes)
+                .map_err(|_| anyhow::anyhow!("no OS randomness to make a key from"))?;
+            let key = format!(
+                "sy-{}",
+                bytes.iter().map(|byte| format!("{byte:02x}")).collect::<String>()
+            );
+            println!("key (give it to the client; it is not stored): {key}");
+            println!();
+            println!("[[api_keys]]");
+            println!("key_sha256 = \"{}\"", hash(&key));
+            println!("tenant = {}", toml::Value::String(tenant));
+        }
+        KeysAction::Hash => {
+            let mut line = String::new();
+            std::io::stdin()
+                .read_line(&mut line)
+                .context("reading the key from standard input")?;
+            let key = line.trim_end_matches(['\r', '\n']);
+            anyhow::ensure!(!key.is_empty(), "no key on standard input");
+            println!("{}", hash(key));
+        }
+    }
+    Ok(())
 }

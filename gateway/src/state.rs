@@ -33,6 +33,8 @@ pub(crate) struct AppState {
     pub(crate) media: MediaSettings,
     /// Fetches media URLs (`[media] fetch`), when on.
     pub(crate) fetcher: Option<crate::fetch::Fetcher>,
+    /// API keys, tenants' limits and usage.
+    pub(crate) tenants: Arc<crate::tenants::Tenants>,
     /// The queues in front of encoder workers.
     pub(crate) encoders: Arc<Encoders>,
     /// Set on SIGTERM or ctrl-c: new requests are refused, `/readyz` answers 503.

@@ -561,6 +561,8 @@ pub struct ApiError {
     pub status: http::StatusCode,
     /// The error object.
     pub body: ErrorBody,
+    /// Seconds the client should wait before trying again (`Retry-After`), for a 429 or 503.
+    pub retry_after_s: Option<u64>,
 }
 
 impl ApiError {
@@ -576,7 +578,15 @@ impl ApiError {
                     code: Some(code.to_string()),
                 },
             },
+            retry_after_s: None,
         }
+    }
+
+    /// Sets `Retry-After` to `wait`, rounded up to whole seconds (at least 1).
+    pub fn with_retry_after(mut self, wait: std::time::Duration) -> ApiError {
+        let seconds = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
+        self.retry_after_s = Some(seconds.max(1));
+        self
     }
 
     /// A 400 `invalid_request_error` with the given code.

@@ -45,8 +45,22 @@ pub fn text(status: StatusCode, content_type: &'static str, body: impl Into<Byte
 }
 
 /// The OpenAI error response for `err`.
+///
+/// A 401 names the scheme it wants (`WWW-Authenticate: Bearer`); an error with a wait
+/// carries `Retry-After`.
 pub fn error(err: &ApiError) -> Response<Body> {
-    with_type(err.status, "application/json", full(err.to_json()))
+    let mut response = with_type(err.status, "application/json", full(err.to_json()));
+    if err.status == StatusCode::UNAUTHORIZED {
+        response
+            .headers_mut()
+            .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+    }
+    if let Some(seconds) = err.retry_after_s {
+        response
+            .headers_mut()
+            .insert(header::RETRY_AFTER, HeaderValue::from(seconds));
+    }
+    response
 }
 
 /// A streaming response of server-sent events.

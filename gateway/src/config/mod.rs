@@ -11,6 +11,10 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+mod tenants;
+
+pub use tenants::{ApiKeyConfig, KeysFile, TenantsConfig, validate_key_lists, validate_keys};
+
 /// Why a configuration could not be used.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -94,6 +98,13 @@ pub struct Config {
     /// How the gateway batches media for encoders and what it does when they fail.
     #[serde(default)]
     pub encoders: EncodersConfig,
+    /// Where API keys and tenants' usage live outside this file.
+    #[serde(default)]
+    pub tenants: TenantsConfig,
+    /// Client keys; with none here and no `tenants.keys_file`, the gateway is open to any
+    /// client that reaches it.
+    #[serde(default)]
+    pub api_keys: Vec<ApiKeyConfig>,
 }
 
 /// `[encoders]`: the gateway's queue in front of each encoder worker (role `vision` or
@@ -943,6 +954,15 @@ impl Config {
             if value == 0 {
                 return Err(invalid(key, "must be greater than 0".into()));
             }
+        }
+        validate_keys(&self.api_keys).map_err(|(key, reason)| invalid(&key, reason))?;
+        if let Some(path) = &self.tenants.keys_file
+            && !path.is_file()
+        {
+            return Err(invalid(
+                "tenants.keys_file",
+                format!("file `{}` does not exist", path.display()),
+            ));
         }
         for (index, vllm) in kv.vllm.iter().enumerate() {
             if !self.workers.iter().any(|w| w.display_name() == vllm.worker) {

@@ -37,6 +37,8 @@ use crate::media;
 use crate::metrics::Metrics;
 use crate::routing::{self, Lease};
 use crate::state::AppState;
+use crate::tenants::usage::{self, UsageTap};
+use crate::tenants::{Charge, Grant};
 use crate::workers::Worker;
 
 /// Largest whole (non-streamed) answer accepted from a worker.
@@ -161,9 +163,10 @@ pub(crate) async fn generate(
     endpoint: Endpoint,
     request: Request<Incoming>,
     started: Instant,
+    grant: Option<Arc<Grant>>,
 ) -> Result<Response<Body>, ApiError> {
     let (parts, body) = request.into_parts();
-    let body = respond::read_limited(&parts.headers, body, state.server.max_body_bytes).await?;
+    let mut body = respond::read_limited(&parts.headers, body, state.server.max_body_bytes).await?;
     let parsed = api::parse_generate_request(endpoint, &body)?;
     let model = parsed.model();
     let router = &state.router;
@@ -180,6 +183,8 @@ pub(crate) async fn generate(
         )
         .with_param(Some("model".into())));
     }
+    // The tenant's limits are checked before any tokenizing, so a tenant over them costs little.
+    let mut charge = grant.map(|grant| state.tenants.admit(&grant, model)).transpose()?;
     let stream = parsed.is_stream();
     let fallback_block_size = || pool.candidates(model, &[]).first().map_or(64, |w| w.block_size);
     let model_limits = state.media.model(model);
@@ -226,6 +231,15 @@ pub(crate) async fn generate(
     };
     if prompt.tokens > max_prompt_tokens as usize {
         return Err(prompt_too_long(model, Some(prompt.tokens), max_prompt_tokens));
+    }
+    if let Some(charge) = &mut charge {
+        charge.prompt(prompt.tokens);
+    }
+    // A tenant's streamed tokens are counted from the usage chunk, which the worker sends
+    // only when asked; where the client did not ask, the chunk is asked for and taken out.
+    let strip_usage = charge.is_some() && stream && !parsed.include_usage();
+    if strip_usage && let Some(asked) = usage::ask_for_usage(&body) {
+        body = asked;
     }
     let media_tokens = media_items.iter().map(|item| item.tokens).sum::<u32>();
     for item in &media_items {
@@ -344,7 +358,11 @@ pub(crate) async fn generate(
                         .observe(f64::from(lease.overlap()) / prompt.hashes.len() as f64);
                 }
                 let policy_label = lease.routed().label();
-                let response = finish(state, endpoint, response, lease, started, stream).await;
+                let accounting = charge.take().map(|charge| Accounting {
+                    charge,
+                    strip: strip_usage,
+                });
+                let response = finish(state, endpoint, response, lease, started, stream, accounting).await;
                 let mut response = with_routing_headers(response, &worker.name, policy_label);
                 if let Some(reason) = text_only {
                     // The media was left out: say so, never silently.
@@ -562,6 +580,13 @@ async fn read_error_message(body: Incoming) -> String {
     }
 }
 
+/// A tenant's charge for a request, and whether the usage-only chunk is the gateway's own
+/// (asked for to count the tenant's tokens) and so taken out of the client's stream.
+struct Accounting {
+    charge: Charge,
+    strip: bool,
+}
+
 async fn finish(
     state: &AppState,
     endpoint: Endpoint,
@@ -569,6 +594,7 @@ async fn finish(
     lease: Lease,
     started: Instant,
     stream: bool,
+    mut accounting: Option<Accounting>,
 ) -> Response<Body> {
     let label = endpoint.label();
     let Answer {
@@ -576,17 +602,29 @@ async fn finish(
         first,
         rest,
     } = answer;
+    if parts.status.is_success()
+        && let Some(accounting) = &mut accounting
+    {
+        accounting.charge.served();
+    }
     if stream && parts.status.is_success() {
         state.metrics.time_to_first_byte(label, started.elapsed().as_secs_f64());
-        let body = RelayBody {
-            first,
+        let (tap, charge) = match accounting {
+            Some(Accounting { charge, strip }) => (Some(UsageTap::new(strip)), Some(charge)),
+            None => (None, None),
+        };
+        let mut body = RelayBody {
+            first: None,
             inner: rest,
             done: false,
             lease: Some(lease),
             metrics: state.metrics.clone(),
             label,
             started,
+            tap,
+            charge,
         };
+        body.first = first.map(|first| body.tapped(first)).filter(|first| !first.is_empty());
         let mut response = respond::event_stream(Body::new(body));
         *response.status_mut() = parts.status;
         copy_headers(&parts.headers, &mut response, &[MERGE_HEADER, MEDIA_HEADER]);
@@ -598,10 +636,17 @@ async fn finish(
     {
         Ok(collected) => {
             drop(lease);
+            let collected = collected.to_bytes();
+            if let Some(accounting) = &mut accounting
+                && let Some(reported) = usage::of_answer(&collected)
+            {
+                accounting.charge.report(reported);
+            }
+            drop(accounting);
             let elapsed = started.elapsed().as_secs_f64();
             state.metrics.time_to_first_byte(label, elapsed);
             state.metrics.request_duration(label, elapsed);
-            let mut response = Response::new(respond::full(collected.to_bytes()));
+            let mut response = Response::new(respond::full(collected));
             *response.status_mut() = parts.status;
             copy_headers(&parts.headers, &mut response, &[header::CONTENT_TYPE.as_str()]);
             copy_headers(&parts.headers, &mut response, &[MERGE_HEADER, MEDIA_HEADER]);
@@ -650,12 +695,28 @@ struct RelayBody {
     metrics: Arc<Metrics>,
     label: &'static str,
     started: Instant,
+    /// Reads the tenant's usage from the stream (and takes out the chunk the client did not
+    /// ask for).
+    tap: Option<UsageTap>,
+    /// The tenant's charge, settled when the stream ends or the client goes away.
+    charge: Option<Charge>,
 }
 
 impl RelayBody {
+    /// What of `data` goes on to the client, noting any usage in it.
+    fn tapped(&mut self, data: Bytes) -> Bytes {
+        let Some(tap) = &mut self.tap else { return data };
+        let data = tap.feed(data);
+        if let (Some(reported), Some(charge)) = (tap.usage(), &mut self.charge) {
+            charge.report(reported);
+        }
+        data
+    }
+
     fn end(&mut self) {
         self.done = true;
         self.lease = None;
+        self.charge = None;
         self.metrics
             .request_duration(self.label, self.started.elapsed().as_secs_f64());
     }
@@ -676,7 +737,15 @@ impl http_body::Body for RelayBody {
         match Pin::new(&mut this.inner).poll_frame(cx) {
             Poll::Pending => Poll::Pending,
             Poll::Ready(Some(Ok(frame))) => match frame.into_data() {
-                Ok(data) => Poll::Ready(Some(Ok(Frame::data(data)))),
+                Ok(data) => {
+                    let data = this.tapped(data);
+                    if data.is_empty() {
+                        // All of it waits in the tap for the rest of its event.
+                        cx.waker().wake_by_ref();
+                        return Poll::Pending;
+                    }
+                    Poll::Ready(Some(Ok(Frame::data(data))))
+                }
                 // Trailers are not part of the OpenAI stream; skip them.
                 Err(_) => {
                     cx.waker().wake_by_ref();
@@ -700,8 +769,13 @@ impl http_body::Body for RelayBody {
                 Poll::Ready(Some(Ok(Frame::data(error.to_sse_event()))))
             }
             Poll::Ready(None) => {
+                let rest = this.tap.as_mut().map(UsageTap::finish).unwrap_or_default();
                 this.end();
-                Poll::Ready(None)
+                if rest.is_empty() {
+                    Poll::Ready(None)
+                } else {
+                    Poll::Ready(Some(Ok(Frame::data(rest))))
+                }
             }
         }
     }

@@ -26,19 +26,16 @@ pub(crate) async fn handle(state: Arc<AppState>, request: Request<Incoming>, sta
             if state.draining.load(std::sync::atomic::Ordering::Relaxed) {
                 (endpoint.label(), Err(shutting_down()))
             } else {
-                (
-                    endpoint.label(),
-                    relay::generate(&state, endpoint, request, started).await,
-                )
+                match state.tenants.authenticate(request.headers()) {
+                    Ok(grant) => (
+                        endpoint.label(),
+                        relay::generate(&state, endpoint, request, started, grant).await,
+                    ),
+                    Err(err) => (endpoint.label(), Err(err)),
+                }
             }
         }
-        (&Method::GET, api::MODELS_PATH) => (
-            "models",
-            Ok(respond::json(
-                StatusCode::OK,
-                &ModelList::new(state.router.pool().models().iter().map(String::as_str), "switchyard"),
-            )),
-        ),
+        (&Method::GET, api::MODELS_PATH) => ("models", models(&state, request.headers())),
         (&Method::GET, paths::HEALTHZ) => ("healthz", Ok(respond::text(StatusCode::OK, "text/plain", "ok\n"))),
         (&Method::GET, "/readyz") => ("readyz", ready(&state)),
         (&Method::GET, paths::METRICS) if !state.server.metrics => ("other", Err(respond::not_found(&path))),
@@ -64,6 +61,17 @@ pub(crate) async fn handle(state: Arc<AppState>, request: Request<Incoming>, sta
     });
     state.metrics.request(label, response.status().as_u16());
     response
+}
+
+/// The models the caller may use: every served one, or those its key allows.
+fn models(state: &AppState, headers: &http::HeaderMap) -> Result<Response<Body>, ApiError> {
+    let grant = state.tenants.authenticate(headers)?;
+    let served = state.router.pool().models();
+    let visible: Vec<&str> = match &grant {
+        Some(grant) => grant.visible(&served),
+        None => served.iter().map(String::as_str).collect(),
+    };
+    Ok(respond::json(StatusCode::OK, &ModelList::new(visible, "switchyard")))
 }
 
 fn shutting_down() -> ApiError {

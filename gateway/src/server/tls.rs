@@ -10,12 +10,10 @@
 //! session they have. A new pair that does not load, or whose key does not match its
 //! certificate, is refused with a log line naming the files, and the old one stays.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
-use std::time::Duration;
 
 use arc_swap::ArcSwap;
-use notify::{RecursiveMode, Watcher};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use rustls::pki_types::pem::PemObject;
@@ -23,7 +21,6 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::server::{ClientHello, ResolvesServerCert};
 use rustls::sign::CertifiedKey;
 use sha2::{Digest, Sha256};
-use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio_rustls::TlsAcceptor;
 
@@ -244,83 +241,32 @@ pub fn spawn_reloader(
     files: TlsConfig,
     outcomes: ReloadOutcomes,
 ) -> Result<JoinHandle<()>, TlsError> {
-    let (sender, mut changes) = mpsc::unbounded_channel::<()>();
-    let watched: Vec<PathBuf> = [&files.cert, &files.key]
-        .iter()
-        .map(|path| std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf()))
-        .collect();
-    let on_change = sender.clone();
-    let names = watched.clone();
-    let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
-        let Ok(event) = event else { return };
-        if event.kind.is_access() {
-            return;
-        }
-        if event.paths.iter().any(|path| names.iter().any(|name| path == name)) {
-            let _ = on_change.send(());
-        }
+    let watched = [files.cert.clone(), files.key.clone()];
+    crate::reload::on_change(&watched, move || {
+        let before = tls.fingerprint();
+        let outcome = match tls.reload(&files) {
+            Ok(fingerprint) => {
+                if fingerprint != before {
+                    tracing::info!(listener, %fingerprint, "TLS certificate reloaded (SHA-256)");
+                }
+                "loaded"
+            }
+            Err(err) => {
+                tracing::error!(listener, error = %err, fingerprint = %before, "new TLS certificate refused; serving the old one");
+                "refused"
+            }
+        };
+        outcomes
+            .get_or_create(&vec![
+                ("listener", listener.to_string()),
+                ("outcome", outcome.to_string()),
+            ])
+            .inc();
     })
     .map_err(|err| TlsError::Pem {
-        path: files.cert.display().to_string(),
-        reason: format!("cannot watch for changes: {err}"),
-    })?;
-    let mut folders: Vec<PathBuf> = watched
-        .iter()
-        .map(|path| {
-            path.parent()
-                .map(Path::to_path_buf)
-                .unwrap_or_else(|| PathBuf::from("."))
-        })
-        .collect();
-    folders.dedup();
-    for folder in &folders {
-        watcher
-            .watch(folder, RecursiveMode::NonRecursive)
-            .map_err(|err| TlsError::Pem {
-                path: folder.display().to_string(),
-                reason: format!("cannot watch for changes: {err}"),
-            })?;
-    }
-    #[cfg(unix)]
-    {
-        let on_signal = sender;
-        if let Ok(mut hangups) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
-            tokio::spawn(async move {
-                while hangups.recv().await.is_some() {
-                    if on_signal.send(()).is_err() {
-                        break;
-                    }
-                }
-            });
-        }
-    }
-    Ok(tokio::spawn(async move {
-        // The watcher lives as long as this task.
-        let _watcher = watcher;
-        while changes.recv().await.is_some() {
-            tokio::time::sleep(Duration::from_millis(200)).await;
-            while changes.try_recv().is_ok() {}
-            let before = tls.fingerprint();
-            let outcome = match tls.reload(&files) {
-                Ok(fingerprint) => {
-                    if fingerprint != before {
-                        tracing::info!(listener, %fingerprint, "TLS certificate reloaded (SHA-256)");
-                    }
-                    "loaded"
-                }
-                Err(err) => {
-                    tracing::error!(listener, error = %err, fingerprint = %before, "new TLS certificate refused; serving the old one");
-                    "refused"
-                }
-            };
-            outcomes
-                .get_or_create(&vec![
-                    ("listener", listener.to_string()),
-                    ("outcome", outcome.to_string()),
-                ])
-                .inc();
-        }
-    }))
+        path: err.path.display().to_string(),
+        reason: format!("cannot watch for changes: {}", err.source),
+    })
 }
 
 /// The SHA-256 fingerprint of a DER certificate, as colon-separated upper-case hex.
