@@ -16,6 +16,7 @@
 #![deny(missing_docs, missing_debug_implementations, unsafe_op_in_unsafe_fn)]
 
 mod admin;
+mod admission;
 mod config;
 mod encoders;
 mod events;
@@ -227,6 +228,21 @@ impl Gateway {
                 ..Default::default()
             },
         ));
+        let admission_settings = config.admission.clone();
+        let (admission_batcher, admission_batcher_config) = match &admission_settings {
+            Some(admission) => (admission.batcher.as_str(), admission.batcher_config.clone()),
+            None => ("fcfs", toml::Table::new()),
+        };
+        let admission_batcher = load_policy(admission_batcher, policy::built_in_batcher, |name, bytes| {
+            policy_runtime.load_batcher(name, bytes, admission_batcher_config.clone())
+        })?;
+        let admission_batchers = Arc::new(policy::batching::BatcherSwitch::new(
+            admission_batcher,
+            policy::switch::SwitchConfig {
+                max_failures: config.policy.max_failures,
+                ..Default::default()
+            },
+        ));
         let kv = Arc::new(kv::KvState::new(&config)?);
         let mut metrics = Metrics::new();
         switch.register_metrics(metrics.registry_mut());
@@ -248,8 +264,17 @@ impl Gateway {
         );
         let tenants = Arc::new(tenants::Tenants::new(&config)?);
         tenants.register_metrics(metrics.registry_mut());
+        let admission_metrics = admission::AdmissionMetrics::default();
+        admission_metrics.register(metrics.registry_mut(), &admission_batchers);
         let metrics = Arc::new(metrics);
         let pool = Arc::new(WorkerPool::new(&config.workers, metrics.clone())?);
+        let admission = Arc::new(admission::Admission::new(
+            admission_settings,
+            pool.clone(),
+            kv.clone(),
+            admission_batchers,
+            admission_metrics,
+        ));
         for worker in pool.workers().iter().filter(|w| w.role == config::Role::Llm) {
             kv.check_block_size(&worker.name, &worker.model, worker.block_size);
         }
@@ -322,6 +347,7 @@ impl Gateway {
             )?);
         }
         tasks.extend(tenants.spawn_tasks()?);
+        tasks.extend(admission.spawn());
         if let Some(dir) = &config.policy.watch_dir {
             tasks.push(policy::watch::spawn(
                 dir,
@@ -352,6 +378,12 @@ impl Gateway {
                 policy_config: config.policy.config.clone(),
                 batchers: batchers.clone(),
                 batcher_config: config.encoders.batcher_config.clone(),
+                admission_batchers: admission.batchers().clone(),
+                admission_batcher_config: config
+                    .admission
+                    .as_ref()
+                    .map(|admission| admission.batcher_config.clone())
+                    .unwrap_or_default(),
                 events: inbound.clone(),
                 client: client.clone(),
                 metrics: metrics.clone(),
@@ -387,6 +419,7 @@ impl Gateway {
             media: media::MediaSettings::from_config(&config),
             fetcher,
             tenants,
+            admission: admission.clone(),
             encoders: Arc::new(encoders::Encoders::new(
                 config.encoders.clone(),
                 client,

@@ -33,6 +33,8 @@ pub(crate) struct AppState {
     pub(crate) media: MediaSettings,
     /// Fetches media URLs (`[media] fetch`), when on.
     pub(crate) fetcher: Option<crate::fetch::Fetcher>,
+    /// The queue in front of full workers.
+    pub(crate) admission: Arc<crate::admission::Admission>,
     /// API keys, tenants' limits and usage.
     pub(crate) tenants: Arc<crate::tenants::Tenants>,
     /// The queues in front of encoder workers.
@@ -59,6 +61,10 @@ pub(crate) struct AdminState {
     pub(crate) batchers: Arc<BatcherSwitch>,
     /// The configured batcher settings, for batchers uploaded without their own.
     pub(crate) batcher_config: toml::Table,
+    /// The live batcher of the admission queue.
+    pub(crate) admission_batchers: Arc<BatcherSwitch>,
+    /// The configured admission batcher settings, for those uploaded without their own.
+    pub(crate) admission_batcher_config: toml::Table,
     /// Where registrations and KV events posted by workers go (the applier).
     pub(crate) events: mpsc::UnboundedSender<Inbound>,
     /// The client that fetches dumps from workers.

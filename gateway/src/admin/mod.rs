@@ -18,7 +18,9 @@
 //! The encoder queues' batching policy has the same life under `/admin/batchers`: `GET` lists
 //! it, `PUT /admin/batchers/{name}/config` sets the settings uploads of `name` get (otherwise
 //! `[encoders.batcher_config]`), `PUT /admin/batchers/{name}` uploads and validates one
-//! (`?activate=true` publishes it), `POST .../activate` and `POST .../rollback` as for routers.
+//! (`?activate=true` publishes it), `POST .../activate` and `POST .../rollback` as for routers;
+//! the admission queue's batcher the same under `/admin/admission` (settings default to
+//! `[admission.batcher_config]`).
 //! `GET /admin/kv` summarises the KV index (nodes, holdings, estimated heap) and, per worker,
 //! its cached blocks, block-size agreement and live load. Workers without NATS register and
 //! heartbeat with `POST /admin/workers`, post their KV events to
@@ -54,8 +56,52 @@ const MAX_EVENT_BATCH_BYTES: usize = 16 << 20;
 pub struct Candidates {
     by_name: Mutex<HashMap<String, Arc<RouterPolicy>>>,
     configs: Mutex<HashMap<String, toml::Table>>,
+    /// Uploaded batchers, by [`BatcherQueue::key`].
     batchers: Mutex<HashMap<String, Arc<BatcherPolicy>>>,
     batcher_configs: Mutex<HashMap<String, toml::Table>>,
+    admission_configs: Mutex<HashMap<String, toml::Table>>,
+}
+
+/// Which queue a batcher path manages: the encoder queues (`/admin/batchers`) or the
+/// admission queue (`/admin/admission`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum BatcherQueue {
+    Encoders,
+    Admission,
+}
+
+impl BatcherQueue {
+    fn from_segment(segment: &str) -> BatcherQueue {
+        if segment == "admission" {
+            BatcherQueue::Admission
+        } else {
+            BatcherQueue::Encoders
+        }
+    }
+
+    /// The queue's live switch and configured batcher settings.
+    fn of(self, state: &AdminState) -> (&Arc<crate::policy::batching::BatcherSwitch>, &toml::Table) {
+        match self {
+            BatcherQueue::Encoders => (&state.batchers, &state.batcher_config),
+            BatcherQueue::Admission => (&state.admission_batchers, &state.admission_batcher_config),
+        }
+    }
+
+    /// Settings stored for uploads to this queue.
+    fn configs(self, candidates: &Candidates) -> &Mutex<HashMap<String, toml::Table>> {
+        match self {
+            BatcherQueue::Encoders => &candidates.batcher_configs,
+            BatcherQueue::Admission => &candidates.admission_configs,
+        }
+    }
+
+    /// An uploaded candidate's key: each queue has its own names.
+    fn key(self, name: &str) -> String {
+        match self {
+            BatcherQueue::Encoders => name.to_string(),
+            BatcherQueue::Admission => format!("admission/{name}"),
+        }
+    }
 }
 
 /// A fresh admin token: 128 random bits from the TLS stack's secure random source, as 32 hex
@@ -150,7 +196,7 @@ async fn handle(
         )),
         (Method::GET, ["admin", "policies"]) => Ok(list(state, candidates)),
         (Method::GET, ["admin", "kv"]) => Ok(respond::json(StatusCode::OK, &state.router.kv_summary())),
-        (Method::PUT, ["admin", kind @ ("policies" | "batchers"), name, "config"]) => {
+        (Method::PUT, ["admin", kind @ ("policies" | "batchers" | "admission"), name, "config"]) => {
             let name = valid_name(name)?;
             let (parts, body) = request.into_parts();
             let text = respond::read_limited(&parts.headers, body, 1 << 20).await?;
@@ -160,10 +206,9 @@ async fn handle(
                 ApiError::invalid_request("invalid_config", format!("policy config is not valid TOML: {err}"))
             })?;
             let keys: Vec<String> = table.keys().cloned().collect();
-            let store = if *kind == "policies" {
-                &candidates.configs
-            } else {
-                &candidates.batcher_configs
+            let store = match *kind {
+                "policies" => &candidates.configs,
+                queue => BatcherQueue::from_segment(queue).configs(candidates),
             };
             store
                 .lock()
@@ -174,39 +219,46 @@ async fn handle(
                 &json!({"name": name, "config_keys": keys}),
             ))
         }
-        (Method::GET, ["admin", "batchers"]) => Ok(list_batchers(state, candidates)),
-        (Method::PUT, ["admin", "batchers", name]) => {
-            let configs = (&candidates.batcher_configs, &state.batcher_config);
+        (Method::GET, ["admin", queue @ ("batchers" | "admission")]) => {
+            Ok(list_batchers(state, candidates, BatcherQueue::from_segment(queue)))
+        }
+        (Method::PUT, ["admin", queue @ ("batchers" | "admission"), name]) => {
+            let queue = BatcherQueue::from_segment(queue);
+            let (switch, configured) = queue.of(state);
+            let configs = (queue.configs(candidates), configured);
             let policy = upload(state, request, name, configs, |runtime, name, wasm, config| {
                 runtime.load_batcher(&name, &wasm, config)
             })
             .await?;
             let body = if activate_requested(&query) {
-                let version = state.batchers.publish(policy.clone());
+                let version = switch.publish(policy.clone());
                 json!({"name": policy.name, "sha256": policy.sha256, "active": true, "generation": version.generation})
             } else {
-                lock_batchers(candidates)?.insert(policy.name.clone(), policy.clone());
+                lock_batchers(candidates)?.insert(queue.key(&policy.name), policy.clone());
                 json!({"name": policy.name, "sha256": policy.sha256, "active": false})
             };
             Ok(respond::json(StatusCode::OK, &body))
         }
-        (Method::POST, ["admin", "batchers", name, "activate"]) => {
+        (Method::POST, ["admin", queue @ ("batchers" | "admission"), name, "activate"]) => {
+            let queue = BatcherQueue::from_segment(queue);
             let policy = lock_batchers(candidates)?
-                .remove(*name)
+                .remove(&queue.key(name))
                 .ok_or_else(|| not_uploaded(name))?;
-            let version = state.batchers.publish(policy.clone());
+            let version = queue.of(state).0.publish(policy.clone());
             Ok(respond::json(
                 StatusCode::OK,
                 &json!({"name": policy.name, "sha256": policy.sha256, "generation": version.generation}),
             ))
         }
-        (Method::POST, ["admin", "batchers", _name, "rollback"]) => match state.batchers.rollback() {
-            Some(version) => Ok(respond::json(
-                StatusCode::OK,
-                &json!({"name": version.policy.name, "sha256": version.policy.sha256, "generation": version.generation}),
-            )),
-            None => Err(no_previous_version()),
-        },
+        (Method::POST, ["admin", queue @ ("batchers" | "admission"), _name, "rollback"]) => {
+            match BatcherQueue::from_segment(queue).of(state).0.rollback() {
+                Some(version) => Ok(respond::json(
+                    StatusCode::OK,
+                    &json!({"name": version.policy.name, "sha256": version.policy.sha256, "generation": version.generation}),
+                )),
+                None => Err(no_previous_version()),
+            }
+        }
         (Method::PUT, ["admin", "policies", name]) => {
             let configs = (&candidates.configs, &state.policy_config);
             let policy = upload(state, request, name, configs, |runtime, name, wasm, config| {
@@ -349,14 +401,16 @@ fn list(state: &AdminState, candidates: &Candidates) -> Response<Body> {
     )
 }
 
-fn list_batchers(state: &AdminState, candidates: &Candidates) -> Response<Body> {
-    let active = state.batchers.active();
+fn list_batchers(state: &AdminState, candidates: &Candidates, queue: BatcherQueue) -> Response<Body> {
+    let switch = queue.of(state).0;
+    let active = switch.active();
     let uploaded: Vec<_> = candidates
         .batchers
         .lock()
         .map(|map| {
-            map.values()
-                .map(|p| json!({"name": p.name, "sha256": p.sha256}))
+            map.iter()
+                .filter(|(key, policy)| **key == queue.key(&policy.name))
+                .map(|(_, p)| json!({"name": p.name, "sha256": p.sha256}))
                 .collect()
         })
         .unwrap_or_default();
@@ -369,7 +423,7 @@ fn list_batchers(state: &AdminState, candidates: &Candidates) -> Response<Body> 
                 "generation": active.generation,
                 "failures": active.failures(),
             },
-            "previous": state.batchers.previous().iter().map(|v| json!({
+            "previous": switch.previous().iter().map(|v| json!({
                 "name": v.policy.name, "sha256": v.policy.sha256, "generation": v.generation,
             })).collect::<Vec<_>>(),
             "candidates": uploaded,

@@ -11,7 +11,10 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+mod admission;
 mod tenants;
+
+pub use admission::AdmissionConfig;
 
 pub use tenants::{ApiKeyConfig, KeysFile, TenantsConfig, validate_key_lists, validate_keys};
 
@@ -98,6 +101,9 @@ pub struct Config {
     /// How the gateway batches media for encoders and what it does when they fail.
     #[serde(default)]
     pub encoders: EncodersConfig,
+    /// The admission queue in front of full workers.
+    #[serde(default)]
+    pub admission: Option<AdmissionConfig>,
     /// Where API keys and tenants' usage live outside this file.
     #[serde(default)]
     pub tenants: TenantsConfig,
@@ -956,6 +962,9 @@ impl Config {
             }
         }
         validate_keys(&self.api_keys).map_err(|(key, reason)| invalid(&key, reason))?;
+        if let Some(admission) = &self.admission {
+            admission.check().map_err(|(key, reason)| invalid(key, reason))?;
+        }
         if let Some(path) = &self.tenants.keys_file
             && !path.is_file()
         {

@@ -22,6 +22,7 @@ use crate::policy::PolicyError;
 pub use crate::policy::bindings::switchyard::policy::types::{Batch, Budget, PendingTable};
 use crate::policy::bindings::{BatcherPre, BatcherWorld};
 use crate::policy::host::HostState;
+pub use crate::policy::host::Tenancy;
 use crate::policy::runtime::{PolicyRuntime, initial_memory_bytes};
 use crate::policy::versions::{Labels, Named, SwitchConfig, Version, Versions};
 
@@ -154,11 +155,25 @@ impl BatcherInstance {
     ///
     /// [`PolicyError::Trap`] (deadline, memory, a trap) or [`PolicyError::InvalidAnswer`].
     pub fn form_batches(&mut self, queue: &PendingTable, budget: &Budget) -> Result<Vec<Batch>, PolicyError> {
+        self.form_batches_for(queue, &Tenancy::default(), budget)
+    }
+
+    /// As [`BatcherInstance::form_batches`], telling the policy whose each item is.
+    ///
+    /// # Errors
+    ///
+    /// As [`BatcherInstance::form_batches`].
+    pub fn form_batches_for(
+        &mut self,
+        queue: &PendingTable,
+        tenancy: &Tenancy,
+        budget: &Budget,
+    ) -> Result<Vec<Batch>, PolicyError> {
         self.runtime.arm(&mut self.store);
-        let batches = self
-            .bindings
-            .call_form_batches(&mut self.store, queue, budget)
-            .map_err(trap)?;
+        self.store.data_mut().tenancy = tenancy.clone();
+        let batches = self.bindings.call_form_batches(&mut self.store, queue, budget);
+        self.store.data_mut().tenancy = Tenancy::default();
+        let batches = batches.map_err(trap)?;
         validate(queue, budget, &batches).map_err(PolicyError::InvalidAnswer)?;
         Ok(batches)
     }
@@ -360,8 +375,18 @@ impl BatcherSwitch {
     /// Splits `queue` (not empty) into batches within `budget`: the active version's answer if
     /// it keeps the contract, the [`fallback`]'s otherwise.
     pub fn form_batches(&self, queue: &PendingTable, budget: &Budget) -> (Vec<Batch>, BatchedBy) {
+        self.form_batches_for(queue, &Tenancy::default(), budget)
+    }
+
+    /// As [`BatcherSwitch::form_batches`], telling the policy whose each item is.
+    pub fn form_batches_for(
+        &self,
+        queue: &PendingTable,
+        tenancy: &Tenancy,
+        budget: &Budget,
+    ) -> (Vec<Batch>, BatchedBy) {
         let version = self.versions.active();
-        let outcome = self.call(&version, queue, budget);
+        let outcome = self.call(&version, queue, tenancy, budget);
         let (batches, by) = match outcome {
             Ok(batches) => (batches, BatchedBy::Policy(version.clone())),
             Err(kind) => (fallback(queue, budget), BatchedBy::Fallback(kind)),
@@ -376,6 +401,7 @@ impl BatcherSwitch {
         &self,
         version: &Arc<Version<BatcherPolicy>>,
         queue: &PendingTable,
+        tenancy: &Tenancy,
         budget: &Budget,
     ) -> Result<Vec<Batch>, &'static str> {
         let pooled = {
@@ -393,7 +419,7 @@ impl BatcherSwitch {
             None => version.policy.instantiate(),
         };
         let result = instance.and_then(|mut instance| {
-            let batches = instance.form_batches(queue, budget)?;
+            let batches = instance.form_batches_for(queue, tenancy, budget)?;
             // Only an instance that answered well goes back; a trapped one cannot be entered.
             let mut instances = self.instances.lock();
             if instances.len() < POOLED_INSTANCES {

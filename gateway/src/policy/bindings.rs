@@ -20,6 +20,7 @@ mod batcher {
             "switchyard:policy/log": super::current::switchyard::policy::log,
             "switchyard:policy/config": super::current::switchyard::policy::config,
             "switchyard:policy/clock": super::current::switchyard::policy::clock,
+            "switchyard:policy/tenancy": super::current::switchyard::policy::tenancy,
         },
     });
 }

@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use wasmtime::StoreLimits;
 
-use crate::policy::bindings::switchyard::policy::{clock, config, log, types};
+use crate::policy::bindings::switchyard::policy::{clock, config, log, tenancy, types};
 
 /// Longest log line kept from a policy, in bytes.
 const MAX_LOG_LINE: usize = 1000;
@@ -28,6 +28,18 @@ pub struct HostState {
     sample: Option<(std::time::Duration, Instant)>,
     /// Deadline checks of the current call.
     checks: u32,
+    /// Whose each item of the current `form-batches` call's table is.
+    pub tenancy: Tenancy,
+}
+
+/// Who queued each item of a batcher's table: tenant numbers and weights, index for index
+/// (empty: one tenant of weight 1).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Tenancy {
+    /// Each item's tenant, as a small number (0 = no tenant).
+    pub tenants: Vec<u32>,
+    /// Each item's tenant's weight.
+    pub weights: Vec<f32>,
 }
 
 impl HostState {
@@ -42,6 +54,7 @@ impl HostState {
             log_lines: 0,
             sample: None,
             checks: 0,
+            tenancy: Tenancy::default(),
         }
     }
 }
@@ -118,6 +131,16 @@ impl config::Host for HostState {
             toml::Value::String(text) => text.trim().parse().ok(),
             _ => None,
         }
+    }
+}
+
+impl tenancy::Host for HostState {
+    fn tenants(&mut self) -> Vec<u32> {
+        self.tenancy.tenants.clone()
+    }
+
+    fn weights(&mut self) -> Vec<f32> {
+        self.tenancy.weights.clone()
     }
 }
 

@@ -47,7 +47,7 @@ pub enum PolicyError {
     InvalidAnswer(String),
     /// The named built-in policy does not exist.
     #[error(
-        "no built-in policy named `{0}`; routers: round-robin, least-load, kv-aware, predicted-ttft, modality-aware; batchers: fcfs, token-budget, mixed-modality"
+        "no built-in policy named `{0}`; routers: round-robin, least-load, kv-aware, predicted-ttft, modality-aware; batchers: fcfs, token-budget, mixed-modality, priority, fair-share"
     )]
     UnknownBuiltIn(String),
 }
@@ -92,6 +92,8 @@ pub fn built_in_batcher(name: &str) -> Result<&'static [u8], PolicyError> {
         "fcfs" => Ok(include_bytes!(concat!(env!("OUT_DIR"), "/fcfs.wasm"))),
         "token-budget" => Ok(include_bytes!(concat!(env!("OUT_DIR"), "/token_budget.wasm"))),
         "mixed-modality" => Ok(include_bytes!(concat!(env!("OUT_DIR"), "/mixed_modality.wasm"))),
+        "priority" => Ok(include_bytes!(concat!(env!("OUT_DIR"), "/priority.wasm"))),
+        "fair-share" => Ok(include_bytes!(concat!(env!("OUT_DIR"), "/fair_share.wasm"))),
         other => Err(PolicyError::UnknownBuiltIn(other.to_string())),
     }
 }

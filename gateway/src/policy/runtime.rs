@@ -24,11 +24,12 @@ use crate::policy::host::HostState;
 use crate::policy::{PolicyError, table};
 
 /// Interfaces a policy may import (any version of our package's host world).
-const ALLOWED_IMPORTS: [&str; 4] = [
+const ALLOWED_IMPORTS: [&str; 5] = [
     "switchyard:policy/log@",
     "switchyard:policy/config@",
     "switchyard:policy/clock@",
     "switchyard:policy/types@",
+    "switchyard:policy/tenancy@",
 ];
 
 /// Settings of the policy sandbox.

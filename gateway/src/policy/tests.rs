@@ -412,7 +412,7 @@ fn built_in_batchers_load_and_keep_the_contract() {
         max_items: 3,
         max_batches: 8,
     };
-    for name in ["fcfs", "token-budget", "mixed-modality"] {
+    for name in ["fcfs", "token-budget", "mixed-modality", "priority", "fair-share"] {
         let policy = runtime
             .load_batcher(
                 name,
@@ -567,4 +567,42 @@ fn a_new_switch_never_serves_a_dropped_switchs_instance() {
     let new = slot.as_ref().expect("switch");
     assert_eq!(Some(new as *const PolicySwitch), old, "the same address");
     assert_eq!(picks(new).len(), 4, "the new switch routes with its own policy");
+}
+
+#[test]
+fn fair_share_reads_whose_each_item_is_through_the_host() {
+    use super::batching::{BatchedBy, BatcherSwitch, Budget, PendingTable, Tenancy};
+    let runtime = runtime();
+    let policy = runtime
+        .load_batcher(
+            "fair-share",
+            super::built_in_batcher("fair-share").expect("built in"),
+            toml::Table::new(),
+        )
+        .expect("loads");
+    let switch = BatcherSwitch::new(policy, SwitchConfig::default());
+    // Tenant 1 queued five requests before tenant 2's one.
+    let queue = PendingTable {
+        ids: (1..=6).collect(),
+        tokens: vec![100; 6],
+        waited_ms: vec![60.0, 50.0, 40.0, 30.0, 20.0, 10.0],
+        priority: vec![0; 6],
+        kinds: vec![0; 6],
+        ready: vec![false; 6],
+    };
+    let budget = Budget {
+        token_budgets: vec![u32::MAX],
+        max_items: 2,
+        max_batches: 1,
+    };
+    let tenancy = Tenancy {
+        tenants: vec![1, 1, 1, 1, 1, 2],
+        weights: vec![1.0; 6],
+    };
+    let (batches, by) = switch.form_batches_for(&queue, &tenancy, &budget);
+    assert!(matches!(by, BatchedBy::Policy(_)), "{}", by.label());
+    assert_eq!(batches[0].items, vec![0, 5], "each tenant's first request");
+    // Without tenancy it is one tenant: arrival order.
+    let (batches, _) = switch.form_batches(&queue, &budget);
+    assert_eq!(batches[0].items, vec![0, 1]);
 }

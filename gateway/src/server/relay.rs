@@ -31,6 +31,7 @@ use switchyard_protocol::encode::{
     LOCAL_ENCODER, MEDIA_PLAN_HEADER, MERGE_HEADER, MediaPlan, PlannedItem, abandon_path, estimate_ms,
 };
 
+use crate::admission;
 use crate::encoders::{self, Verdict};
 use crate::kv::PromptBlocks;
 use crate::media;
@@ -184,7 +185,10 @@ pub(crate) async fn generate(
         .with_param(Some("model".into())));
     }
     // The tenant's limits are checked before any tokenizing, so a tenant over them costs little.
-    let mut charge = grant.map(|grant| state.tenants.admit(&grant, model)).transpose()?;
+    let mut charge = grant
+        .as_ref()
+        .map(|grant| state.tenants.admit(grant, model))
+        .transpose()?;
     let stream = parsed.is_stream();
     let fallback_block_size = || pool.candidates(model, &[]).first().map_or(64, |w| w.block_size);
     let model_limits = state.media.model(model);
@@ -235,6 +239,20 @@ pub(crate) async fn generate(
     if let Some(charge) = &mut charge {
         charge.prompt(prompt.tokens);
     }
+    // Waits here while every worker of the model is full (`[admission]`); the reservation is
+    // held until the request has its worker.
+    let mut admitted = Some(
+        state
+            .admission
+            .enter(
+                model,
+                admission::Ticket {
+                    grant: grant.as_deref(),
+                    tokens: prompt.tokens,
+                },
+            )
+            .await?,
+    );
     // A tenant's streamed tokens are counted from the usage chunk, which the worker sends
     // only when asked; where the client did not ask, the chunk is asked for and taken out.
     let strip_usage = charge.is_some() && stream && !parsed.include_usage();
@@ -291,6 +309,8 @@ pub(crate) async fn generate(
         let Some(mut lease) = attempts.next_lease() else {
             break;
         };
+        // The worker's own count holds the request now.
+        admitted.take();
         if attempt > 0 {
             state.metrics.retry();
         }

@@ -45,10 +45,17 @@ pub struct Worker {
     answer_failures: AtomicU32,
     in_flight: Gauge,
     healthy_gauge: Gauge,
+    /// Told each time a request on any worker of the pool ends (room may have freed).
+    released: Arc<tokio::sync::Notify>,
 }
 
 impl Worker {
-    fn new(config: &WorkerConfig, kv_id: u32, metrics: &Metrics) -> Result<Worker, http::uri::InvalidUri> {
+    fn new(
+        config: &WorkerConfig,
+        kv_id: u32,
+        metrics: &Metrics,
+        released: Arc<tokio::sync::Notify>,
+    ) -> Result<Worker, http::uri::InvalidUri> {
         let name = config.display_name();
         let worker = Worker {
             kv_id,
@@ -67,6 +74,7 @@ impl Worker {
             answer_failures: AtomicU32::new(0),
             in_flight: metrics.worker_in_flight(&name),
             healthy_gauge: metrics.worker_healthy(&name),
+            released,
             name,
         };
         worker.healthy_gauge.set(1);
@@ -165,6 +173,7 @@ impl InFlight {
 impl Drop for InFlight {
     fn drop(&mut self) {
         self.worker.in_flight.dec();
+        self.worker.released.notify_one();
     }
 }
 
@@ -174,6 +183,7 @@ pub struct WorkerPool {
     workers: RwLock<Arc<Vec<Arc<Worker>>>>,
     next_kv_id: AtomicU32,
     metrics: Arc<Metrics>,
+    released: Arc<tokio::sync::Notify>,
 }
 
 impl WorkerPool {
@@ -187,11 +197,18 @@ impl WorkerPool {
             workers: RwLock::new(Arc::new(Vec::new())),
             next_kv_id: AtomicU32::new(0),
             metrics,
+            released: Arc::new(tokio::sync::Notify::new()),
         };
         for config in configs {
             pool.upsert(config)?;
         }
         Ok(pool)
+    }
+
+    /// Told each time a request in flight on a worker ends: where the admission queue learns
+    /// that room may have freed.
+    pub fn released(&self) -> &Arc<tokio::sync::Notify> {
+        &self.released
     }
 
     /// Every worker, as of now.
@@ -227,7 +244,7 @@ impl WorkerPool {
             return Ok((existing, false));
         }
         let kv_id = self.next_kv_id.fetch_add(1, Ordering::Relaxed);
-        let worker = Arc::new(Worker::new(config, kv_id, &self.metrics)?);
+        let worker = Arc::new(Worker::new(config, kv_id, &self.metrics, self.released.clone())?);
         let added = worker.clone();
         self.replace(|workers| {
             workers.retain(|w| w.name != name);

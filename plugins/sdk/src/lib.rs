@@ -365,6 +365,41 @@ pub trait Router {
     fn route(req: &RequestInfo, workers: &WorkerTable<'_>) -> Result<Decision, PolicyError>;
 }
 
+/// Who queued each item of a pending table, index for index: what a batcher sharing a queue
+/// between tenants reads beside the table.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Tenancy {
+    /// Each item's tenant as a small number (one tenant's items share it; 0 = no tenant).
+    pub tenants: Vec<u32>,
+    /// Each item's tenant's weight (its share; 1.0 where none is configured).
+    pub weights: Vec<f32>,
+}
+
+impl Tenancy {
+    /// Every one of `items` from one tenant of weight 1 (what a queue without tenants is).
+    pub fn single(items: usize) -> Tenancy {
+        Tenancy {
+            tenants: alloc::vec![0; items],
+            weights: alloc::vec![1.0; items],
+        }
+    }
+
+    /// The host's answer for the current call, made as long as the table (a host that gives
+    /// less leaves the rest to tenant 0, weight 1; a weight that is not a positive number
+    /// counts as 1).
+    fn from_host(tenants: Vec<u32>, weights: Vec<f32>, items: usize) -> Tenancy {
+        let mut tenancy = Tenancy { tenants, weights };
+        tenancy.tenants.resize(items, 0);
+        tenancy.weights.resize(items, 1.0);
+        for weight in &mut tenancy.weights {
+            if !(weight.is_finite() && *weight > 0.0) {
+                *weight = 1.0;
+            }
+        }
+        tenancy
+    }
+}
+
 /// A batching policy.
 pub trait Batcher {
     /// Called once per instance before any call; an error refuses the policy.
@@ -374,6 +409,13 @@ pub trait Batcher {
 
     /// Forms batches of indices into `queue` within `budget`.
     fn form_batches(queue: &PendingTable, budget: &Budget) -> Vec<Batch>;
+
+    /// As [`Batcher::form_batches`], knowing whose each item is; what the gateway calls. The
+    /// default ignores `tenancy`: a policy that shares the queue between tenants overrides it.
+    fn form_batches_for(queue: &PendingTable, tenancy: &Tenancy, budget: &Budget) -> Vec<Batch> {
+        let _ = tenancy;
+        Self::form_batches(queue, budget)
+    }
 }
 
 /// Exports a [`Router`] implementation as the component's `router` world.
@@ -447,7 +489,15 @@ pub fn __batcher_adapter<B: Batcher>(
         max_items: budget.max_items,
         max_batches: budget.max_batches,
     };
-    B::form_batches(&queue, &budget)
+    #[cfg(target_arch = "wasm32")]
+    let tenancy = Tenancy::from_host(
+        batcher_world::switchyard::policy::tenancy::tenants(),
+        batcher_world::switchyard::policy::tenancy::weights(),
+        queue.ids.len(),
+    );
+    #[cfg(not(target_arch = "wasm32"))]
+    let tenancy = Tenancy::from_host(Vec::new(), Vec::new(), queue.ids.len());
+    B::form_batches_for(&queue, &tenancy, &budget)
         .into_iter()
         .map(|b| batcher_world::switchyard::policy::types::Batch {
             items: b.items,

@@ -1,0 +1,452 @@
+//! The admission queue: requests wait in the gateway while every worker of their model is full,
+//! and leave in the order a batcher policy chooses as room frees.
+//!
+//! A worker is full by the thresholds of `[admission]` (requests in flight, the share of its KV
+//! blocks that active requests hold, prompt tokens routed and not yet prefilled). A request
+//! whose model has a worker with room, and no request waiting before it, goes on at once;
+//! otherwise it waits ([`Admission::enter`]). Whenever a request on a worker ends (and every
+//! few milliseconds while requests wait, as KV events and health change room too), a pass asks
+//! the admission batcher — the `batcher` world, as at the encoder queues, with each request's
+//! tenant and weight — which of the waiting requests take the room there is now: one batch of
+//! at most that many, in order. The batcher chooses order only: how many leave is the host's
+//! (a batch short of the room is topped up first come, first served), and an answer that
+//! breaks the contract is replaced by first come, first served (higher priority classes
+//! first), so a hostile batcher can neither hold requests back nor let more through.
+//! A request admitted holds a reservation until it has its worker, so one pass's room is not
+//! handed out twice. A waiting request whose client went away is dropped at the next pass and
+//! never reaches a worker. The queue is bounded in total and per tenant (429 when full), and a
+//! wait is bounded by `max_wait_ms` (503).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use http::StatusCode;
+use parking_lot::Mutex;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+use switchyard_protocol::api::ApiError;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+use crate::config::AdmissionConfig;
+use crate::kv::KvState;
+use crate::policy::batching::{BatcherSwitch, Budget, PendingTable, Tenancy, fallback};
+use crate::tenants::Grant;
+use crate::workers::WorkerPool;
+
+/// How often waiting requests are reconsidered when no request has ended.
+const TICK: Duration = Duration::from_millis(10);
+
+type Labels = Vec<(&'static str, String)>;
+
+/// The queue's metric families.
+#[derive(Debug, Clone)]
+pub(crate) struct AdmissionMetrics {
+    wait: Family<Labels, Histogram, fn() -> Histogram>,
+    depth: Family<Labels, Gauge>,
+    outcomes: Family<Labels, Counter>,
+}
+
+impl Default for AdmissionMetrics {
+    fn default() -> AdmissionMetrics {
+        AdmissionMetrics {
+            wait: Family::new_with_constructor(wait_histogram),
+            depth: Family::default(),
+            outcomes: Family::default(),
+        }
+    }
+}
+
+impl AdmissionMetrics {
+    /// Registers the queue's metrics, and its batcher's, under `switchyard_admission_`.
+    pub(crate) fn register(&self, registry: &mut Registry, batchers: &BatcherSwitch) {
+        let registry = registry.sub_registry_with_prefix("admission");
+        registry.register(
+            "wait_seconds",
+            "Time requests waited in the admission queue before a worker had room, by tenant",
+            self.wait.clone(),
+        );
+        registry.register(
+            "queue_depth",
+            "Requests waiting in the admission queue, by model",
+            self.depth.clone(),
+        );
+        registry.register(
+            "requests",
+            "Requests through the admission queue, by outcome (direct, queued, full, timed_out, abandoned)",
+            self.outcomes.clone(),
+        );
+        batchers.register_metrics(registry);
+    }
+}
+
+fn wait_histogram() -> Histogram {
+    // 1 ms .. ~65 s, doubling.
+    Histogram::new(prometheus_client::metrics::histogram::exponential_buckets(
+        0.001, 2.0, 17,
+    ))
+}
+
+/// One request waiting.
+#[derive(Debug)]
+struct Waiter {
+    id: u64,
+    tenant: String,
+    tenant_number: u32,
+    priority: u8,
+    weight: f32,
+    tokens: u32,
+    since: Instant,
+    wake: oneshot::Sender<()>,
+}
+
+/// The requests of one model waiting, and those admitted that have no worker yet.
+#[derive(Debug, Default)]
+struct ModelQueue {
+    waiters: Vec<Waiter>,
+    reserved: usize,
+}
+
+/// What a request brings to the queue.
+#[derive(Debug)]
+pub(crate) struct Ticket<'a> {
+    /// The caller's key, when the gateway has keys.
+    pub(crate) grant: Option<&'a Grant>,
+    /// The prompt's tokens.
+    pub(crate) tokens: usize,
+}
+
+/// The admission queue of a gateway (inert without `[admission]`).
+#[derive(Debug)]
+pub(crate) struct Admission {
+    config: Option<AdmissionConfig>,
+    pool: Arc<WorkerPool>,
+    kv: Arc<KvState>,
+    batchers: Arc<BatcherSwitch>,
+    queues: Mutex<HashMap<String, ModelQueue>>,
+    next_id: AtomicU64,
+    /// Tenants as the small numbers batchers see, in order of first appearance.
+    tenant_numbers: Mutex<HashMap<String, u32>>,
+    metrics: AdmissionMetrics,
+}
+
+/// A request let through: it holds its model's reservation until dropped (once it has its
+/// worker, or has failed).
+#[derive(Debug)]
+pub(crate) struct Admitted {
+    reservation: Option<(Arc<Admission>, String)>,
+}
+
+impl Drop for Admitted {
+    fn drop(&mut self) {
+        if let Some((admission, model)) = self.reservation.take() {
+            if let Some(queue) = admission.queues.lock().get_mut(&model) {
+                queue.reserved = queue.reserved.saturating_sub(1);
+            }
+            admission.pool.released().notify_one();
+        }
+    }
+}
+
+impl Admission {
+    /// The queue `config` describes (none: inert), ordered by `batchers`.
+    pub(crate) fn new(
+        config: Option<AdmissionConfig>,
+        pool: Arc<WorkerPool>,
+        kv: Arc<KvState>,
+        batchers: Arc<BatcherSwitch>,
+        metrics: AdmissionMetrics,
+    ) -> Admission {
+        Admission {
+            config,
+            pool,
+            kv,
+            batchers,
+            queues: Mutex::new(HashMap::new()),
+            next_id: AtomicU64::new(1),
+            tenant_numbers: Mutex::new(HashMap::new()),
+            metrics,
+        }
+    }
+
+    /// The batcher that orders the queue.
+    pub(crate) fn batchers(&self) -> &Arc<BatcherSwitch> {
+        &self.batchers
+    }
+
+    fn count(&self, outcome: &str) {
+        self.metrics
+            .outcomes
+            .get_or_create(&vec![("outcome", outcome.to_string())])
+            .inc();
+    }
+
+    /// How many more requests the healthy workers of `model` take now; `None` when the model
+    /// has no healthy worker (routing answers that).
+    fn room(&self, config: &AdmissionConfig, model: &str) -> Option<usize> {
+        let workers = self.pool.candidates(model, &[]);
+        if workers.is_empty() {
+            return None;
+        }
+        let loads = self.kv.loads(workers.iter().map(|w| w.kv_id));
+        let room = workers
+            .iter()
+            .zip(loads)
+            .map(|(worker, load)| {
+                let requests = worker.in_flight().max(i64::from(load.requests)).max(0) as u64;
+                let kv_full = config.max_kv_usage.is_some_and(|share| {
+                    worker.capacity_blocks > 0 && f64::from(load.active_blocks) >= share * worker.capacity_blocks as f64
+                });
+                let prefill_full = config.max_prefill_tokens.is_some_and(|max| load.prefill_tokens >= max);
+                match config.max_requests {
+                    _ if kv_full || prefill_full => 0,
+                    Some(max) => u64::from(max).saturating_sub(requests) as usize,
+                    None => 1,
+                }
+            })
+            .sum();
+        Some(room)
+    }
+
+    /// Lets a request for `model` through, at once or after waiting its turn.
+    ///
+    /// # Errors
+    ///
+    /// 429 (`queue_full`) when the queue or the tenant's share of it is full; 503
+    /// (`queue_timeout`) after `max_wait_ms`.
+    pub(crate) async fn enter(self: &Arc<Self>, model: &str, ticket: Ticket<'_>) -> Result<Admitted, ApiError> {
+        let Some(config) = &self.config else {
+            return Ok(Admitted { reservation: None });
+        };
+        let Some(room) = self.room(config, model) else {
+            return Ok(Admitted { reservation: None });
+        };
+        let tenant = ticket.grant.map_or("", Grant::tenant).to_string();
+        let admitted = || Admitted {
+            reservation: Some((self.clone(), model.to_string())),
+        };
+        let (id, receiver) = {
+            let mut queues = self.queues.lock();
+            let waiting_total: usize = queues.values().map(|q| q.waiters.len()).sum();
+            let queue = queues.entry(model.to_string()).or_default();
+            queue.waiters.retain(|waiter| !waiter.wake.is_closed());
+            if queue.waiters.is_empty() && room > queue.reserved {
+                queue.reserved += 1;
+                drop(queues);
+                self.count("direct");
+                return Ok(admitted());
+            }
+            let tenant_waiting = queue.waiters.iter().filter(|w| w.tenant == tenant).count();
+            if waiting_total >= config.max_queue || tenant_waiting >= config.max_queue_per_tenant {
+                drop(queues);
+                self.count("full");
+                let whose = if waiting_total >= config.max_queue {
+                    format!("the gateway's admission queue is full ({} requests)", config.max_queue)
+                } else {
+                    format!(
+                        "tenant `{tenant}` already has {} requests waiting",
+                        config.max_queue_per_tenant
+                    )
+                };
+                return Err(ApiError::new(
+                    StatusCode::TOO_MANY_REQUESTS,
+                    "requests",
+                    "queue_full",
+                    format!("every worker of model `{model}` is busy and {whose}; try again shortly"),
+                )
+                .with_retry_after(Duration::from_secs(1)));
+            }
+            let (wake, receiver) = oneshot::channel();
+            let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+            let tenant_number = self.tenant_number(&tenant);
+            queue.waiters.push(Waiter {
+                id,
+                tenant: tenant.clone(),
+                tenant_number,
+                priority: ticket.grant.map_or(0, Grant::priority),
+                weight: ticket.grant.map_or(1.0, |grant| grant.weight() as f32),
+                tokens: u32::try_from(ticket.tokens).unwrap_or(u32::MAX),
+                since: Instant::now(),
+                wake,
+            });
+            self.metrics
+                .depth
+                .get_or_create(&vec![("model", model.to_string())])
+                .set(queue.waiters.len() as i64);
+            (id, receiver)
+        };
+        self.pool.released().notify_one();
+        let started = Instant::now();
+        let mut receiver = receiver;
+        let outcome = tokio::time::timeout(Duration::from_millis(config.max_wait_ms), &mut receiver).await;
+        let admitted_now = match outcome {
+            Ok(Ok(())) => true,
+            // The sender went without a word: the queue dropped the request (never happens
+            // while the receiver lives, but it is not an admission).
+            Ok(Err(_)) => false,
+            Err(_) => {
+                // Timed out; a pass may have admitted it at the same moment.
+                let mut queues = self.queues.lock();
+                if let Some(queue) = queues.get_mut(model) {
+                    queue.waiters.retain(|waiter| waiter.id != id);
+                }
+                drop(queues);
+                receiver.try_recv().is_ok()
+            }
+        };
+        if admitted_now {
+            self.metrics
+                .wait
+                .get_or_create(&vec![("tenant", tenant)])
+                .observe(started.elapsed().as_secs_f64());
+            self.count("queued");
+            return Ok(admitted());
+        }
+        self.count("timed_out");
+        Err(ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "server_error",
+            "queue_timeout",
+            format!(
+                "every worker of model `{model}` stayed busy for {} ms (admission.max_wait_ms); try again later",
+                config.max_wait_ms
+            ),
+        )
+        .with_retry_after(Duration::from_secs(1)))
+    }
+
+    fn tenant_number(&self, tenant: &str) -> u32 {
+        if tenant.is_empty() {
+            return 0;
+        }
+        let mut numbers = self.tenant_numbers.lock();
+        let next = u32::try_from(numbers.len() + 1).unwrap_or(u32::MAX);
+        *numbers.entry(tenant.to_string()).or_insert(next)
+    }
+
+    /// Runs passes over the waiting requests until the returned task is aborted.
+    pub(crate) fn spawn(self: &Arc<Self>) -> Option<JoinHandle<()>> {
+        self.config.as_ref()?;
+        let admission = self.clone();
+        Some(tokio::spawn(async move {
+            let released = admission.pool.released().clone();
+            loop {
+                if admission.waiting() {
+                    tokio::select! {
+                        () = released.notified() => {}
+                        () = tokio::time::sleep(TICK) => {}
+                    }
+                } else {
+                    released.notified().await;
+                }
+                admission.pass().await;
+            }
+        }))
+    }
+
+    fn waiting(&self) -> bool {
+        self.queues.lock().values().any(|queue| !queue.waiters.is_empty())
+    }
+
+    /// Admits what the room there is now takes, in the batcher's order. The batcher is asked
+    /// on a blocking thread, with the queue unlocked (a slow one holds up neither the executor
+    /// nor requests joining the queue); what it chose is then taken by id.
+    async fn pass(self: &Arc<Self>) {
+        let Some(config) = &self.config else { return };
+        let models: Vec<String> = self
+            .queues
+            .lock()
+            .iter()
+            .filter(|(_, queue)| !queue.waiters.is_empty())
+            .map(|(model, _)| model.clone())
+            .collect();
+        for model in models {
+            // With no healthy worker left, the waiting requests go on to routing's answer.
+            let room = self.room(config, &model).unwrap_or(usize::MAX);
+            let snapshot = {
+                let mut queues = self.queues.lock();
+                let Some(queue) = queues.get_mut(&model) else { continue };
+                let before = queue.waiters.len();
+                queue.waiters.retain(|waiter| !waiter.wake.is_closed());
+                for _ in queue.waiters.len()..before {
+                    self.count("abandoned");
+                }
+                let free = room.saturating_sub(queue.reserved).min(queue.waiters.len());
+                (free > 0).then(|| snapshot(&queue.waiters, free))
+            };
+            let chosen = match snapshot {
+                Some((table, tenancy, budget)) => {
+                    let batchers = self.batchers.clone();
+                    tokio::task::spawn_blocking(move || {
+                        let (batches, _) = batchers.form_batches_for(&table, &tenancy, &budget);
+                        let mut chosen: Vec<u32> =
+                            batches.into_iter().next().map(|batch| batch.items).unwrap_or_default();
+                        // The batcher orders; how many leave is the host's. A batch short of the
+                        // room is topped up first come, first served.
+                        let room = budget.max_items as usize;
+                        if chosen.len() < room {
+                            let rest = fallback(&table, &budget).into_iter().flat_map(|batch| batch.items);
+                            let rest: Vec<u32> = rest.filter(|i| !chosen.contains(i)).collect();
+                            chosen.extend(rest.into_iter().take(room - chosen.len()));
+                        }
+                        chosen
+                            .iter()
+                            .filter_map(|&i| table.ids.get(i as usize).copied())
+                            .collect::<Vec<u64>>()
+                    })
+                    .await
+                    .unwrap_or_default()
+                }
+                None => Vec::new(),
+            };
+            let mut queues = self.queues.lock();
+            let Some(queue) = queues.get_mut(&model) else { continue };
+            for id in chosen {
+                let Some(position) = queue.waiters.iter().position(|waiter| waiter.id == id) else {
+                    continue;
+                };
+                let waiter = queue.waiters.remove(position);
+                if waiter.wake.send(()).is_ok() {
+                    queue.reserved += 1;
+                } else {
+                    self.count("abandoned");
+                }
+            }
+            self.metrics
+                .depth
+                .get_or_create(&vec![("model", model.clone())])
+                .set(queue.waiters.len() as i64);
+        }
+    }
+}
+
+/// The batcher's view of `waiters` (the queue's order), and a budget of `free` requests.
+fn snapshot(waiters: &[Waiter], free: usize) -> (PendingTable, Tenancy, Budget) {
+    let now = Instant::now();
+    let table = PendingTable {
+        ids: waiters.iter().map(|w| w.id).collect(),
+        tokens: waiters.iter().map(|w| w.tokens).collect(),
+        waited_ms: waiters
+            .iter()
+            .map(|w| now.saturating_duration_since(w.since).as_secs_f32() * 1000.0)
+            .collect(),
+        priority: waiters.iter().map(|w| w.priority).collect(),
+        kinds: vec![0; waiters.len()],
+        ready: vec![false; waiters.len()],
+    };
+    let tenancy = Tenancy {
+        tenants: waiters.iter().map(|w| w.tenant_number).collect(),
+        weights: waiters.iter().map(|w| w.weight).collect(),
+    };
+    let budget = Budget {
+        token_budgets: vec![u32::MAX],
+        max_items: u32::try_from(free).unwrap_or(u32::MAX),
+        max_batches: 1,
+    };
+    (table, tenancy, budget)
+}
