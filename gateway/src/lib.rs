@@ -21,6 +21,7 @@ mod config;
 mod encoders;
 mod events;
 mod fetch;
+mod fleet;
 mod kv;
 mod media;
 mod metrics;
@@ -357,6 +358,21 @@ impl Gateway {
                 watch_outcomes,
             )?);
         }
+        let fleet = match &config.fleet {
+            Some(settings) => {
+                let fleet = Arc::new(
+                    fleet::Fleet::connect(settings, policy_runtime.clone(), router.policy().clone())
+                        .await
+                        .map_err(|reason| Error::Nats {
+                            url: settings.nats_url.clone(),
+                            reason,
+                        })?,
+                );
+                tasks.push(fleet.spawn());
+                Some(fleet)
+            }
+            None => None,
+        };
         let mut admin_addr = None;
         let mut admin_token = None;
         if let Some(admin) = config.admin.clone() {
@@ -379,6 +395,7 @@ impl Gateway {
                 batchers: batchers.clone(),
                 batcher_config: config.encoders.batcher_config.clone(),
                 admission_batchers: admission.batchers().clone(),
+                fleet: fleet.clone(),
                 admission_batcher_config: config
                     .admission
                     .as_ref()

@@ -69,6 +69,10 @@ enum PolicyAction {
         /// A TOML file: the policy's own config table, sent before the component.
         #[arg(long, value_name = "FILE.toml")]
         config: Option<PathBuf>,
+        /// Activate it on every replica of the gateway's fleet (`[fleet]`); refused by a
+        /// gateway that is in none. Implies --activate.
+        #[arg(long)]
+        fleet: bool,
         #[command(flatten)]
         admin: AdminArgs,
     },
@@ -84,8 +88,12 @@ enum PolicyAction {
         #[command(flatten)]
         admin: AdminArgs,
     },
-    /// Shows the active, previous and uploaded policies.
+    /// Shows the active, previous and uploaded policies; with --fleet, the fleet's policy and
+    /// what each replica runs (or why it refused it).
     List {
+        /// Show the fleet's state instead of this gateway's.
+        #[arg(long)]
+        fleet: bool,
         #[command(flatten)]
         admin: AdminArgs,
     },
@@ -325,6 +333,7 @@ async fn policy_command(action: PolicyAction) -> anyhow::Result<()> {
             file,
             activate,
             config,
+            fleet,
             admin,
         } => {
             let wasm = std::fs::read(&file).with_context(|| format!("reading {}", file.display()))?;
@@ -338,7 +347,11 @@ async fn policy_command(action: PolicyAction) -> anyhow::Result<()> {
                 )
                 .await?;
             }
-            let query = if activate { "?activate=true" } else { "" };
+            let query = match (fleet, activate) {
+                (true, _) => "?activate=true&fleet=true",
+                (false, true) => "?activate=true",
+                (false, false) => "",
+            };
             (http::Method::PUT, format!("/admin/policies/{name}{query}"), wasm, admin)
         }
         PolicyAction::Activate { name, admin } => (
@@ -353,7 +366,10 @@ async fn policy_command(action: PolicyAction) -> anyhow::Result<()> {
             Vec::new(),
             admin,
         ),
-        PolicyAction::List { admin } => (http::Method::GET, "/admin/policies".to_string(), Vec::new(), admin),
+        PolicyAction::List { fleet, admin } => {
+            let path = if fleet { "/admin/fleet" } else { "/admin/policies" };
+            (http::Method::GET, path.to_string(), Vec::new(), admin)
+        }
         PolicyAction::Check { .. } => anyhow::bail!("`policy check` runs offline"),
     };
     let body = admin_request(&admin, method, &path, body).await?;

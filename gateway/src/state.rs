@@ -61,6 +61,8 @@ pub(crate) struct AdminState {
     pub(crate) batchers: Arc<BatcherSwitch>,
     /// The configured batcher settings, for batchers uploaded without their own.
     pub(crate) batcher_config: toml::Table,
+    /// The fleet this gateway shares its router policy with (`[fleet]`).
+    pub(crate) fleet: Option<Arc<crate::fleet::Fleet>>,
     /// The live batcher of the admission queue.
     pub(crate) admission_batchers: Arc<BatcherSwitch>,
     /// The configured admission batcher settings, for those uploaded without their own.

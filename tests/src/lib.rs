@@ -278,6 +278,8 @@ pub struct NatsServer {
     child: Child,
     /// Its `nats://127.0.0.1:PORT` URL.
     pub url: String,
+    /// JetStream's storage, when it is on.
+    _store: Option<tempfile::TempDir>,
 }
 
 impl NatsServer {
@@ -288,6 +290,19 @@ impl NatsServer {
     ///
     /// Fails with an install hint if the binary is missing, or if it does not start in time.
     pub fn start() -> anyhow::Result<NatsServer> {
+        NatsServer::launch(false)
+    }
+
+    /// As [`NatsServer::start`], with JetStream on (storage in a temporary folder).
+    ///
+    /// # Errors
+    ///
+    /// As [`NatsServer::start`].
+    pub fn start_jetstream() -> anyhow::Result<NatsServer> {
+        NatsServer::launch(true)
+    }
+
+    fn launch(jetstream: bool) -> anyhow::Result<NatsServer> {
         let program = std::env::var_os("SWITCHYARD_NATS_SERVER")
             .map(PathBuf::from)
             .or_else(|| {
@@ -300,8 +315,13 @@ impl NatsServer {
             })
             .context("nats-server is not installed (Debian: `apt-get install nats-server`; .ci/run installs it)")?;
         let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+        let store = if jetstream { Some(tempfile::tempdir()?) } else { None };
+        let mut args = vec!["-a".to_string(), "127.0.0.1".into(), "-p".into(), port.to_string()];
+        if let Some(store) = &store {
+            args.extend(["-js".to_string(), "-sd".into(), store.path().display().to_string()]);
+        }
         let child = Command::new(&program)
-            .args(["-a", "127.0.0.1", "-p", &port.to_string()])
+            .args(&args)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -309,6 +329,7 @@ impl NatsServer {
         let server = NatsServer {
             child,
             url: format!("nats://127.0.0.1:{port}"),
+            _store: store,
         };
         let deadline = Instant::now() + Duration::from_secs(10);
         while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
@@ -318,6 +339,14 @@ impl NatsServer {
             std::thread::sleep(Duration::from_millis(20));
         }
         Ok(server)
+    }
+}
+
+impl NatsServer {
+    /// Stops the server at once (SIGKILL), as an outage would.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 }
 

@@ -21,6 +21,10 @@
 //! (`?activate=true` publishes it), `POST .../activate` and `POST .../rollback` as for routers;
 //! the admission queue's batcher the same under `/admin/admission` (settings default to
 //! `[admission.batcher_config]`).
+//! With `[fleet]`, activating, rolling back and rollouts of routers are the fleet's (written to
+//! NATS JetStream and run by every replica; `?fleet=true` insists on it and is refused by a
+//! gateway in no fleet), and `GET /admin/fleet` shows the fleet's policy and each replica's
+//! report (see [`crate::fleet`]).
 //! `GET /admin/kv` summarises the KV index (nodes, holdings, estimated heap) and, per worker,
 //! its cached blocks, block-size agreement and live load. Workers without NATS register and
 //! heartbeat with `POST /admin/workers`, post their KV events to
@@ -37,6 +41,8 @@ use switchyard_protocol::api::ApiError;
 use switchyard_protocol::respond::{self, Body};
 use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
+
+mod fleet;
 
 use crate::events::applier::{DumpSource, Inbound};
 use crate::events::http as kv_http;
@@ -56,6 +62,8 @@ const MAX_EVENT_BATCH_BYTES: usize = 16 << 20;
 pub struct Candidates {
     by_name: Mutex<HashMap<String, Arc<RouterPolicy>>>,
     configs: Mutex<HashMap<String, toml::Table>>,
+    /// The components and settings of uploaded routers, for pushing them to a fleet later.
+    sources: Mutex<HashMap<String, (bytes::Bytes, toml::Table)>>,
     /// Uploaded batchers, by [`BatcherQueue::key`].
     batchers: Mutex<HashMap<String, Arc<BatcherPolicy>>>,
     batcher_configs: Mutex<HashMap<String, toml::Table>>,
@@ -229,7 +237,8 @@ async fn handle(
             let policy = upload(state, request, name, configs, |runtime, name, wasm, config| {
                 runtime.load_batcher(&name, &wasm, config)
             })
-            .await?;
+            .await?
+            .policy;
             let body = if activate_requested(&query) {
                 let version = switch.publish(policy.clone());
                 json!({"name": policy.name, "sha256": policy.sha256, "active": true, "generation": version.generation})
@@ -259,36 +268,68 @@ async fn handle(
                 None => Err(no_previous_version()),
             }
         }
+        (Method::GET, ["admin", "fleet"]) => {
+            let fleet = state.fleet.as_ref().ok_or_else(not_in_a_fleet)?;
+            Ok(respond::json(StatusCode::OK, &fleet::list(fleet).await?))
+        }
         (Method::PUT, ["admin", "policies", name]) => {
+            let in_fleet = fleet::of(state, &query)?;
             let configs = (&candidates.configs, &state.policy_config);
-            let policy = upload(state, request, name, configs, |runtime, name, wasm, config| {
+            let uploaded = upload(state, request, name, configs, |runtime, name, wasm, config| {
                 runtime.load_router(&name, &wasm, config)
             })
             .await?;
-            let body = if activate_requested(&query) {
-                let version = state.router.policy().publish(policy.clone());
-                json!({"name": policy.name, "sha256": policy.sha256, "active": true, "generation": version.generation})
-            } else {
-                lock(candidates)?.insert(policy.name.clone(), policy.clone());
-                json!({"name": policy.name, "sha256": policy.sha256, "active": false})
+            let policy = uploaded.policy.clone();
+            let body = match in_fleet {
+                Some(fleet) if activate_requested(&query) => {
+                    fleet::activate(state, fleet, &policy.name, &uploaded.wasm, &uploaded.config).await?
+                }
+                None if activate_requested(&query) => {
+                    let version = state.router.policy().publish(policy.clone());
+                    json!({"name": policy.name, "sha256": policy.sha256, "active": true, "generation": version.generation})
+                }
+                _ => {
+                    lock(candidates)?.insert(policy.name.clone(), policy.clone());
+                    candidates
+                        .sources
+                        .lock()
+                        .map_err(|_| internal("candidate list poisoned".into()))?
+                        .insert(policy.name.clone(), (uploaded.wasm, uploaded.config));
+                    json!({"name": policy.name, "sha256": policy.sha256, "active": false})
+                }
             };
             Ok(respond::json(StatusCode::OK, &body))
         }
         (Method::POST, ["admin", "policies", name, "activate"]) => {
+            let in_fleet = fleet::of(state, &query)?;
             let policy = lock(candidates)?.remove(*name).ok_or_else(|| not_uploaded(name))?;
+            let source = candidates
+                .sources
+                .lock()
+                .map_err(|_| internal("candidate list poisoned".into()))?
+                .remove(*name);
+            if let (Some(fleet), Some((wasm, config))) = (in_fleet, source) {
+                let body = fleet::activate(state, fleet, &policy.name, &wasm, &config).await?;
+                return Ok(respond::json(StatusCode::OK, &body));
+            }
             let version = state.router.policy().publish(policy.clone());
             Ok(respond::json(
                 StatusCode::OK,
                 &json!({"name": policy.name, "sha256": policy.sha256, "generation": version.generation}),
             ))
         }
-        (Method::POST, ["admin", "policies", _name, "rollback"]) => match state.router.policy().rollback() {
-            Some(version) => Ok(respond::json(
-                StatusCode::OK,
-                &json!({"name": version.policy.name, "sha256": version.policy.sha256, "generation": version.generation}),
-            )),
-            None => Err(no_previous_version()),
-        },
+        (Method::POST, ["admin", "policies", _name, "rollback"]) => {
+            if let Some(fleet) = fleet::of(state, &query)? {
+                return Ok(respond::json(StatusCode::OK, &fleet::rollback(state, fleet).await?));
+            }
+            match state.router.policy().rollback() {
+                Some(version) => Ok(respond::json(
+                    StatusCode::OK,
+                    &json!({"name": version.policy.name, "sha256": version.policy.sha256, "generation": version.generation}),
+                )),
+                None => Err(no_previous_version()),
+            }
+        }
         (Method::POST, ["admin", "policies", name, mode @ ("shadow" | "split")]) => {
             let policy = lock(candidates)?
                 .get(*name)
@@ -320,6 +361,18 @@ async fn handle(
                 }
                 (RolloutMode::Split { percent }, key)
             };
+            if let Some(fleet) = fleet::of(state, &query)? {
+                let source = candidates
+                    .sources
+                    .lock()
+                    .map_err(|_| internal("candidate list poisoned".into()))?
+                    .get(*name)
+                    .cloned();
+                if let Some((wasm, config)) = source {
+                    let body = fleet::rollout(state, fleet, (&policy.name, &wasm, &config), &mode, key).await?;
+                    return Ok(respond::json(StatusCode::OK, &body));
+                }
+            }
             let rollout = state.router.policy().start_rollout(policy.clone(), mode, key);
             Ok(respond::json(StatusCode::OK, &rollout_json(&rollout)))
         }
@@ -358,6 +411,9 @@ async fn handle(
             Ok(respond::json(StatusCode::OK, &json!({"left": name})))
         }
         (Method::DELETE, ["admin", "rollout"]) => {
+            if let Some(fleet) = fleet::of(state, &query)? {
+                return Ok(respond::json(StatusCode::OK, &fleet::stop_rollout(state, fleet).await?));
+            }
             state.router.policy().stop_rollout();
             Ok(respond::json(StatusCode::OK, &json!({"rollout": null})))
         }
@@ -431,6 +487,13 @@ fn list_batchers(state: &AdminState, candidates: &Candidates, queue: BatcherQueu
     )
 }
 
+/// A validated upload: the policy, its component and the settings it was loaded with.
+struct Uploaded<P> {
+    policy: Arc<P>,
+    wasm: bytes::Bytes,
+    config: toml::Table,
+}
+
 /// Reads an uploaded `.wasm` named `name` and validates it with `load` on a blocking thread,
 /// with the settings stored for `name` (or the configured ones): `configs` is that store and
 /// the configured default.
@@ -447,7 +510,7 @@ async fn upload<P: Send + 'static>(
     ) -> Result<P, crate::policy::PolicyError>
     + Send
     + 'static,
-) -> Result<Arc<P>, ApiError> {
+) -> Result<Uploaded<P>, ApiError> {
     let name = valid_name(name)?;
     let (parts, body) = request.into_parts();
     let wasm = respond::read_limited(&parts.headers, body, MAX_POLICY_BYTES).await?;
@@ -458,11 +521,16 @@ async fn upload<P: Send + 'static>(
         .and_then(|stored| stored.get(&name).cloned())
         .unwrap_or_else(|| configs.1.clone());
     let runtime = state.runtime.clone();
+    let (bytes, settings) = (wasm.clone(), config.clone());
     let loaded = tokio::task::spawn_blocking(move || load(runtime, name, wasm.to_vec(), config))
         .await
         .map_err(|err| internal(format!("validation task failed: {err}")))?
         .map_err(rejected)?;
-    Ok(Arc::new(loaded))
+    Ok(Uploaded {
+        policy: Arc::new(loaded),
+        wasm: bytes,
+        config: settings,
+    })
 }
 
 fn activate_requested(query: &str) -> bool {
@@ -496,6 +564,15 @@ fn lock_batchers(
         .batchers
         .lock()
         .map_err(|_| internal("candidate list poisoned".into()))
+}
+
+fn not_in_a_fleet() -> ApiError {
+    ApiError::new(
+        StatusCode::CONFLICT,
+        "invalid_request_error",
+        "not_in_a_fleet",
+        "this gateway is in no fleet (no `[fleet]` in its config)",
+    )
 }
 
 fn not_uploaded(name: &str) -> ApiError {

@@ -12,9 +12,11 @@ use std::time::Duration;
 use serde::Deserialize;
 
 mod admission;
+mod fleet;
 mod tenants;
 
 pub use admission::AdmissionConfig;
+pub use fleet::FleetConfig;
 
 pub use tenants::{ApiKeyConfig, KeysFile, TenantsConfig, validate_key_lists, validate_keys};
 
@@ -101,6 +103,9 @@ pub struct Config {
     /// How the gateway batches media for encoders and what it does when they fail.
     #[serde(default)]
     pub encoders: EncodersConfig,
+    /// The fleet of gateway replicas this one shares its router policy with.
+    #[serde(default)]
+    pub fleet: Option<FleetConfig>,
     /// The admission queue in front of full workers.
     #[serde(default)]
     pub admission: Option<AdmissionConfig>,
@@ -964,6 +969,9 @@ impl Config {
         validate_keys(&self.api_keys).map_err(|(key, reason)| invalid(&key, reason))?;
         if let Some(admission) = &self.admission {
             admission.check().map_err(|(key, reason)| invalid(key, reason))?;
+        }
+        if let Some(fleet) = &self.fleet {
+            fleet.check().map_err(|(key, reason)| invalid(key, reason))?;
         }
         if let Some(path) = &self.tenants.keys_file
             && !path.is_file()
