@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs every test of the workspace on a machine that has only rustup and a C toolchain: installs
-# the toolchain rust-toolchain.toml pins (with its wasm32-wasip2 target) and the `nats-server`
-# the messaging tests start (Debian's package), then runs `cargo test --workspace --locked`.
+# the toolchain rust-toolchain.toml pins (with its wasm32-wasip2 target), the `nats-server` the
+# messaging tests start and the `chromium` the dashboard test drives (Debian's packages), then
+# runs `cargo test --workspace --locked`.
 # Extra arguments go to `cargo test` (e.g. `scripts/test.sh -p switchyard`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -12,10 +13,22 @@ as_root() { if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi; }
 # is already there).
 rustup toolchain install >&2
 
+missing=()
 if ! command -v nats-server >/dev/null 2>&1 && [ ! -x /usr/sbin/nats-server ]; then
-    echo "installing nats-server (Debian package) for the messaging tests" >&2
-    as_root apt-get update -qq >&2
-    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nats-server >&2
+    missing+=(nats-server)
+fi
+if [ -z "${SWITCHYARD_CHROMIUM:-}" ] && ! command -v chromium >/dev/null 2>&1 \
+    && ! command -v chromium-browser >/dev/null 2>&1 && ! command -v google-chrome >/dev/null 2>&1; then
+    missing+=(chromium)
+fi
+if [ ${#missing[@]} -gt 0 ]; then
+    echo "installing ${missing[*]} (Debian packages) for the messaging and dashboard tests" >&2
+    if ! { as_root apt-get update -qq >&2 \
+        && as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >&2; }; then
+        # Without chromium the dashboard test says it skipped; without nats-server the
+        # messaging tests fail, naming the package.
+        echo "could not install ${missing[*]}" >&2
+    fi
 fi
 
 exec cargo test --workspace --locked "$@"

@@ -349,6 +349,17 @@ impl Admission {
         }))
     }
 
+    /// Requests waiting now, by tenant (`""` without keys).
+    pub(crate) fn waiting_by_tenant(&self) -> HashMap<String, usize> {
+        let mut waiting = HashMap::new();
+        for queue in self.queues.lock().values() {
+            for waiter in &queue.waiters {
+                *waiting.entry(waiter.tenant.clone()).or_insert(0) += 1;
+            }
+        }
+        waiting
+    }
+
     fn waiting(&self) -> bool {
         self.queues.lock().values().any(|queue| !queue.waiters.is_empty())
     }

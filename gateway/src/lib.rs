@@ -23,6 +23,7 @@ mod events;
 mod fetch;
 mod fleet;
 mod kv;
+mod live;
 mod media;
 mod metrics;
 mod policy;
@@ -373,6 +374,7 @@ impl Gateway {
             }
             None => None,
         };
+        let live = Arc::new(live::Live::default());
         let mut admin_addr = None;
         let mut admin_token = None;
         if let Some(admin) = config.admin.clone() {
@@ -396,6 +398,8 @@ impl Gateway {
                 batcher_config: config.encoders.batcher_config.clone(),
                 admission_batchers: admission.batchers().clone(),
                 fleet: fleet.clone(),
+                admission: admission.clone(),
+                live: live.clone(),
                 admission_batcher_config: config
                     .admission
                     .as_ref()
@@ -437,6 +441,7 @@ impl Gateway {
             fetcher,
             tenants,
             admission: admission.clone(),
+            live: live.clone(),
             encoders: Arc::new(encoders::Encoders::new(
                 config.encoders.clone(),
                 client,

@@ -35,6 +35,8 @@ pub(crate) struct AppState {
     pub(crate) fetcher: Option<crate::fetch::Fetcher>,
     /// The queue in front of full workers.
     pub(crate) admission: Arc<crate::admission::Admission>,
+    /// Recent figures per worker and tenant, for the dashboard.
+    pub(crate) live: Arc<crate::live::Live>,
     /// API keys, tenants' limits and usage.
     pub(crate) tenants: Arc<crate::tenants::Tenants>,
     /// The queues in front of encoder workers.
@@ -63,6 +65,10 @@ pub(crate) struct AdminState {
     pub(crate) batcher_config: toml::Table,
     /// The fleet this gateway shares its router policy with (`[fleet]`).
     pub(crate) fleet: Option<Arc<crate::fleet::Fleet>>,
+    /// The admission queue (its depth per tenant, for the dashboard).
+    pub(crate) admission: Arc<crate::admission::Admission>,
+    /// Recent figures per worker and tenant, for the dashboard.
+    pub(crate) live: Arc<crate::live::Live>,
     /// The live batcher of the admission queue.
     pub(crate) admission_batchers: Arc<BatcherSwitch>,
     /// The configured admission batcher settings, for those uploaded without their own.

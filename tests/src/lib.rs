@@ -9,6 +9,7 @@
 #![deny(missing_docs, missing_debug_implementations)]
 
 pub mod bench;
+pub mod browser;
 
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;

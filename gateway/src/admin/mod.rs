@@ -21,6 +21,8 @@
 //! (`?activate=true` publishes it), `POST .../activate` and `POST .../rollback` as for routers;
 //! the admission queue's batcher the same under `/admin/admission` (settings default to
 //! `[admission.batcher_config]`).
+//! `GET /dashboard` (and `/`) serves the dashboard page, the one path that needs no token (the
+//! page asks for it); `GET /admin/stats` gives the page its live figures.
 //! With `[fleet]`, activating, rolling back and rollouts of routers are the fleet's (written to
 //! NATS JetStream and run by every replica; `?fleet=true` insists on it and is refused by a
 //! gateway in no fleet), and `GET /admin/fleet` shows the fleet's policy and each replica's
@@ -42,6 +44,7 @@ use switchyard_protocol::respond::{self, Body};
 use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
 
+mod dashboard;
 mod fleet;
 
 use crate::events::applier::{DumpSource, Inbound};
@@ -130,6 +133,10 @@ pub async fn serve(listener: TcpListener, token: String, state: Arc<AdminState>,
     let handler = move |request: Request<Incoming>| {
         let (state, token, candidates) = (state.clone(), token.clone(), candidates.clone());
         async move {
+            // The page holds no data: it asks for the token and sends it with each call.
+            if request.method() == Method::GET && matches!(request.uri().path(), "/" | "/dashboard") {
+                return dashboard::page();
+            }
             match authorize(&request, &token) {
                 Ok(()) => handle(&state, &candidates, request)
                     .await
@@ -268,6 +275,7 @@ async fn handle(
                 None => Err(no_previous_version()),
             }
         }
+        (Method::GET, ["admin", "stats"]) => Ok(respond::json(StatusCode::OK, &dashboard::stats(state))),
         (Method::GET, ["admin", "fleet"]) => {
             let fleet = state.fleet.as_ref().ok_or_else(not_in_a_fleet)?;
             Ok(respond::json(StatusCode::OK, &fleet::list(fleet).await?))
@@ -447,12 +455,22 @@ fn list(state: &AdminState, candidates: &Candidates) -> Response<Body> {
                 "sha256": active.policy.sha256,
                 "generation": active.generation,
                 "failures": active.failures(),
+                "decisions": {
+                    "policy": state.router.policy().decision_counts(&active)[0],
+                    "fallback": state.router.policy().decision_counts(&active)[1],
+                },
             },
             "previous": state.router.policy().previous().iter().map(|v| json!({
                 "name": v.policy.name, "sha256": v.policy.sha256, "generation": v.generation,
             })).collect::<Vec<_>>(),
             "candidates": candidates,
-            "rollout": state.router.policy().rollout().map(|rollout| rollout_json(&rollout)),
+            "rollout": state.router.policy().rollout().map(|rollout| {
+                let mut body = rollout_json(&rollout);
+                let [agree, disagree, failed] = state.router.policy().shadow_comparisons(&rollout.candidate);
+                body["comparisons"] = json!({"agree": agree, "disagree": disagree, "failed": failed});
+                body["candidate"]["failures"] = json!(rollout.candidate.failures());
+                body
+            }),
         }),
     )
 }

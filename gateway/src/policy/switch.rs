@@ -247,6 +247,21 @@ impl PolicySwitch {
         rollout
     }
 
+    /// The shadow candidate's answers so far, compared with the active version's: agreed,
+    /// disagreed, failed.
+    pub fn shadow_comparisons(&self, candidate: &Version) -> [u64; 3] {
+        ["agree", "disagree", "failed"].map(|result| {
+            self.shadow
+                .get_or_create(&vec![("candidate", candidate.label()), ("result", result.into())])
+                .get()
+        })
+    }
+
+    /// Routing decisions `version` made itself, and those the fallback made for it.
+    pub fn decision_counts(&self, version: &Version) -> [u64; 2] {
+        [false, true].map(|fallback| version.decisions(&self.decisions, fallback).get())
+    }
+
     /// The rollout in progress, if any.
     pub fn rollout(&self) -> Option<Arc<Rollout>> {
         self.rollout.load_full()

@@ -627,8 +627,15 @@ async fn finish(
     {
         accounting.charge.served();
     }
+    let tenant = accounting
+        .as_ref()
+        .map(|accounting| accounting.charge.tenant().to_string());
+    let record = |seconds: f64| {
+        state.metrics.time_to_first_byte(label, seconds);
+        state.live.record(&lease.worker().name, tenant.as_deref(), seconds);
+    };
     if stream && parts.status.is_success() {
-        state.metrics.time_to_first_byte(label, started.elapsed().as_secs_f64());
+        record(started.elapsed().as_secs_f64());
         let (tap, charge) = match accounting {
             Some(Accounting { charge, strip }) => (Some(UsageTap::new(strip)), Some(charge)),
             None => (None, None),
@@ -655,7 +662,6 @@ async fn finish(
         .await
     {
         Ok(collected) => {
-            drop(lease);
             let collected = collected.to_bytes();
             if let Some(accounting) = &mut accounting
                 && let Some(reported) = usage::of_answer(&collected)
@@ -664,7 +670,8 @@ async fn finish(
             }
             drop(accounting);
             let elapsed = started.elapsed().as_secs_f64();
-            state.metrics.time_to_first_byte(label, elapsed);
+            record(elapsed);
+            drop(lease);
             state.metrics.request_duration(label, elapsed);
             let mut response = Response::new(respond::full(collected));
             *response.status_mut() = parts.status;

@@ -541,6 +541,11 @@ pub(crate) struct Charge {
 }
 
 impl Charge {
+    /// The tenant charged.
+    pub(crate) fn tenant(&self) -> &str {
+        &self.tenant.name
+    }
+
     /// Takes the prompt's `tokens`, as the gateway counted them.
     pub(crate) fn prompt(&mut self, tokens: usize) {
         let tokens = tokens as u64;
