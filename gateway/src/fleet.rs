@@ -34,8 +34,12 @@ const ROUTER_KEY: &str = "router";
 /// Prefix of each replica's status key.
 const REPLICA_PREFIX: &str = "replica.";
 
-/// How long a watch that failed (NATS unreachable) waits before it is tried again.
+/// How long a watch that failed (NATS unreachable) first waits before it is tried again; the
+/// wait doubles with each failure in a row, up to [`MAX_RETRY`].
 const RETRY: Duration = Duration::from_secs(1);
+
+/// The longest wait between tries.
+const MAX_RETRY: Duration = Duration::from_secs(30);
 
 /// Revisions of each key the fleet's KV bucket keeps (how far back rollback can look).
 const KV_HISTORY: i64 = 16;
@@ -307,11 +311,18 @@ impl Fleet {
     pub(crate) fn spawn(self: &Arc<Self>) -> JoinHandle<()> {
         let fleet = self.clone();
         tokio::spawn(async move {
+            let mut wait = RETRY;
             loop {
+                let watched_from = *fleet.applied.borrow();
                 if let Err(err) = fleet.follow().await {
-                    tracing::warn!(error = %err, "fleet watch interrupted; this replica keeps its policy and retries");
+                    tracing::warn!(error = %err, retry_in = ?wait, "fleet watch interrupted; this replica keeps its policy and retries");
                 }
-                tokio::time::sleep(RETRY).await;
+                // A watch that got anywhere starts the backoff again.
+                if *fleet.applied.borrow() > watched_from {
+                    wait = RETRY;
+                }
+                tokio::time::sleep(wait).await;
+                wait = (wait * 2).min(MAX_RETRY);
             }
         })
     }

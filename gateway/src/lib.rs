@@ -30,6 +30,7 @@ mod policy;
 mod reload;
 mod routing;
 mod server;
+mod slo;
 mod state;
 mod tenants;
 mod workers;
@@ -266,6 +267,8 @@ impl Gateway {
         );
         let tenants = Arc::new(tenants::Tenants::new(&config)?);
         tenants.register_metrics(metrics.registry_mut());
+        let slo = slo::SloMetrics::default();
+        slo.register(metrics.registry_mut());
         let admission_metrics = admission::AdmissionMetrics::default();
         admission_metrics.register(metrics.registry_mut(), &admission_batchers);
         let metrics = Arc::new(metrics);
@@ -442,6 +445,7 @@ impl Gateway {
             tenants,
             admission: admission.clone(),
             live: live.clone(),
+            slo,
             encoders: Arc::new(encoders::Encoders::new(
                 config.encoders.clone(),
                 client,

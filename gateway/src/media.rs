@@ -49,6 +49,9 @@ pub(crate) struct ModelLimits {
     /// `[[models]] max_prompt_tokens` (default: `max_model_len`; no limit for a model without
     /// an entry).
     pub max_prompt_tokens: u32,
+    /// `[[models]] ttft_target_ms` and `itl_target_ms`: the latency targets of requests that
+    /// name none.
+    pub targets: crate::slo::Targets,
 }
 
 impl MediaSettings {
@@ -65,6 +68,10 @@ impl MediaSettings {
                         media: model.media.clone(),
                         max_model_len: model.max_model_len,
                         max_prompt_tokens: model.max_prompt_tokens.unwrap_or(model.max_model_len),
+                        targets: crate::slo::Targets {
+                            ttft_ms: model.ttft_target_ms,
+                            itl_ms: model.itl_target_ms,
+                        },
                     };
                     (model.name.clone(), limits)
                 })
@@ -79,6 +86,7 @@ impl MediaSettings {
             max_model_len: crate::config::ModelConfig::DEFAULT_MAX_MODEL_LEN,
             // A model no `[[models]]` entry describes has no stated context: its workers judge.
             max_prompt_tokens: u32::MAX,
+            targets: crate::slo::Targets::default(),
         })
     }
 }

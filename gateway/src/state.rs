@@ -37,6 +37,8 @@ pub(crate) struct AppState {
     pub(crate) admission: Arc<crate::admission::Admission>,
     /// Recent figures per worker and tenant, for the dashboard.
     pub(crate) live: Arc<crate::live::Live>,
+    /// Latency-target attainment and cost served.
+    pub(crate) slo: crate::slo::SloMetrics,
     /// API keys, tenants' limits and usage.
     pub(crate) tenants: Arc<crate::tenants::Tenants>,
     /// The queues in front of encoder workers.

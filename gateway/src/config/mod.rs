@@ -243,6 +243,14 @@ pub struct ModelConfig {
     /// whose text is over 64 bytes per allowed token is refused before it is even tokenized.
     #[serde(default)]
     pub max_prompt_tokens: Option<u32>,
+    /// The model's time-to-first-token target in milliseconds, for requests that do not send
+    /// `x-switchyard-ttft-ms`: what routers see and attainment is measured against.
+    #[serde(default)]
+    pub ttft_target_ms: Option<f32>,
+    /// The model's inter-token latency target in milliseconds, for requests that do not send
+    /// `x-switchyard-itl-ms`.
+    #[serde(default)]
+    pub itl_target_ms: Option<f32>,
     /// How the model turns media into tokens (`[models.media]`: patch size, merge factor,
     /// frame sampling, budgets; see `switchyard_media::ModelMedia`).
     #[serde(default)]
@@ -964,6 +972,21 @@ impl Config {
         ] {
             if value == 0 {
                 return Err(invalid(key, "must be greater than 0".into()));
+            }
+        }
+        for (index, model) in self.models.iter().enumerate() {
+            for (key, value) in [
+                ("ttft_target_ms", model.ttft_target_ms),
+                ("itl_target_ms", model.itl_target_ms),
+            ] {
+                if let Some(value) = value
+                    && !(value.is_finite() && value > 0.0)
+                {
+                    return Err(invalid(
+                        &format!("models[{index}].{key}"),
+                        format!("{value}: a target is a positive number of milliseconds"),
+                    ));
+                }
             }
         }
         validate_keys(&self.api_keys).map_err(|(key, reason)| invalid(&key, reason))?;

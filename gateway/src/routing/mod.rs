@@ -42,6 +42,8 @@ pub struct Request<'a> {
     pub affinity: u64,
     /// The encoders its media may go to, as rows of the router's table (empty without media).
     pub encoders: &'a [table::EncoderRow],
+    /// Its time-to-first-token target in milliseconds; 0 when none.
+    pub ttft_target_ms: f32,
 }
 
 /// The routing core: pool, KV state and policy, answering where each request goes.
@@ -118,7 +120,7 @@ impl Router {
             prompt_blocks: u32::try_from(request.prompt.hashes.len()).unwrap_or(u32::MAX),
             media_tokens: request.media_tokens,
             affinity: request.affinity,
-            ttft_target_ms: 0.0,
+            ttft_target_ms: request.ttft_target_ms,
         };
         let (pick, routed) = self.policy.route(&info, |columns| {
             table::build(&candidates, &overlaps, &loads, request.encoders, columns)

@@ -105,6 +105,7 @@ fn request(prompt: &PromptBlocks, id: u64) -> Request<'_> {
         media_tokens: 0,
         affinity: 0,
         encoders: &[],
+        ttft_target_ms: 0.0,
     }
 }
 

@@ -37,6 +37,7 @@ use crate::kv::PromptBlocks;
 use crate::media;
 use crate::metrics::Metrics;
 use crate::routing::{self, Lease};
+use crate::slo;
 use crate::state::AppState;
 use crate::tenants::usage::{self, UsageTap};
 use crate::tenants::{Charge, Grant};
@@ -192,6 +193,7 @@ pub(crate) async fn generate(
     let stream = parsed.is_stream();
     let fallback_block_size = || pool.candidates(model, &[]).first().map_or(64, |w| w.block_size);
     let model_limits = state.media.model(model);
+    let targets = slo::Targets::of_request(&parts.headers, model_limits.targets)?;
     let mut fetched = match &state.fetcher {
         Some(fetcher) => fetcher
             .fetch_request(&parsed)
@@ -300,6 +302,7 @@ pub(crate) async fn generate(
         media_tokens,
         affinity,
         encoders: &encoder_rows,
+        ttft_target_ms: targets.ttft_ms.unwrap_or(0.0),
     });
     // Unique per gateway: the answer's id (the same on every attempt) and, with the attempt,
     // the key the request's media is planned under.
@@ -382,7 +385,13 @@ pub(crate) async fn generate(
                     charge,
                     strip: strip_usage,
                 });
-                let response = finish(state, endpoint, response, lease, started, stream, accounting).await;
+                let judged = Judged {
+                    model,
+                    targets,
+                    prompt_tokens: prompt.tokens as u64,
+                    usage_asked: parsed.include_usage(),
+                };
+                let response = finish(state, endpoint, response, lease, started, stream, accounting, judged).await;
                 let mut response = with_routing_headers(response, &worker.name, policy_label);
                 if let Some(reason) = text_only {
                     // The media was left out: say so, never silently.
@@ -607,6 +616,17 @@ struct Accounting {
     strip: bool,
 }
 
+/// What an answer is judged by: its model, its latency targets, and the prompt's tokens as the
+/// gateway counted them (the cost served when the worker reports no usage).
+struct Judged<'a> {
+    model: &'a str,
+    targets: slo::Targets,
+    prompt_tokens: u64,
+    /// The client asked for the usage chunk: the stream's usage can be read without a tenant.
+    usage_asked: bool,
+}
+
+#[allow(clippy::too_many_arguments, reason = "the parts of one answer, each used once")]
 async fn finish(
     state: &AppState,
     endpoint: Endpoint,
@@ -615,6 +635,7 @@ async fn finish(
     started: Instant,
     stream: bool,
     mut accounting: Option<Accounting>,
+    judged: Judged<'_>,
 ) -> Response<Body> {
     let label = endpoint.label();
     let Answer {
@@ -635,10 +656,23 @@ async fn finish(
         state.live.record(&lease.worker().name, tenant.as_deref(), seconds);
     };
     if stream && parts.status.is_success() {
-        record(started.elapsed().as_secs_f64());
+        let ttft = started.elapsed().as_secs_f64();
+        record(ttft);
+        let timing = StreamTiming {
+            metrics: state.slo.clone(),
+            model: judged.model.to_string(),
+            worker: lease.worker().name.clone(),
+            cost: lease.worker().cost,
+            targets: judged.targets,
+            ttft_ms: ttft * 1000.0,
+            prompt_tokens: judged.prompt_tokens,
+            chunks: 0,
+            first_at: None,
+            last_at: None,
+        };
         let (tap, charge) = match accounting {
             Some(Accounting { charge, strip }) => (Some(UsageTap::new(strip)), Some(charge)),
-            None => (None, None),
+            None => (judged.usage_asked.then(|| UsageTap::new(false)), None),
         };
         let mut body = RelayBody {
             first: None,
@@ -650,6 +684,7 @@ async fn finish(
             started,
             tap,
             charge,
+            timing: Some(timing),
         };
         body.first = first.map(|first| body.tapped(first)).filter(|first| !first.is_empty());
         let mut response = respond::event_stream(Body::new(body));
@@ -663,14 +698,27 @@ async fn finish(
     {
         Ok(collected) => {
             let collected = collected.to_bytes();
-            if let Some(accounting) = &mut accounting
-                && let Some(reported) = usage::of_answer(&collected)
-            {
+            let reported = usage::of_answer(&collected);
+            if let (Some(accounting), Some(reported)) = (&mut accounting, reported) {
                 accounting.charge.report(reported);
             }
             drop(accounting);
             let elapsed = started.elapsed().as_secs_f64();
             record(elapsed);
+            if parts.status.is_success() {
+                let worker = lease.worker();
+                let tokens = reported.map_or(judged.prompt_tokens, |usage| {
+                    u64::from(usage.prompt_tokens) + u64::from(usage.completion_tokens)
+                });
+                let observed = slo::Observed {
+                    ttft_ms: elapsed * 1000.0,
+                    itl_ms: None,
+                    tokens,
+                };
+                state
+                    .slo
+                    .judge(judged.model, &worker.name, worker.cost, judged.targets, observed);
+            }
             drop(lease);
             state.metrics.request_duration(label, elapsed);
             let mut response = Response::new(respond::full(collected));
@@ -727,11 +775,66 @@ struct RelayBody {
     tap: Option<UsageTap>,
     /// The tenant's charge, settled when the stream ends or the client goes away.
     charge: Option<Charge>,
+    /// The stream's chunk times, judged against its targets when it ends.
+    timing: Option<StreamTiming>,
+}
+
+/// What a stream's latency and cost are judged by, gathered as its chunks pass.
+struct StreamTiming {
+    metrics: slo::SloMetrics,
+    model: String,
+    worker: String,
+    cost: f64,
+    targets: slo::Targets,
+    ttft_ms: f64,
+    prompt_tokens: u64,
+    /// SSE data events seen, `[DONE]` aside.
+    chunks: u64,
+    first_at: Option<Instant>,
+    last_at: Option<Instant>,
+}
+
+impl StreamTiming {
+    fn saw(&mut self, data: &[u8]) {
+        let events = memchr::memmem::find_iter(data, b"data:").count() as u64;
+        let done = memchr::memmem::find_iter(data, b"[DONE]").count() as u64;
+        let chunks = events.saturating_sub(done);
+        if chunks == 0 {
+            return;
+        }
+        let now = Instant::now();
+        self.first_at.get_or_insert(now);
+        self.last_at = Some(now);
+        self.chunks += chunks;
+    }
+
+    /// Judges the stream, with the usage the worker reported if it did.
+    fn judge(self, reported: Option<api::Usage>) {
+        let itl_ms = match (self.first_at, self.last_at) {
+            (Some(first), Some(last)) if self.chunks >= 2 => {
+                Some(last.duration_since(first).as_secs_f64() * 1000.0 / (self.chunks - 1) as f64)
+            }
+            _ => None,
+        };
+        let tokens = reported.map_or(self.prompt_tokens + self.chunks, |usage| {
+            u64::from(usage.prompt_tokens) + u64::from(usage.completion_tokens)
+        });
+        let observed = slo::Observed {
+            ttft_ms: self.ttft_ms,
+            itl_ms,
+            tokens,
+        };
+        self.metrics
+            .judge(&self.model, &self.worker, self.cost, self.targets, observed);
+    }
 }
 
 impl RelayBody {
     /// What of `data` goes on to the client, noting any usage in it.
     fn tapped(&mut self, data: Bytes) -> Bytes {
+        if let Some(timing) = &mut self.timing {
+            timing.saw(&data);
+        }
         let Some(tap) = &mut self.tap else { return data };
         let data = tap.feed(data);
         if let (Some(reported), Some(charge)) = (tap.usage(), &mut self.charge) {
@@ -744,6 +847,9 @@ impl RelayBody {
         self.done = true;
         self.lease = None;
         self.charge = None;
+        if let Some(timing) = self.timing.take() {
+            timing.judge(self.tap.as_ref().and_then(UsageTap::usage));
+        }
         self.metrics
             .request_duration(self.label, self.started.elapsed().as_secs_f64());
     }

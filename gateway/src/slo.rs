@@ -1,0 +1,198 @@
+//! Latency targets per request, whether they were met, and what serving cost.
+//!
+//! A request's time-to-first-token and inter-token-latency targets come from its headers
+//! (`x-switchyard-ttft-ms`, `x-switchyard-itl-ms`), else from its model's `[[models]]`
+//! defaults ([`Targets::of_request`]). The TTFT target reaches the router as
+//! `request-info.ttft-target-ms`. When the answer ends, each target it had is judged
+//! ([`SloMetrics::judge`]) against what the client saw: TTFT is the time to the first body byte
+//! (for a whole answer, the whole answer's time: its first token is not visible apart), ITL
+//! the mean gap between a stream's chunks after the first (streams of one chunk and whole
+//! answers have no ITL to judge). Counted in `switchyard_slo_requests_total{model,worker,
+//! target,met}`, so attainment per model and worker is `met="true"` over all. The cost served
+//! is the worker's `cost` times the request's tokens (prompt and completion, as the worker
+//! reported them, else the prompt as the gateway counted it and one completion token per
+//! streamed chunk), in `switchyard_cost_served_total{model}`.
+
+use http::{HeaderMap, StatusCode};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::registry::Registry;
+use switchyard_protocol::api::ApiError;
+
+/// Header with a request's TTFT target in milliseconds.
+pub const TTFT_HEADER: &str = "x-switchyard-ttft-ms";
+
+/// Header with a request's inter-token latency target in milliseconds.
+pub const ITL_HEADER: &str = "x-switchyard-itl-ms";
+
+/// A request's latency targets, in milliseconds.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub(crate) struct Targets {
+    /// Time to first token.
+    pub(crate) ttft_ms: Option<f32>,
+    /// Inter-token latency.
+    pub(crate) itl_ms: Option<f32>,
+}
+
+impl Targets {
+    /// The targets of a request with `headers`, falling back to its model's `defaults`.
+    ///
+    /// # Errors
+    ///
+    /// A 400 naming the header when one is not a positive number.
+    pub(crate) fn of_request(headers: &HeaderMap, defaults: Targets) -> Result<Targets, ApiError> {
+        let read = |name: &str, default: Option<f32>| -> Result<Option<f32>, ApiError> {
+            let Some(value) = headers.get(name) else {
+                return Ok(default);
+            };
+            value
+                .to_str()
+                .ok()
+                .and_then(|text| text.trim().parse::<f32>().ok())
+                .filter(|ms| ms.is_finite() && *ms > 0.0)
+                .map(Some)
+                .ok_or_else(|| {
+                    ApiError::new(
+                        StatusCode::BAD_REQUEST,
+                        "invalid_request_error",
+                        "invalid_latency_target",
+                        format!("header `{name}` must be a positive number of milliseconds"),
+                    )
+                })
+        };
+        Ok(Targets {
+            ttft_ms: read(TTFT_HEADER, defaults.ttft_ms)?,
+            itl_ms: read(ITL_HEADER, defaults.itl_ms)?,
+        })
+    }
+}
+
+/// What the client saw of one answer.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Observed {
+    /// Milliseconds to the first body byte.
+    pub(crate) ttft_ms: f64,
+    /// Mean milliseconds between chunks after the first, when there were two or more.
+    pub(crate) itl_ms: Option<f64>,
+    /// Tokens served (prompt and completion).
+    pub(crate) tokens: u64,
+}
+
+type Labels = Vec<(&'static str, String)>;
+
+/// The SLO and cost metric families.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct SloMetrics {
+    requests: Family<Labels, Counter>,
+    cost: Family<Labels, Counter<f64, std::sync::atomic::AtomicU64>>,
+    tokens: Family<Labels, Counter>,
+}
+
+impl SloMetrics {
+    /// Registers the families.
+    pub(crate) fn register(&self, registry: &mut Registry) {
+        registry.register(
+            "slo_requests",
+            "Answers judged against their latency targets, by model, worker, target (ttft, itl) and whether it was met",
+            self.requests.clone(),
+        );
+        registry.register(
+            "cost_served",
+            "Cost units served per model: each worker's cost per token times the tokens it served",
+            self.cost.clone(),
+        );
+        registry.register(
+            "tokens_served",
+            "Tokens served (prompt and completion) per model and worker",
+            self.tokens.clone(),
+        );
+    }
+
+    /// Judges one answer of `worker` (of `cost` per token) for `model` against `targets`.
+    pub(crate) fn judge(&self, model: &str, worker: &str, cost: f64, targets: Targets, observed: Observed) {
+        let judged = [
+            (
+                "ttft",
+                targets.ttft_ms.map(|target| observed.ttft_ms <= f64::from(target)),
+            ),
+            (
+                "itl",
+                targets
+                    .itl_ms
+                    .zip(observed.itl_ms)
+                    .map(|(target, itl)| itl <= f64::from(target)),
+            ),
+        ];
+        for (target, met) in judged {
+            let Some(met) = met else { continue };
+            self.requests
+                .get_or_create(&vec![
+                    ("model", model.to_string()),
+                    ("worker", worker.to_string()),
+                    ("target", target.to_string()),
+                    ("met", met.to_string()),
+                ])
+                .inc();
+        }
+        self.cost
+            .get_or_create(&vec![("model", model.to_string())])
+            .inc_by(cost * observed.tokens as f64);
+        self.tokens
+            .get_or_create(&vec![("model", model.to_string()), ("worker", worker.to_string())])
+            .inc_by(observed.tokens);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn headers_win_over_the_models_defaults_and_bad_ones_are_refused() {
+        let defaults = Targets {
+            ttft_ms: Some(500.0),
+            itl_ms: Some(50.0),
+        };
+        let mut headers = HeaderMap::new();
+        assert_eq!(Targets::of_request(&headers, defaults).expect("defaults"), defaults);
+        headers.insert(TTFT_HEADER, "120.5".parse().expect("value"));
+        let targets = Targets::of_request(&headers, defaults).expect("valid");
+        assert_eq!((targets.ttft_ms, targets.itl_ms), (Some(120.5), Some(50.0)));
+        headers.insert(ITL_HEADER, "-3".parse().expect("value"));
+        let err = Targets::of_request(&headers, defaults).unwrap_err();
+        assert_eq!(err.status, 400);
+        assert!(err.body.error.message.contains(ITL_HEADER), "{err}");
+    }
+
+    #[test]
+    fn attainment_and_cost_are_counted_per_model_and_worker() {
+        let metrics = SloMetrics::default();
+        let targets = Targets {
+            ttft_ms: Some(100.0),
+            itl_ms: Some(10.0),
+        };
+        let seen = |ttft_ms, itl_ms| Observed {
+            ttft_ms,
+            itl_ms,
+            tokens: 10,
+        };
+        metrics.judge("m", "w", 0.4, targets, seen(50.0, Some(5.0)));
+        metrics.judge("m", "w", 0.4, targets, seen(150.0, Some(20.0)));
+        metrics.judge("m", "w", 0.4, targets, seen(50.0, None));
+        let count = |target: &str, met: bool| {
+            metrics
+                .requests
+                .get_or_create(&vec![
+                    ("model", "m".to_string()),
+                    ("worker", "w".to_string()),
+                    ("target", target.to_string()),
+                    ("met", met.to_string()),
+                ])
+                .get()
+        };
+        assert_eq!((count("ttft", true), count("ttft", false)), (2, 1));
+        assert_eq!((count("itl", true), count("itl", false)), (1, 1), "no ITL, not judged");
+        let cost = metrics.cost.get_or_create(&vec![("model", "m".to_string())]).get();
+        assert!((cost - 12.0).abs() < 1e-9, "{cost}");
+    }
+}
