@@ -170,14 +170,27 @@ async fn workers_linked_over_http_register_route_resync_and_leave() -> anyhow::R
         "index {} vs worker {truth}",
         cached_blocks(&admin.kv_summary().await?, &home)
     );
-    let metrics = String::from_utf8_lossy(&client.send("GET", "/metrics", Vec::new()).await?.body()).into_owned();
-    assert!(
+    // The index may agree before the dump arrives (the gap's event named a block it did not
+    // hold), so the resync itself is waited for, not read once.
+    let resynced = || async {
+        let metrics = match client.send("GET", "/metrics", Vec::new()).await {
+            Ok(reply) => String::from_utf8_lossy(&reply.body()).into_owned(),
+            Err(_) => return false,
+        };
         switchyard_e2e::metric_sum(
             &metrics,
             "switchyard_kv_resyncs_total",
-            &[&format!("worker=\"{home}\""), "outcome=\"ok\""]
-        ) >= 1.0,
-        "{metrics}"
+            &[&format!("worker=\"{home}\""), "outcome=\"ok\""],
+        ) >= 1.0
+    };
+    assert!(
+        eventually(Duration::from_secs(10), resynced).await,
+        "no resync from the worker's dump was counted"
+    );
+    assert_eq!(
+        cached_blocks(&admin.kv_summary().await?, &home),
+        truth,
+        "after the resync the index agrees with the worker"
     );
 
     // A worker that is told to stop leaves the gateway at once (not after missed heartbeats).
