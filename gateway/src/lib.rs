@@ -273,6 +273,7 @@ impl Gateway {
         admission_metrics.register(metrics.registry_mut(), &admission_batchers);
         let metrics = Arc::new(metrics);
         let pool = Arc::new(WorkerPool::new(&config.workers, metrics.clone())?);
+        policy_runtime.provide_timings(pool.clone());
         let admission = Arc::new(admission::Admission::new(
             admission_settings,
             pool.clone(),
@@ -565,7 +566,7 @@ impl Gateway {
 }
 
 /// The component of built-in router `name` (`round-robin`, `least-load`, `kv-aware`,
-/// `predicted-ttft`), as embedded in this binary.
+/// `predicted-ttft`, `modality-aware`, `cost-aware`), as embedded in this binary.
 pub fn built_in_policy(name: &str) -> Option<&'static [u8]> {
     policy::built_in_router(name).ok()
 }

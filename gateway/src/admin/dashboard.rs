@@ -56,6 +56,10 @@ pub(super) fn stats(state: &AdminState) -> Value {
                 "requests": figures.map_or(0, |f| f.requests),
                 "ttft_p50_ms": figures.and_then(|f| f.ttft_p50_ms),
                 "ttft_p99_ms": figures.and_then(|f| f.ttft_p99_ms),
+                "measured_itl_ms": match worker.measured_itl() {
+                    (0, _) => None,
+                    (itl_us, _) => Some(f64::from(itl_us) / 1000.0),
+                },
             })
         })
         .collect();

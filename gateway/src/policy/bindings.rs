@@ -21,6 +21,7 @@ mod batcher {
             "switchyard:policy/config": super::current::switchyard::policy::config,
             "switchyard:policy/clock": super::current::switchyard::policy::clock,
             "switchyard:policy/tenancy": super::current::switchyard::policy::tenancy,
+            "switchyard:policy/measured": super::current::switchyard::policy::measured,
         },
     });
 }

@@ -8,7 +8,9 @@ use std::time::Instant;
 
 use wasmtime::StoreLimits;
 
-use crate::policy::bindings::switchyard::policy::{clock, config, log, tenancy, types};
+use crate::policy::bindings::switchyard::policy::{clock, config, log, measured, tenancy, types};
+
+pub use crate::policy::bindings::switchyard::policy::measured::WorkerTiming;
 
 /// Longest log line kept from a policy, in bytes.
 const MAX_LOG_LINE: usize = 1000;
@@ -30,6 +32,9 @@ pub struct HostState {
     checks: u32,
     /// Whose each item of the current `form-batches` call's table is.
     pub tenancy: Tenancy,
+    /// What answers the `measured` import (none before the gateway's workers exist, as in
+    /// a policy's validation).
+    pub timings: Option<Arc<dyn crate::policy::runtime::TimingSource>>,
 }
 
 /// Who queued each item of a batcher's table: tenant numbers and weights, index for index
@@ -55,6 +60,7 @@ impl HostState {
             sample: None,
             checks: 0,
             tenancy: Tenancy::default(),
+            timings: None,
         }
     }
 }
@@ -141,6 +147,12 @@ impl tenancy::Host for HostState {
 
     fn weights(&mut self) -> Vec<f32> {
         self.tenancy.weights.clone()
+    }
+}
+
+impl measured::Host for HostState {
+    fn timings(&mut self) -> Vec<WorkerTiming> {
+        self.timings.as_ref().map(|source| source.timings()).unwrap_or_default()
     }
 }
 

@@ -47,7 +47,7 @@ pub enum PolicyError {
     InvalidAnswer(String),
     /// The named built-in policy does not exist.
     #[error(
-        "no built-in policy named `{0}`; routers: round-robin, least-load, kv-aware, predicted-ttft, modality-aware; batchers: fcfs, token-budget, mixed-modality, priority, fair-share"
+        "no built-in policy named `{0}`; routers: round-robin, least-load, kv-aware, predicted-ttft, modality-aware, cost-aware; batchers: fcfs, token-budget, mixed-modality, priority, fair-share"
     )]
     UnknownBuiltIn(String),
 }
@@ -106,6 +106,7 @@ pub fn built_in_router(name: &str) -> Result<&'static [u8], PolicyError> {
         "kv-aware" => Ok(include_bytes!(concat!(env!("OUT_DIR"), "/kv_aware.wasm"))),
         "predicted-ttft" => Ok(include_bytes!(concat!(env!("OUT_DIR"), "/predicted_ttft.wasm"))),
         "modality-aware" => Ok(include_bytes!(concat!(env!("OUT_DIR"), "/modality_aware.wasm"))),
+        "cost-aware" => Ok(include_bytes!(concat!(env!("OUT_DIR"), "/cost_aware.wasm"))),
         other => Err(PolicyError::UnknownBuiltIn(other.to_string())),
     }
 }

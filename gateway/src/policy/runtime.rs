@@ -24,12 +24,13 @@ use crate::policy::host::HostState;
 use crate::policy::{PolicyError, table};
 
 /// Interfaces a policy may import (any version of our package's host world).
-const ALLOWED_IMPORTS: [&str; 5] = [
+const ALLOWED_IMPORTS: [&str; 6] = [
     "switchyard:policy/log@",
     "switchyard:policy/config@",
     "switchyard:policy/clock@",
     "switchyard:policy/types@",
     "switchyard:policy/tenancy@",
+    "switchyard:policy/measured@",
 ];
 
 /// Settings of the policy sandbox.
@@ -76,6 +77,14 @@ pub struct PolicyRuntime {
     ticker_stop: Arc<AtomicBool>,
     /// Components loaded from the compiled-code cache instead of compiled.
     cache_hits: AtomicU64,
+    /// What the `measured` import answers, once the gateway's workers exist.
+    timings: std::sync::OnceLock<Arc<dyn TimingSource>>,
+}
+
+/// Where the `measured` import's answers come from: the gateway's worker pool.
+pub trait TimingSource: Send + Sync + std::fmt::Debug {
+    /// Every measured LLM worker's timing.
+    fn timings(&self) -> Vec<crate::policy::host::WorkerTiming>;
 }
 
 impl std::fmt::Debug for PolicyRuntime {
@@ -180,6 +189,7 @@ impl PolicyRuntime {
             half_deadline_ticks,
             ticker_stop,
             cache_hits: AtomicU64::new(0),
+            timings: std::sync::OnceLock::new(),
         })
     }
 
@@ -352,13 +362,20 @@ impl PolicyRuntime {
         }
     }
 
+    /// Makes `source` answer the `measured` import of every instance made from now on.
+    pub fn provide_timings(&self, source: Arc<dyn TimingSource>) {
+        let _ = self.timings.set(source);
+    }
+
     fn store(&self, config: Arc<toml::Table>) -> Store<HostState> {
         let limits: StoreLimits = StoreLimitsBuilder::new()
             .memory_size(self.config.memory_limit_bytes)
             .instances(4)
             .trap_on_grow_failure(true)
             .build();
-        let mut store = Store::new(&self.engine, HostState::new(config, limits));
+        let mut state = HostState::new(config, limits);
+        state.timings = self.timings.get().cloned();
+        let mut store = Store::new(&self.engine, state);
         store.limiter(|state| &mut state.limits);
         // A check runs right as the epoch advances, so the next check comes exactly `half - 1`
         // ticks later (the initial `half` includes one tick for a first tick that may come at once).

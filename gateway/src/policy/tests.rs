@@ -73,7 +73,7 @@ fn policies_declare_their_columns_and_decide_the_same_on_just_those() {
         Columns::ROLES | Columns::ACTIVE_REQUESTS | Columns::PREFILL_TOKENS
     );
     let request = table::synthetic_request();
-    for name in ["least-load", "kv-aware", "predicted-ttft", "round-robin"] {
+    for name in ["least-load", "kv-aware", "predicted-ttft", "round-robin", "cost-aware"] {
         let policy = load(&runtime, name);
         let full = table::synthetic(64);
         let just = full.select(policy.columns());
@@ -142,7 +142,14 @@ fn built_in_routers_fit_the_memory_reset_in_place() {
     // Their 32 KiB stack, statics and argument arena must stay in the low 64 KiB, or every
     // re-instantiation page-faults (plugins/.cargo/config.toml, the SDK's arena).
     let runtime = runtime();
-    for name in ["round-robin", "least-load", "kv-aware", "predicted-ttft"] {
+    for name in [
+        "round-robin",
+        "least-load",
+        "kv-aware",
+        "predicted-ttft",
+        "modality-aware",
+        "cost-aware",
+    ] {
         let policy = load(&runtime, name);
         assert!(
             policy.fits_resident_memory(),

@@ -661,8 +661,7 @@ async fn finish(
         let timing = StreamTiming {
             metrics: state.slo.clone(),
             model: judged.model.to_string(),
-            worker: lease.worker().name.clone(),
-            cost: lease.worker().cost,
+            worker: lease.worker().clone(),
             targets: judged.targets,
             ttft_ms: ttft * 1000.0,
             prompt_tokens: judged.prompt_tokens,
@@ -783,8 +782,7 @@ struct RelayBody {
 struct StreamTiming {
     metrics: slo::SloMetrics,
     model: String,
-    worker: String,
-    cost: f64,
+    worker: Arc<Worker>,
     targets: slo::Targets,
     ttft_ms: f64,
     prompt_tokens: u64,
@@ -819,13 +817,17 @@ impl StreamTiming {
         let tokens = reported.map_or(self.prompt_tokens + self.chunks, |usage| {
             u64::from(usage.prompt_tokens) + u64::from(usage.completion_tokens)
         });
+        if let Some(itl_ms) = itl_ms {
+            // The worker's own speed, for routers that weigh it (the `measured` import).
+            self.worker.observe_itl(itl_ms);
+        }
         let observed = slo::Observed {
             ttft_ms: self.ttft_ms,
             itl_ms,
             tokens,
         };
         self.metrics
-            .judge(&self.model, &self.worker, self.cost, self.targets, observed);
+            .judge(&self.model, &self.worker.name, self.worker.cost, self.targets, observed);
     }
 }
 

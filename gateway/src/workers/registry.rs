@@ -47,6 +47,10 @@ pub struct Worker {
     healthy_gauge: Gauge,
     /// Told each time a request on any worker of the pool ends (room may have freed).
     released: Arc<tokio::sync::Notify>,
+    /// Mean gap between the chunks of its recent streams, in microseconds (0: unmeasured).
+    itl_us: AtomicU32,
+    /// Streams measured.
+    itl_samples: AtomicU32,
 }
 
 impl Worker {
@@ -75,10 +79,34 @@ impl Worker {
             in_flight: metrics.worker_in_flight(&name),
             healthy_gauge: metrics.worker_healthy(&name),
             released,
+            itl_us: AtomicU32::new(0),
+            itl_samples: AtomicU32::new(0),
             name,
         };
         worker.healthy_gauge.set(1);
         Ok(worker)
+    }
+
+    /// Takes in one stream's mean gap between chunks: an exponentially weighted mean, the
+    /// newest stream weighing a fifth.
+    pub fn observe_itl(&self, itl_ms: f64) {
+        let sample = (itl_ms * 1000.0).clamp(1.0, f64::from(u32::MAX)) as u32;
+        let before = self.itl_us.load(Ordering::Relaxed);
+        let mean = if before == 0 {
+            sample
+        } else {
+            ((f64::from(before) * 0.8) + (f64::from(sample) * 0.2)) as u32
+        };
+        self.itl_us.store(mean.max(1), Ordering::Relaxed);
+        self.itl_samples.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The measured mean gap between chunks (µs, 0 while unmeasured) and the streams behind it.
+    pub fn measured_itl(&self) -> (u32, u32) {
+        (
+            self.itl_us.load(Ordering::Relaxed),
+            self.itl_samples.load(Ordering::Relaxed),
+        )
     }
 
     /// Whether the worker is in rotation.
@@ -186,6 +214,12 @@ pub struct WorkerPool {
     released: Arc<tokio::sync::Notify>,
 }
 
+impl crate::policy::runtime::TimingSource for WorkerPool {
+    fn timings(&self) -> Vec<crate::policy::host::WorkerTiming> {
+        WorkerPool::timings(self)
+    }
+}
+
 impl WorkerPool {
     /// Builds the pool from validated worker entries.
     ///
@@ -203,6 +237,22 @@ impl WorkerPool {
             pool.upsert(config)?;
         }
         Ok(pool)
+    }
+
+    /// The `measured` import's answer: every LLM worker measured so far.
+    pub fn timings(&self) -> Vec<crate::policy::host::WorkerTiming> {
+        self.workers()
+            .iter()
+            .filter(|worker| worker.role == Role::Llm)
+            .filter_map(|worker| {
+                let (itl_us, samples) = worker.measured_itl();
+                (samples > 0).then_some(crate::policy::host::WorkerTiming {
+                    id: worker.kv_id,
+                    itl_us,
+                    samples,
+                })
+            })
+            .collect()
     }
 
     /// Told each time a request in flight on a worker ends: where the admission queue learns

@@ -72,6 +72,22 @@ pub mod log {
     }
 }
 
+/// What the gateway measured of its workers (its `measured` interface).
+pub mod measured {
+    use alloc::vec::Vec;
+
+    pub use crate::router_world::switchyard::policy::measured::WorkerTiming;
+
+    /// Every LLM worker the gateway has measured: match them to the table's rows by the `ids`
+    /// column. Empty from a gateway that measured none yet (and in its validation call).
+    pub fn timings() -> Vec<WorkerTiming> {
+        #[cfg(target_arch = "wasm32")]
+        return crate::router_world::switchyard::policy::measured::timings();
+        #[cfg(not(target_arch = "wasm32"))]
+        return crate::testing::timings();
+    }
+}
+
 /// The policy's own configuration table.
 ///
 /// A version's configuration never changes, so in a component each number is fetched from the
@@ -208,6 +224,7 @@ pub fn now_ns() -> u64 {
 pub mod testing {
     use alloc::string::String;
     use alloc::vec;
+    use alloc::vec::Vec;
     use std::cell::RefCell;
     use std::collections::HashMap;
 
@@ -217,6 +234,16 @@ pub mod testing {
 
     std::thread_local! {
         static CONFIG: RefCell<HashMap<String, String>> = RefCell::new(HashMap::new());
+        static TIMINGS: RefCell<Vec<crate::measured::WorkerTiming>> = const { RefCell::new(Vec::new()) };
+    }
+
+    /// Sets what [`crate::measured::timings`] answers.
+    pub fn set_timings(timings: Vec<crate::measured::WorkerTiming>) {
+        TIMINGS.with(|current| *current.borrow_mut() = timings);
+    }
+
+    pub(crate) fn timings() -> Vec<crate::measured::WorkerTiming> {
+        TIMINGS.with(|current| current.borrow().clone())
     }
 
     /// Sets a configuration value the policy will read with [`crate::config::get`].
