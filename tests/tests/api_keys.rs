@@ -173,6 +173,9 @@ async fn the_request_limit_holds_at_its_rate() -> anyhow::Result<()> {
     }
     let elapsed = started.elapsed().as_secs_f64();
     let expected = 120.0 + 2.0 * elapsed;
+    eprintln!(
+        "requests_per_minute = 120: {admitted} admitted and {refused} refused in {elapsed:.2} s (expected {expected:.1})"
+    );
     // Tolerance: ±3 requests (the refill of the last request's round trip, and the bucket's
     // start a little before the first request).
     assert!(
