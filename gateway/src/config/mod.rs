@@ -544,6 +544,13 @@ pub struct EmbeddedMockers {
     pub overlap_prefill: bool,
     /// Multiplies every encode time of the simulated encoders' measured curves.
     pub encoder_cost_scale: f64,
+    /// Engines started beside `count` as spot capacity: slower (`spot_speed`) and cheaper
+    /// (`spot_cost`), named `embedded-spot-N`; for mixed fleets and cost-aware routing.
+    pub spot_count: usize,
+    /// A spot engine's speed relative to the others (0.4: 2.5 times slower).
+    pub spot_speed: f64,
+    /// A spot engine's cost per token (the others cost 1).
+    pub spot_cost: f64,
 }
 
 impl Default for EmbeddedMockers {
@@ -561,6 +568,9 @@ impl Default for EmbeddedMockers {
             audio_encoders: 1,
             overlap_prefill: true,
             encoder_cost_scale: 1.0,
+            spot_count: 0,
+            spot_speed: 0.4,
+            spot_cost: 0.4,
         }
     }
 }
@@ -739,10 +749,17 @@ impl Config {
             for (key, value) in [
                 ("embedded_mockers.speedup", mockers.speedup),
                 ("embedded_mockers.encoder_cost_scale", mockers.encoder_cost_scale),
+                ("embedded_mockers.spot_speed", mockers.spot_speed),
             ] {
                 if !(value.is_finite() && value > 0.0) {
                     return Err(invalid(key, format!("must be a positive number, got {value}")));
                 }
+            }
+            if !(mockers.spot_cost.is_finite() && mockers.spot_cost >= 0.0) {
+                return Err(invalid(
+                    "embedded_mockers.spot_cost",
+                    format!("must be a number of at least 0, got {}", mockers.spot_cost),
+                ));
             }
         }
         type BuiltIn = fn(&str) -> Result<&'static [u8], crate::policy::PolicyError>;
@@ -1122,6 +1139,14 @@ mod tests {
         );
         let err = parse("[embedded_mockers]\ncount = 1\nspeedup = -1.0\n").unwrap_err();
         assert!(err.to_string().contains("embedded_mockers.speedup"), "{err}");
+        let err = parse("[embedded_mockers]\nspot_count = 2\nspot_speed = 0\n").unwrap_err();
+        assert!(err.to_string().contains("embedded_mockers.spot_speed"), "{err}");
+        let err = parse("[embedded_mockers]\ncount = 1\n[[models]]\nname = \"m\"\nttft_target_ms = -5\n").unwrap_err();
+        assert!(err.to_string().contains("models[0].ttft_target_ms"), "{err}");
+        let err = parse("[embedded_mockers]\ncount = 1\n[admission]\nbatcher = \"fcfs\"\n").unwrap_err();
+        assert!(err.to_string().contains("key `admission`"), "{err}");
+        let err = parse("[embedded_mockers]\ncount = 1\n[fleet]\nnats_url = \"http://x\"\n").unwrap_err();
+        assert!(err.to_string().contains("fleet.nats_url"), "{err}");
         let err = parse("mode = \"production\"\n[embedded_mockers]\n").unwrap_err();
         assert!(err.to_string().contains("server.tls"), "{err}");
         let err = parse("").unwrap_err();

@@ -16,7 +16,7 @@ use crate::config::{EmbeddedMockers, Role, WorkerConfig};
 /// The embedded engines and encoders; they stop when dropped.
 #[derive(Debug, Default)]
 pub struct EmbeddedFleet {
-    engines: Vec<WorkerServer>,
+    engines: Vec<(String, WorkerServer)>,
     encoders: Vec<(String, EncoderServer)>,
 }
 
@@ -25,8 +25,7 @@ impl EmbeddedFleet {
     pub fn engine_addresses(&self) -> Vec<(String, SocketAddr)> {
         self.engines
             .iter()
-            .enumerate()
-            .map(|(index, engine)| (name(index), engine.addr()))
+            .map(|(name, engine)| (name.clone(), engine.addr()))
             .collect()
     }
 
@@ -41,10 +40,10 @@ impl EmbeddedFleet {
     /// Each worker's name and a receiver of its KV (or feature-cache) events.
     pub fn event_sources(&self) -> Vec<(String, mpsc::UnboundedReceiver<KvEvent>)> {
         let mut sources = Vec::new();
-        for (index, engine) in self.engines.iter().enumerate() {
+        for (name, engine) in &self.engines {
             let (sink, events) = mpsc::unbounded_channel();
             engine.engine().subscribe_kv_events(sink);
-            sources.push((name(index), events));
+            sources.push((name.clone(), events));
         }
         for (name, server) in &self.encoders {
             let (sink, events) = mpsc::unbounded_channel();
@@ -78,23 +77,38 @@ pub async fn start(config: &EmbeddedMockers) -> std::io::Result<(EmbeddedFleet, 
         local_encode_scale: config.encoder_cost_scale,
         ..ServerConfig::default()
     };
-    let engines = mocker::spawn_fleet(config.count, loopback, 0, &engine, &server).await?;
-    let mut workers: Vec<WorkerConfig> = engines
-        .iter()
-        .enumerate()
-        .map(|(index, mocker)| WorkerConfig {
-            name: Some(name(index)),
-            url: format!("http://{}", mocker.addr()),
-            model: config.model.clone(),
-            role: Role::Llm,
-            block_size: config.block_size,
-            capabilities: vec!["text".into()],
-            cost: 1.0,
-            capacity_blocks: config.num_gpu_blocks as u64,
-            node: String::new(),
-            token_budgets: Vec::new(),
-        })
-        .collect();
+    // The regular engines cost 1 a token; spot ones are slower and cheaper.
+    let spot = EngineConfig {
+        speedup: config.speedup * config.spot_speed,
+        ..engine.clone()
+    };
+    let mut engines = Vec::new();
+    let mut workers: Vec<WorkerConfig> = Vec::new();
+    for (count, engine, cost, prefix) in [
+        (config.count, &engine, 1.0, "embedded-"),
+        (config.spot_count, &spot, config.spot_cost, "embedded-spot-"),
+    ] {
+        for (index, mocker) in mocker::spawn_fleet(count, loopback, 0, engine, &server)
+            .await?
+            .into_iter()
+            .enumerate()
+        {
+            let name = format!("{prefix}{index}");
+            workers.push(WorkerConfig {
+                name: Some(name.clone()),
+                url: format!("http://{}", mocker.addr()),
+                model: config.model.clone(),
+                role: Role::Llm,
+                block_size: config.block_size,
+                capabilities: vec!["text".into()],
+                cost,
+                capacity_blocks: config.num_gpu_blocks as u64,
+                node: String::new(),
+                token_budgets: Vec::new(),
+            });
+            engines.push((name, mocker));
+        }
+    }
     let mut encoders = Vec::new();
     for (role, count, capabilities) in [
         (
@@ -133,9 +147,4 @@ pub async fn start(config: &EmbeddedMockers) -> std::io::Result<(EmbeddedFleet, 
         }
     }
     Ok((EmbeddedFleet { engines, encoders }, workers))
-}
-
-/// The worker name of embedded mocker `index`.
-pub fn name(index: usize) -> String {
-    format!("embedded-{index}")
 }

@@ -30,6 +30,12 @@ pub struct MockerSettings {
     pub max_num_batched_tokens: usize,
     /// Most sequences running at once per engine.
     pub max_num_seqs: usize,
+    /// Spot engines beside the regular ones: slower and cheaper (`embedded_mockers.spot_*`).
+    pub spot_workers: usize,
+    /// A spot engine's speed relative to a regular one.
+    pub spot_speed: f64,
+    /// A spot engine's cost per token (regular ones cost 1).
+    pub spot_cost: f64,
 }
 
 impl Default for MockerSettings {
@@ -40,6 +46,9 @@ impl Default for MockerSettings {
             num_gpu_blocks: 16_384,
             max_num_batched_tokens: 8_192,
             max_num_seqs: 256,
+            spot_workers: 0,
+            spot_speed: 0.4,
+            spot_cost: 0.4,
         }
     }
 }
@@ -370,6 +379,9 @@ fn base_config(config: &CompareConfig, policy: &PolicySpec, tls_toml: &str) -> S
          max_num_batched_tokens = {batched}\n\
          max_num_seqs = {seqs}\n\
          speedup = {speedup:?}\n\
+         spot_count = {spot}\n\
+         spot_speed = {spot_speed:?}\n\
+         spot_cost = {spot_cost:?}\n\
          vision_encoders = {vision}\n\
          audio_encoders = {audio}\n\
          encoder_cost_scale = {encoder_cost:?}\n\
@@ -385,6 +397,9 @@ fn base_config(config: &CompareConfig, policy: &PolicySpec, tls_toml: &str) -> S
         batched = m.max_num_batched_tokens,
         seqs = m.max_num_seqs,
         speedup = m.speedup,
+        spot = m.spot_workers,
+        spot_speed = m.spot_speed,
+        spot_cost = m.spot_cost,
         vision = config.vision_encoders,
         audio = config.audio_encoders,
         encoder_cost = config.encoder_cost_scale,
@@ -446,6 +461,79 @@ fn file_stem(name: &str) -> String {
 }
 
 /// The baseline the ratios are taken against: round-robin when compared, else the first.
+/// What a policy's answers cost and how many met the TTFT target, from the records: each
+/// request's tokens (the worker's prompt count, else the trace's, plus those received) at its
+/// worker's cost (spot engines `embedded-spot-N` at `spot_cost`, the rest at 1).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct CostFigures {
+    /// Share of answered requests whose TTFT met the target (`None` without a target).
+    pub attainment: Option<f64>,
+    /// Cost units per million tokens served.
+    pub cost_per_million: f64,
+    /// Share of the tokens served by spot engines.
+    pub spot_share: f64,
+}
+
+/// [`CostFigures`] of one policy's runs.
+pub fn cost_figures(config: &CompareConfig, run: &PolicyRun) -> CostFigures {
+    let (mut cost, mut tokens, mut spot, mut met, mut judged) = (0.0, 0.0, 0.0, 0u64, 0u64);
+    for record in run.rounds.iter().flat_map(|round| &round.records).filter(|r| r.ok()) {
+        let served = f64::from(record.prompt_tokens.unwrap_or(record.input_tokens) + record.output_tokens);
+        let on_spot = record
+            .worker
+            .as_deref()
+            .is_some_and(|worker| worker.starts_with("embedded-spot-"));
+        cost += served * if on_spot { config.mocker.spot_cost } else { 1.0 };
+        tokens += served;
+        if on_spot {
+            spot += served;
+        }
+        if let (Some(target), Some(ttft)) = (config.replay.ttft_target_ms, record.ttft_ms) {
+            judged += 1;
+            met += u64::from(ttft <= target);
+        }
+    }
+    CostFigures {
+        attainment: config.replay.ttft_target_ms.map(|_| met as f64 / judged.max(1) as f64),
+        cost_per_million: cost / tokens.max(1.0) * 1e6,
+        spot_share: spot / tokens.max(1.0),
+    }
+}
+
+fn cost_section(out: &mut String, config: &CompareConfig, runs: &[PolicyRun]) {
+    let m = &config.mocker;
+    let _ = writeln!(
+        out,
+        "\n### Cost and latency target ({} regular engines at cost 1, {} spot engines at {}x their speed and cost {}; TTFT target {})\n",
+        config.workers,
+        m.spot_workers,
+        m.spot_speed,
+        m.spot_cost,
+        config
+            .replay
+            .ttft_target_ms
+            .map_or("none".into(), |t| format!("{t} ms"))
+    );
+    let _ = writeln!(
+        out,
+        "| policy | TTFT target met | cost per 1M tokens | tokens on spot |"
+    );
+    let _ = writeln!(out, "|---|---:|---:|---:|");
+    for run in runs {
+        let figures = cost_figures(config, run);
+        let _ = writeln!(
+            out,
+            "| {} | {} | {:.0} | {:.1} % |",
+            run.policy.name,
+            figures
+                .attainment
+                .map_or("n/a".into(), |a| format!("{:.1} %", a * 100.0)),
+            figures.cost_per_million,
+            figures.spot_share * 100.0
+        );
+    }
+}
+
 fn baseline(runs: &[PolicyRun]) -> Option<&PolicyRun> {
     runs.iter().find(|r| r.policy.name == "round-robin").or(runs.first())
 }
@@ -631,6 +719,9 @@ pub fn render_report(config: &CompareConfig, runs: &[PolicyRun]) -> String {
             s.requests,
             s.output_tokens_per_s
         );
+    }
+    if config.mocker.spot_workers > 0 || config.replay.ttft_target_ms.is_some() {
+        cost_section(&mut out, config, runs);
     }
     if let Some(base) = baseline(runs) {
         let b = &base.summary;

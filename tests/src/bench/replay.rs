@@ -33,6 +33,8 @@ pub struct ReplayOptions {
     pub request_timeout: Duration,
     /// Draw a progress bar on standard error (when it is a terminal).
     pub progress: bool,
+    /// Every request's TTFT target, sent as `x-switchyard-ttft-ms`; none when `None`.
+    pub ttft_target_ms: Option<f64>,
 }
 
 impl Default for ReplayOptions {
@@ -43,6 +45,7 @@ impl Default for ReplayOptions {
             speedup: 1.0,
             request_timeout: Duration::from_secs(600),
             progress: false,
+            ttft_target_ms: None,
         }
     }
 }
@@ -147,12 +150,13 @@ pub async fn replay(client: &Client, requests: &[TraceRequest], options: &Replay
         let client = client.clone();
         let pool = pool.clone();
         let timeout = options.request_timeout;
+        let target = options.ttft_target_ms.map(|ms| ms.to_string());
         let done = progress.clone();
         let in_flight = in_flight.clone();
         let now = in_flight.fetch_add(1, Ordering::Relaxed) + 1;
         progress.set_message(format!("{now} in flight"));
         tasks.spawn(async move {
-            let record = task.run(&client, &pool, body, timeout).await;
+            let record = task.run(&client, &pool, body, timeout, target.as_deref()).await;
             let now = in_flight.fetch_sub(1, Ordering::Relaxed) - 1;
             done.set_message(format!("{now} in flight"));
             done.inc(1);
@@ -226,6 +230,7 @@ impl OneRequest {
         pool: &parking_lot::Mutex<Vec<Connection>>,
         body: bytes::Bytes,
         timeout: Duration,
+        ttft_target_ms: Option<&str>,
     ) -> RequestRecord {
         let mut record = RequestRecord {
             index: self.index,
@@ -251,7 +256,13 @@ impl OneRequest {
                 Some(connection) => connection,
                 None => client.connect().await.context("cannot connect")?,
             };
-            let reply = connection.send("POST", "/v1/chat/completions", body).await?;
+            let headers: Vec<(&str, &str)> = ttft_target_ms
+                .map(|target| ("x-switchyard-ttft-ms", target))
+                .into_iter()
+                .collect();
+            let reply = connection
+                .send_with_headers("POST", "/v1/chat/completions", body, &headers)
+                .await?;
             anyhow::Ok((connection, reply))
         };
         match tokio::time::timeout(timeout, exchange).await {

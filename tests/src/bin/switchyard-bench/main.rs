@@ -237,6 +237,19 @@ struct CompareArgs {
     /// Multiplies the embedded encoders' measured encode times (slower encoders).
     #[arg(long, default_value_t = 1.0)]
     encoder_cost_scale: f64,
+    /// Spot engines beside --workers: slower and cheaper (a mixed fleet for cost-aware routing).
+    #[arg(long, default_value_t = 0)]
+    spot_workers: usize,
+    /// A spot engine's speed relative to a regular one.
+    #[arg(long, default_value_t = 0.4)]
+    spot_speed: f64,
+    /// A spot engine's cost per token (regular ones cost 1).
+    #[arg(long, default_value_t = 0.4)]
+    spot_cost: f64,
+    /// Every request's TTFT target in milliseconds (sent as `x-switchyard-ttft-ms`); the
+    /// report then gives each policy's attainment.
+    #[arg(long)]
+    ttft_target_ms: Option<f64>,
 }
 
 #[tokio::main]
@@ -260,6 +273,7 @@ async fn replay_command(args: ReplayArgs) -> anyhow::Result<()> {
         speedup: args.trace.speedup,
         request_timeout: Duration::from_secs(args.timeout_s),
         progress: !args.no_progress,
+        ttft_target_ms: None,
     };
     eprintln!(
         "replaying {} requests of {} against {} at {}× speed",
@@ -385,6 +399,7 @@ async fn compare_command(args: CompareArgs) -> anyhow::Result<()> {
             speedup: args.trace.speedup,
             request_timeout: Duration::from_secs(args.timeout_s),
             progress: !args.no_progress,
+            ttft_target_ms: args.ttft_target_ms,
         },
         mocker: MockerSettings {
             speedup: args.mocker_speedup,
@@ -392,6 +407,9 @@ async fn compare_command(args: CompareArgs) -> anyhow::Result<()> {
             num_gpu_blocks: args.num_gpu_blocks,
             max_num_batched_tokens: args.max_num_batched_tokens,
             max_num_seqs: args.max_num_seqs,
+            spot_workers: args.spot_workers,
+            spot_speed: args.spot_speed,
+            spot_cost: args.spot_cost,
         },
         out_dir: args.out.clone(),
         command: std::env::args().collect::<Vec<_>>().join(" "),
