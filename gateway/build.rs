@@ -11,7 +11,7 @@ use std::path::PathBuf;
 /// also its folder in `plugins/`; file stem of its component, the name with `-` changed to `_`
 /// as cargo writes it). The SDK is built as their dependency; `plugins/template/` is a package
 /// of its own, built by nobody here.
-const BUILT_INS: [(&str, &str); 11] = [
+const BUILT_INS: [(&str, &str); 13] = [
     ("round-robin", "round_robin"),
     ("least-load", "least_load"),
     ("kv-aware", "kv_aware"),
@@ -23,6 +23,8 @@ const BUILT_INS: [(&str, &str); 11] = [
     ("priority", "priority"),
     ("fair-share", "fair_share"),
     ("cost-aware", "cost_aware"),
+    ("load-based", "load_based"),
+    ("sla-based", "sla_based"),
 ];
 
 fn main() {

@@ -439,3 +439,80 @@ impl Fleet {
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|byte| format!("{byte:02x}")).collect()
 }
+
+/// The key of the planning lease in the fleet's KV bucket.
+const PLANNER_LEASE_KEY: &str = "planner-lease";
+
+/// Who holds the planning lease, and until when.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct LeaseHolder {
+    replica: String,
+    expires_unix_ms: u64,
+}
+
+/// The fleet's planning lease: exactly one replica plans. The holder renews it at every
+/// adjustment; when it stops (crashed, partitioned from NATS), the lease lapses after its
+/// duration and the next replica to ask takes it. Every change is a compare-and-set on the
+/// key's revision, so two replicas can never both take it.
+#[derive(Debug)]
+pub(crate) struct PlanningLease {
+    fleet: Arc<Fleet>,
+    duration: Duration,
+}
+
+impl PlanningLease {
+    /// The lease of `fleet`, held for `duration` from each renewal.
+    pub(crate) fn new(fleet: Arc<Fleet>, duration: Duration) -> PlanningLease {
+        PlanningLease { fleet, duration }
+    }
+
+    async fn try_hold(&self) -> Result<bool, FleetError> {
+        let (store, _) = self.fleet.buckets().await?;
+        let now = unix_ms();
+        let mine = LeaseHolder {
+            replica: self.fleet.replica.clone(),
+            expires_unix_ms: now + self.duration.as_millis() as u64,
+        };
+        let value: bytes::Bytes = serde_json::to_vec(&mine).map_err(unavailable)?.into();
+        let current = store.entry(PLANNER_LEASE_KEY).await.map_err(unavailable)?;
+        let holder = current
+            .as_ref()
+            .filter(|entry| entry.operation == kv::Operation::Put)
+            .and_then(|entry| serde_json::from_slice::<LeaseHolder>(&entry.value).ok());
+        let free = holder
+            .as_ref()
+            .is_none_or(|holder| holder.replica == mine.replica || holder.expires_unix_ms <= now);
+        if !free {
+            return Ok(false);
+        }
+        let written = match &current {
+            Some(entry) => store.update(PLANNER_LEASE_KEY, value, entry.revision).await.is_ok(),
+            None => store.create(PLANNER_LEASE_KEY, value).await.is_ok(),
+        };
+        if written && holder.as_ref().is_none_or(|holder| holder.replica != mine.replica) {
+            tracing::info!(replica = %mine.replica, "this replica holds the planning lease");
+        }
+        Ok(written)
+    }
+}
+
+impl crate::planner::Lease for PlanningLease {
+    fn hold(&self) -> std::pin::Pin<Box<dyn std::future::Future<Output = bool> + Send + '_>> {
+        Box::pin(async move {
+            match self.try_hold().await {
+                Ok(held) => held,
+                Err(err) => {
+                    // Without NATS nobody can know who plans: hold every pool (plan nothing).
+                    tracing::warn!(error = %err, "cannot reach the planning lease: not planning this interval");
+                    false
+                }
+            }
+        })
+    }
+}
+
+fn unix_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}

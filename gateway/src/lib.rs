@@ -26,6 +26,7 @@ mod kv;
 mod live;
 mod media;
 mod metrics;
+mod planner;
 mod policy;
 mod reload;
 mod routing;
@@ -51,6 +52,19 @@ pub mod bench {
     pub use crate::policy::runtime::{PolicyRuntime, RuntimeConfig};
     pub use crate::policy::switch::{PolicySwitch, SwitchConfig};
     pub use crate::policy::{built_in_router, table};
+}
+
+/// What the planner tests drive directly: a planner policy behind the real host (sandbox,
+/// answer checks, fallback, rollback) with scripted observations. Not a stable API.
+#[doc(hidden)]
+pub mod planning {
+    pub use crate::policy::PolicyError;
+    pub use crate::policy::built_in_planner;
+    pub use crate::policy::planning::{
+        IntervalStats, PlannedBy, PlannerPolicy, PlannerSwitch, Pool, PoolRole, ScaleDecision, validate,
+    };
+    pub use crate::policy::runtime::{PolicyRuntime, RuntimeConfig};
+    pub use crate::policy::switch::SwitchConfig;
 }
 
 /// The parsers the fuzz targets under `fuzz/` drive: what takes bytes from clients, workers
@@ -267,8 +281,28 @@ impl Gateway {
         );
         let tenants = Arc::new(tenants::Tenants::new(&config)?);
         tenants.register_metrics(metrics.registry_mut());
-        let slo = slo::SloMetrics::default();
+        let mut slo = slo::SloMetrics::default();
         slo.register(metrics.registry_mut());
+        let planning = match &config.planner {
+            Some(settings) => {
+                let policy = load_policy(&settings.policy, policy::built_in_planner, |name, bytes| {
+                    policy_runtime.load_planner(name, bytes, settings.policy_config.clone())
+                })?;
+                let switch = Arc::new(policy::planning::PlannerSwitch::new(
+                    policy,
+                    policy::switch::SwitchConfig {
+                        max_failures: config.policy.max_failures,
+                        ..Default::default()
+                    },
+                ));
+                let planner_metrics = planner::PlannerMetrics::default();
+                planner_metrics.register(metrics.registry_mut(), &switch);
+                let window = Arc::new(planner::window::Window::default());
+                slo.observe_into(window.clone());
+                Some((settings.clone(), switch, window, planner_metrics))
+            }
+            None => None,
+        };
         let admission_metrics = admission::AdmissionMetrics::default();
         admission_metrics.register(metrics.registry_mut(), &admission_batchers);
         let metrics = Arc::new(metrics);
@@ -378,6 +412,37 @@ impl Gateway {
             }
             None => None,
         };
+        let planner = planning.map(|(settings, switch, window, planner_metrics)| {
+            let lease: Box<dyn planner::Lease> = match &fleet {
+                Some(fleet) => Box::new(fleet::PlanningLease::new(
+                    fleet.clone(),
+                    std::time::Duration::from_millis(settings.lease_ms),
+                )),
+                None => Box::new(planner::Alone),
+            };
+            let targets = config
+                .models
+                .iter()
+                .map(|model| {
+                    (
+                        model.name.clone(),
+                        (model.ttft_target_ms.unwrap_or(0.0), model.itl_target_ms.unwrap_or(0.0)),
+                    )
+                })
+                .collect();
+            let planner = Arc::new(planner::Planner::new(
+                settings,
+                switch,
+                window,
+                planner_metrics,
+                pool.clone(),
+                kv.clone(),
+                lease,
+                targets,
+            ));
+            tasks.push(planner.spawn());
+            planner
+        });
         let live = Arc::new(live::Live::default());
         let mut admin_addr = None;
         let mut admin_token = None;
@@ -402,6 +467,7 @@ impl Gateway {
                 batcher_config: config.encoders.batcher_config.clone(),
                 admission_batchers: admission.batchers().clone(),
                 fleet: fleet.clone(),
+                planner: planner.clone(),
                 admission: admission.clone(),
                 live: live.clone(),
                 admission_batcher_config: config

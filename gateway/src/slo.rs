@@ -13,6 +13,8 @@
 //! reported them, else the prompt as the gateway counted it and one completion token per
 //! streamed chunk), in `switchyard_cost_served_total{model}`.
 
+use std::sync::Arc;
+
 use http::{HeaderMap, StatusCode};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -76,6 +78,8 @@ pub(crate) struct Observed {
     pub(crate) itl_ms: Option<f64>,
     /// Tokens served (prompt and completion).
     pub(crate) tokens: u64,
+    /// Tokens generated.
+    pub(crate) completion_tokens: u64,
 }
 
 type Labels = Vec<(&'static str, String)>;
@@ -86,9 +90,24 @@ pub(crate) struct SloMetrics {
     requests: Family<Labels, Counter>,
     cost: Family<Labels, Counter<f64, std::sync::atomic::AtomicU64>>,
     tokens: Family<Labels, Counter>,
+    /// The planner's window, when there is a planner: it sees every judged answer.
+    planner: Option<Arc<crate::planner::window::Window>>,
 }
 
 impl SloMetrics {
+    /// Reports every judged answer (and, through [`SloMetrics::arrived`], every request) to
+    /// the planner's window from now on.
+    pub(crate) fn observe_into(&mut self, window: Arc<crate::planner::window::Window>) {
+        self.planner = Some(window);
+    }
+
+    /// A request for `model` with `prompt_tokens` arrived (for the planner, if any).
+    pub(crate) fn arrived(&self, model: &str, prompt_tokens: u64) {
+        if let Some(window) = &self.planner {
+            window.arrived(model, prompt_tokens);
+        }
+    }
+
     /// Registers the families.
     pub(crate) fn register(&self, registry: &mut Registry) {
         registry.register(
@@ -140,6 +159,9 @@ impl SloMetrics {
         self.tokens
             .get_or_create(&vec![("model", model.to_string()), ("worker", worker.to_string())])
             .inc_by(observed.tokens);
+        if let Some(window) = &self.planner {
+            window.ended(model, observed.ttft_ms, observed.itl_ms, observed.completion_tokens);
+        }
     }
 }
 
@@ -175,6 +197,7 @@ mod tests {
             ttft_ms,
             itl_ms,
             tokens: 10,
+            completion_tokens: 5,
         };
         metrics.judge("m", "w", 0.4, targets, seen(50.0, Some(5.0)));
         metrics.judge("m", "w", 0.4, targets, seen(150.0, Some(20.0)));

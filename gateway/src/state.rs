@@ -67,6 +67,8 @@ pub(crate) struct AdminState {
     pub(crate) batcher_config: toml::Table,
     /// The fleet this gateway shares its router policy with (`[fleet]`).
     pub(crate) fleet: Option<Arc<crate::fleet::Fleet>>,
+    /// The planner, when `[planner]` is configured.
+    pub(crate) planner: Option<Arc<crate::planner::Planner>>,
     /// The admission queue (its depth per tenant, for the dashboard).
     pub(crate) admission: Arc<crate::admission::Admission>,
     /// Recent figures per worker and tenant, for the dashboard.

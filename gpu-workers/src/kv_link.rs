@@ -37,6 +37,9 @@ pub struct LinkConfig {
     pub registration: Registration,
     /// Lose every N-th event on purpose (fault injection); `None` loses nothing.
     pub drop_every: Option<u64>,
+    /// Turns true when the worker's reclaim notice comes (spot capacity): the link heartbeats
+    /// at once with `preempting` set, so gateways stop routing to it without waiting a beat.
+    pub preempting: Option<tokio::sync::watch::Receiver<bool>>,
 }
 
 /// Runs the link until `events` closes (the engine stopped) or `stop` fires.
@@ -65,6 +68,7 @@ pub async fn run(
     let mut ticker = tokio::time::interval(Duration::from_millis(config.registration.heartbeat_ms.max(1)));
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut registration = config.registration.clone();
+    let mut preempting = config.preempting.clone();
     tokio::pin!(stop);
     loop {
         tokio::select! {
@@ -103,16 +107,10 @@ pub async fn run(
                     Err(err) => tracing::error!(error = %err, "cannot encode a dump"),
                 }
             }
-            _ = ticker.tick() => {
-                registration.last_event_id = log.lock().map(|log| log.last_event_id()).unwrap_or(0);
-                match serde_json::to_vec(&registration) {
-                    Ok(payload) => {
-                        if let Err(err) = client.publish(subjects.heartbeat(), payload.into()).await {
-                            tracing::warn!(error = %err, "cannot publish a heartbeat");
-                        }
-                    }
-                    Err(err) => tracing::error!(error = %err, "cannot encode the registration"),
-                }
+            _ = ticker.tick() => heartbeat(&client, &subjects, &log, &mut registration).await,
+            () = notice(&mut preempting) => {
+                registration.preempting = true;
+                heartbeat(&client, &subjects, &log, &mut registration).await;
             }
             _ = &mut stop => break,
         }
@@ -120,4 +118,36 @@ pub async fn run(
     let _ = client.publish(subjects.leave(), worker.clone().into()).await;
     let _ = client.flush().await;
     Ok(())
+}
+
+/// Publishes the registration with the newest event id.
+async fn heartbeat(
+    client: &async_nats::Client,
+    subjects: &Subjects,
+    log: &Mutex<EventLog>,
+    registration: &mut Registration,
+) {
+    registration.last_event_id = log.lock().map(|log| log.last_event_id()).unwrap_or(0);
+    match serde_json::to_vec(&registration) {
+        Ok(payload) => {
+            if let Err(err) = client.publish(subjects.heartbeat(), payload.into()).await {
+                tracing::warn!(error = %err, "cannot publish a heartbeat");
+            }
+        }
+        Err(err) => tracing::error!(error = %err, "cannot encode the registration"),
+    }
+}
+
+/// Resolves once, when the reclaim notice comes; never without a notice channel.
+async fn notice(preempting: &mut Option<tokio::sync::watch::Receiver<bool>>) {
+    let Some(receiver) = preempting else {
+        return std::future::pending().await;
+    };
+    if receiver.wait_for(|preempting| *preempting).await.is_err() {
+        // The sender is gone without a notice: there will never be one.
+        *preempting = None;
+        return std::future::pending().await;
+    }
+    // Told once: later calls wait forever.
+    *preempting = None;
 }

@@ -121,6 +121,9 @@ struct State {
     /// Requests being answered (until their last byte is sent or the client goes away).
     in_flight: Arc<AtomicU64>,
     draining: AtomicBool,
+    /// Its reclaim notice came (spot capacity): `/healthz` answers 503 so a gateway that
+    /// learns of workers only by health checks stops routing to it; requests are still served.
+    preempting: AtomicBool,
     /// Generated-token count and time at the previous scrape, for the tokens/s gauge.
     last_scrape: Mutex<(Instant, u64)>,
     latency: Arc<Latency>,
@@ -189,6 +192,7 @@ impl WorkerServer {
             next_request: AtomicU64::new(0),
             in_flight: Arc::new(AtomicU64::new(0)),
             draining: AtomicBool::new(false),
+            preempting: AtomicBool::new(false),
             last_scrape: Mutex::new((Instant::now(), generated)),
             latency: Arc::new(Latency::new()),
             features: Mutex::new(FeatureTracker::new(config_tracker)),
@@ -217,6 +221,12 @@ impl WorkerServer {
     /// Requests being answered now.
     pub fn in_flight(&self) -> u64 {
         self.state.in_flight.load(Ordering::Relaxed)
+    }
+
+    /// Marks the worker as about to be preempted (a spot reclaim notice): `/healthz` answers
+    /// 503 from now on, while requests that still arrive are served.
+    pub fn mark_preempting(&self) {
+        self.state.preempting.store(true, Ordering::Relaxed);
     }
 
     /// Stops accepting connections (requests on open connections are refused with 503) and
@@ -276,6 +286,12 @@ async fn handle(state: Arc<State>, request: Request<Incoming>) -> Response<Body>
             &ModelList::new([state.config.model.as_str()], &state.config.owner),
         )),
         (Method::GET, HEALTHZ) if draining => Err(shutting_down()),
+        (Method::GET, HEALTHZ) if state.preempting.load(Ordering::Relaxed) => Err(ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "server_error",
+            "preempting",
+            "this worker's capacity is being reclaimed (spot preemption); route elsewhere",
+        )),
         (Method::GET, HEALTHZ) if !state.engine.is_running() => Err(ApiError::new(
             StatusCode::SERVICE_UNAVAILABLE,
             "server_error",

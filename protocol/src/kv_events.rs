@@ -122,6 +122,13 @@ pub struct Registration {
     /// Encoders: the token budgets it batches to (its captured CUDA-graph sizes), ascending.
     #[serde(default)]
     pub token_budgets: Vec<u32>,
+    /// Spot (preemptible) capacity: it may be taken away at any moment.
+    #[serde(default)]
+    pub spot: bool,
+    /// It has been told it will be preempted (a spot reclaim notice): gateways take it out of
+    /// routing at once and let its in-flight requests finish while it lasts.
+    #[serde(default)]
+    pub preempting: bool,
     /// How often it heartbeats; a gateway drops it after a few missed beats.
     pub heartbeat_ms: u64,
     /// Its newest event id, so a gateway can tell it missed the tail of the stream.

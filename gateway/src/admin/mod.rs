@@ -276,6 +276,38 @@ async fn handle(
             }
         }
         (Method::GET, ["admin", "stats"]) => Ok(respond::json(StatusCode::OK, &dashboard::stats(state))),
+        (Method::GET, ["admin", "planner"]) => {
+            let planner = state.planner.as_ref().ok_or_else(no_planner)?;
+            Ok(respond::json(StatusCode::OK, &planner.status()))
+        }
+        (Method::PUT, ["admin", "planner", name]) => {
+            let planner = state.planner.as_ref().ok_or_else(no_planner)?.clone();
+            let stored = Mutex::new(HashMap::new());
+            let policy = upload(
+                state,
+                request,
+                name,
+                (&stored, planner.policy_config()),
+                |runtime, name, wasm, config| runtime.load_planner(&name, &wasm, config),
+            )
+            .await?
+            .policy;
+            let version = planner.switch().publish(policy.clone());
+            Ok(respond::json(
+                StatusCode::OK,
+                &json!({"name": policy.name, "sha256": policy.sha256, "active": true, "generation": version.generation}),
+            ))
+        }
+        (Method::POST, ["admin", "planner", "rollback"]) => {
+            let planner = state.planner.as_ref().ok_or_else(no_planner)?;
+            match planner.switch().rollback() {
+                Some(version) => Ok(respond::json(
+                    StatusCode::OK,
+                    &json!({"name": version.policy.name, "sha256": version.policy.sha256, "generation": version.generation}),
+                )),
+                None => Err(no_previous_version()),
+            }
+        }
         (Method::GET, ["admin", "fleet"]) => {
             let fleet = state.fleet.as_ref().ok_or_else(not_in_a_fleet)?;
             Ok(respond::json(StatusCode::OK, &fleet::list(fleet).await?))
@@ -582,6 +614,15 @@ fn lock_batchers(
         .batchers
         .lock()
         .map_err(|_| internal("candidate list poisoned".into()))
+}
+
+fn no_planner() -> ApiError {
+    ApiError::new(
+        StatusCode::CONFLICT,
+        "invalid_request_error",
+        "no_planner",
+        "this gateway has no planner (no `[planner]` in its config)",
+    )
 }
 
 fn not_in_a_fleet() -> ApiError {

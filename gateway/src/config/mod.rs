@@ -13,10 +13,12 @@ use serde::Deserialize;
 
 mod admission;
 mod fleet;
+mod planner;
 mod tenants;
 
 pub use admission::AdmissionConfig;
 pub use fleet::FleetConfig;
+pub use planner::{PlannerConfig, PoolConfig, profiled_rate};
 
 pub use tenants::{ApiKeyConfig, KeysFile, TenantsConfig, validate_key_lists, validate_keys};
 
@@ -109,6 +111,9 @@ pub struct Config {
     /// The admission queue in front of full workers.
     #[serde(default)]
     pub admission: Option<AdmissionConfig>,
+    /// The planner that sizes worker pools.
+    #[serde(default)]
+    pub planner: Option<PlannerConfig>,
     /// Where API keys and tenants' usage live outside this file.
     #[serde(default)]
     pub tenants: TenantsConfig,
@@ -609,6 +614,10 @@ pub struct WorkerConfig {
     /// Encoders: the token budgets it batches to, ascending.
     #[serde(default)]
     pub token_budgets: Vec<u32>,
+    /// Spot (preemptible) capacity: it may be reclaimed at any moment; its reclaim notice
+    /// (a registration with `preempting`) takes it out of routing at once.
+    #[serde(default)]
+    pub spot: bool,
 }
 
 fn default_block_size() -> usize {
@@ -1012,6 +1021,9 @@ impl Config {
         }
         if let Some(fleet) = &self.fleet {
             fleet.check().map_err(|(key, reason)| invalid(key, reason))?;
+        }
+        if let Some(planner) = &self.planner {
+            planner.check().map_err(|(key, reason)| invalid(&key, reason))?;
         }
         if let Some(path) = &self.tenants.keys_file
             && !path.is_file()

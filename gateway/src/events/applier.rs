@@ -426,6 +426,7 @@ impl Applier {
             capacity_blocks: registration.capacity_blocks,
             node: registration.node.clone(),
             token_budgets: registration.token_budgets.clone(),
+            spot: registration.spot,
         };
         let (worker, fresh) = match self.pool.upsert(&config) {
             Ok(upserted) => upserted,
@@ -435,6 +436,9 @@ impl Applier {
                 return;
             }
         };
+        if registration.preempting {
+            self.pool.preempt(&worker);
+        }
         let now = Instant::now();
         let interval = Duration::from_millis(registration.heartbeat_ms);
         let stale = self.tracks.get(&name).is_some_and(|t| t.kv_id != worker.kv_id);

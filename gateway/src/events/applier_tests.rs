@@ -85,6 +85,7 @@ fn fixture(config: SyncConfig) -> Fixture {
         capacity_blocks: 0,
         node: String::new(),
         token_budgets: Vec::new(),
+        spot: false,
     };
     let pool = Arc::new(WorkerPool::new(&[worker], Arc::new(Metrics::new())).expect("valid url"));
     let (inbound, _task) = spawn(kv.clone(), pool.clone(), config);
@@ -181,6 +182,8 @@ fn registration(name: &str, heartbeat_ms: u64, last_event_id: u64) -> Registrati
         cost: 1.0,
         node: String::new(),
         token_budgets: Vec::new(),
+        spot: false,
+        preempting: false,
         heartbeat_ms,
         last_event_id,
     }

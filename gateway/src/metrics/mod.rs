@@ -27,6 +27,7 @@ pub struct Metrics {
     worker_in_flight: Family<Labels, Gauge>,
     worker_healthy: Family<Labels, Gauge>,
     retries: Counter,
+    preemptions: Counter,
     media_items: Family<Labels, Counter>,
     media_tokens: Family<Labels, Counter>,
     media_text_only: Family<Labels, Counter>,
@@ -50,6 +51,7 @@ impl Metrics {
         let worker_in_flight = Family::<Labels, Gauge>::default();
         let worker_healthy = Family::<Labels, Gauge>::default();
         let retries = Counter::default();
+        let preemptions = Counter::default();
         let media_items = Family::<Labels, Counter>::default();
         let media_tokens = Family::<Labels, Counter>::default();
         let media_text_only = Family::<Labels, Counter>::default();
@@ -103,6 +105,11 @@ impl Metrics {
             "Requests retried on another worker after a failure before the first byte",
             retries.clone(),
         );
+        registry.register(
+            "worker_preemptions",
+            "Spot workers taken out of routing by a reclaim notice",
+            preemptions.clone(),
+        );
         Metrics {
             registry,
             requests,
@@ -112,6 +119,7 @@ impl Metrics {
             worker_in_flight,
             worker_healthy,
             retries,
+            preemptions,
             media_items,
             media_tokens,
             media_text_only,
@@ -178,6 +186,11 @@ impl Metrics {
     /// Counts one retry.
     pub fn retry(&self) {
         self.retries.inc();
+    }
+
+    /// Counts one spot worker's reclaim notice.
+    pub fn preemption(&self) {
+        self.preemptions.inc();
     }
 
     /// The registry, for other modules to register their own families at start.

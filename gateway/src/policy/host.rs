@@ -97,6 +97,8 @@ impl HostState {
 
 impl types::Host for HostState {}
 
+impl crate::policy::bindings::planning::Host for HostState {}
+
 impl log::Host for HostState {
     fn log(&mut self, level: log::Level, message: String) {
         if self.log_window.elapsed().as_secs() >= 1 {

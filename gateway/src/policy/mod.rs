@@ -4,7 +4,7 @@
 //! ([`runtime`]), the host world's imports ([`host`]), the flat worker table ([`table`]), the
 //! published versions of a policy with automatic rollback ([`versions`]), the live router
 //! switch with fallback and rollouts ([`switch`]), the encoder-queue batchers with theirs
-//! ([`batching`]), and the offline check of a component ([`check`]). Nothing outside it
+//! ([`batching`]), the planners that size worker pools ([`planning`]), and the offline check of a component ([`check`]). Nothing outside it
 //! touches wasmtime: the server asks [`switch::PolicySwitch`] for a worker index and
 //! [`batching::BatcherSwitch`] for batches, and gets an answer in every case, from the policy
 //! or from the native fallback.
@@ -13,6 +13,7 @@ pub mod batching;
 mod bindings;
 pub mod check;
 pub mod host;
+pub mod planning;
 pub mod runtime;
 pub mod switch;
 pub mod table;
@@ -47,7 +48,7 @@ pub enum PolicyError {
     InvalidAnswer(String),
     /// The named built-in policy does not exist.
     #[error(
-        "no built-in policy named `{0}`; routers: round-robin, least-load, kv-aware, predicted-ttft, modality-aware, cost-aware; batchers: fcfs, token-budget, mixed-modality, priority, fair-share"
+        "no built-in policy named `{0}`; routers: round-robin, least-load, kv-aware, predicted-ttft, modality-aware, cost-aware; batchers: fcfs, token-budget, mixed-modality, priority, fair-share; planners: load-based, sla-based"
     )]
     UnknownBuiltIn(String),
 }
@@ -94,6 +95,15 @@ pub fn built_in_batcher(name: &str) -> Result<&'static [u8], PolicyError> {
         "mixed-modality" => Ok(include_bytes!(concat!(env!("OUT_DIR"), "/mixed_modality.wasm"))),
         "priority" => Ok(include_bytes!(concat!(env!("OUT_DIR"), "/priority.wasm"))),
         "fair-share" => Ok(include_bytes!(concat!(env!("OUT_DIR"), "/fair_share.wasm"))),
+        other => Err(PolicyError::UnknownBuiltIn(other.to_string())),
+    }
+}
+
+/// The planner policies built from `plugins/` and embedded in the binary.
+pub fn built_in_planner(name: &str) -> Result<&'static [u8], PolicyError> {
+    match name {
+        "load-based" => Ok(include_bytes!(concat!(env!("OUT_DIR"), "/load_based.wasm"))),
+        "sla-based" => Ok(include_bytes!(concat!(env!("OUT_DIR"), "/sla_based.wasm"))),
         other => Err(PolicyError::UnknownBuiltIn(other.to_string())),
     }
 }

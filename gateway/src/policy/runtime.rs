@@ -24,13 +24,14 @@ use crate::policy::host::HostState;
 use crate::policy::{PolicyError, table};
 
 /// Interfaces a policy may import (any version of our package's host world).
-const ALLOWED_IMPORTS: [&str; 6] = [
+const ALLOWED_IMPORTS: [&str; 7] = [
     "switchyard:policy/log@",
     "switchyard:policy/config@",
     "switchyard:policy/clock@",
     "switchyard:policy/types@",
     "switchyard:policy/tenancy@",
     "switchyard:policy/measured@",
+    "switchyard:policy/planning@",
 ];
 
 /// Settings of the policy sandbox.
@@ -160,6 +161,12 @@ impl PolicyRuntime {
             .map_err(PolicyError::engine)?;
         v0_1::Router::add_to_linker::<HostState, wasmtime::component::HasSelf<HostState>>(&mut linker, |state| state)
             .map_err(PolicyError::engine)?;
+        // Planners import the types-only `planning` interface on top of the host world.
+        crate::policy::bindings::planning::add_to_linker::<HostState, wasmtime::component::HasSelf<HostState>>(
+            &mut linker,
+            |state| state,
+        )
+        .map_err(PolicyError::engine)?;
         let mut hasher = DefaultHasher::new();
         engine.precompile_compatibility_hash().hash(&mut hasher);
         let compatibility = format!("{:016x}", hasher.finish());

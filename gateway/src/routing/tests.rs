@@ -36,6 +36,7 @@ fn fixture(workers: usize, policy: &str) -> Fixture {
             capacity_blocks: 1024,
             node: String::new(),
             token_budgets: Vec::new(),
+            spot: false,
         })
         .collect();
     let config = Config::parse(

@@ -293,6 +293,7 @@ pub(crate) async fn generate(
             .collect(),
     };
     let id = router.next_request_id();
+    state.slo.arrived(model, prompt.tokens as u64);
     let affinity = router.affinity(|header| parts.headers.get(header).map(|value| value.as_bytes().to_vec()));
     let mut attempts = router.attempts(routing::Request {
         id,
@@ -668,6 +669,7 @@ async fn finish(
             chunks: 0,
             first_at: None,
             last_at: None,
+            gaps_us: Vec::new(),
         };
         let (tap, charge) = match accounting {
             Some(Accounting { charge, strip }) => (Some(UsageTap::new(strip)), Some(charge)),
@@ -713,6 +715,7 @@ async fn finish(
                     ttft_ms: elapsed * 1000.0,
                     itl_ms: None,
                     tokens,
+                    completion_tokens: reported.map_or(0, |usage| u64::from(usage.completion_tokens)),
                 };
                 state
                     .slo
@@ -790,7 +793,13 @@ struct StreamTiming {
     chunks: u64,
     first_at: Option<Instant>,
     last_at: Option<Instant>,
+    /// Gaps between its chunks (µs; a frame of k chunks after a gap g counts k gaps of g/k),
+    /// the first [`MAX_GAPS`] of them.
+    gaps_us: Vec<u32>,
 }
+
+/// Gaps kept per stream for the worker's typical gap: enough for a stable median.
+const MAX_GAPS: usize = 64;
 
 impl StreamTiming {
     fn saw(&mut self, data: &[u8]) {
@@ -801,13 +810,33 @@ impl StreamTiming {
             return;
         }
         let now = Instant::now();
+        if let Some(last) = self.last_at
+            && self.gaps_us.len() < MAX_GAPS
+        {
+            let gap_us = (now.duration_since(last).as_micros() / u128::from(chunks)).min(u128::from(u32::MAX)) as u32;
+            let room = MAX_GAPS - self.gaps_us.len();
+            self.gaps_us
+                .extend(std::iter::repeat_n(gap_us, (chunks as usize).min(room)));
+        }
         self.first_at.get_or_insert(now);
         self.last_at = Some(now);
         self.chunks += chunks;
     }
 
+    /// The median gap between chunks, in milliseconds: the engine's plain decode step. Unlike
+    /// the mean, it is not raised by the few steps that also carried other requests' prefill,
+    /// so it tells a slow engine from a busy one.
+    fn median_gap_ms(&mut self) -> Option<f64> {
+        if self.gaps_us.is_empty() {
+            return None;
+        }
+        let middle = self.gaps_us.len() / 2;
+        let (_, median, _) = self.gaps_us.select_nth_unstable(middle);
+        Some(f64::from(*median) / 1000.0)
+    }
+
     /// Judges the stream, with the usage the worker reported if it did.
-    fn judge(self, reported: Option<api::Usage>) {
+    fn judge(mut self, reported: Option<api::Usage>) {
         let itl_ms = match (self.first_at, self.last_at) {
             (Some(first), Some(last)) if self.chunks >= 2 => {
                 Some(last.duration_since(first).as_secs_f64() * 1000.0 / (self.chunks - 1) as f64)
@@ -817,14 +846,15 @@ impl StreamTiming {
         let tokens = reported.map_or(self.prompt_tokens + self.chunks, |usage| {
             u64::from(usage.prompt_tokens) + u64::from(usage.completion_tokens)
         });
-        if let Some(itl_ms) = itl_ms {
+        if let Some(gap_ms) = self.median_gap_ms() {
             // The worker's own speed, for routers that weigh it (the `measured` import).
-            self.worker.observe_itl(itl_ms);
+            self.worker.observe_itl(gap_ms);
         }
         let observed = slo::Observed {
             ttft_ms: self.ttft_ms,
             itl_ms,
             tokens,
+            completion_tokens: reported.map_or(self.chunks, |usage| u64::from(usage.completion_tokens)),
         };
         self.metrics
             .judge(&self.model, &self.worker.name, self.worker.cost, self.targets, observed);

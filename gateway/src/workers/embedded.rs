@@ -84,9 +84,9 @@ pub async fn start(config: &EmbeddedMockers) -> std::io::Result<(EmbeddedFleet, 
     };
     let mut engines = Vec::new();
     let mut workers: Vec<WorkerConfig> = Vec::new();
-    for (count, engine, cost, prefix) in [
-        (config.count, &engine, 1.0, "embedded-"),
-        (config.spot_count, &spot, config.spot_cost, "embedded-spot-"),
+    for (count, engine, cost, spot, prefix) in [
+        (config.count, &engine, 1.0, false, "embedded-"),
+        (config.spot_count, &spot, config.spot_cost, true, "embedded-spot-"),
     ] {
         for (index, mocker) in mocker::spawn_fleet(count, loopback, 0, engine, &server)
             .await?
@@ -105,6 +105,7 @@ pub async fn start(config: &EmbeddedMockers) -> std::io::Result<(EmbeddedFleet, 
                 capacity_blocks: config.num_gpu_blocks as u64,
                 node: String::new(),
                 token_budgets: Vec::new(),
+                spot,
             });
             engines.push((name, mocker));
         }
@@ -142,6 +143,7 @@ pub async fn start(config: &EmbeddedMockers) -> std::io::Result<(EmbeddedFleet, 
                 capacity_blocks: 0,
                 node: String::new(),
                 token_budgets: encoder_config.token_budgets.clone(),
+                spot: false,
             });
             encoders.push((name, server));
         }

@@ -38,7 +38,11 @@ pub struct Worker {
     pub node: String,
     /// Encoders: the token budgets it batches to, ascending.
     pub token_budgets: Vec<u32>,
+    /// Spot (preemptible) capacity.
+    pub spot: bool,
     healthy: AtomicBool,
+    /// Its reclaim notice came: out of routing for good, whatever its health checks say.
+    preempting: AtomicBool,
     failures: AtomicU32,
     successes: AtomicU32,
     /// Failed answers to requests in a row (not health checks).
@@ -47,7 +51,8 @@ pub struct Worker {
     healthy_gauge: Gauge,
     /// Told each time a request on any worker of the pool ends (room may have freed).
     released: Arc<tokio::sync::Notify>,
-    /// Mean gap between the chunks of its recent streams, in microseconds (0: unmeasured).
+    /// Typical gap between the chunks of its recent streams (each stream's median gap,
+    /// exponentially weighted), in microseconds (0: unmeasured).
     itl_us: AtomicU32,
     /// Streams measured.
     itl_samples: AtomicU32,
@@ -72,7 +77,9 @@ impl Worker {
             cost: config.cost,
             node: config.node.clone(),
             token_budgets: config.token_budgets.clone(),
+            spot: config.spot,
             healthy: AtomicBool::new(true),
+            preempting: AtomicBool::new(false),
             failures: AtomicU32::new(0),
             successes: AtomicU32::new(0),
             answer_failures: AtomicU32::new(0),
@@ -87,7 +94,7 @@ impl Worker {
         Ok(worker)
     }
 
-    /// Takes in one stream's mean gap between chunks: an exponentially weighted mean, the
+    /// Takes in one stream's median gap between chunks: an exponentially weighted mean, the
     /// newest stream weighing a fifth.
     pub fn observe_itl(&self, itl_ms: f64) {
         let sample = (itl_ms * 1000.0).clamp(1.0, f64::from(u32::MAX)) as u32;
@@ -101,7 +108,8 @@ impl Worker {
         self.itl_samples.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// The measured mean gap between chunks (µs, 0 while unmeasured) and the streams behind it.
+    /// The measured typical gap between chunks (µs, 0 while unmeasured) and the streams behind
+    /// it.
     pub fn measured_itl(&self) -> (u32, u32) {
         (
             self.itl_us.load(Ordering::Relaxed),
@@ -109,9 +117,26 @@ impl Worker {
         )
     }
 
-    /// Whether the worker is in rotation.
+    /// Whether the worker is in rotation: healthy and not being preempted.
     pub fn is_healthy(&self) -> bool {
-        self.healthy.load(Ordering::Relaxed)
+        self.healthy.load(Ordering::Relaxed) && !self.preempting.load(Ordering::Relaxed)
+    }
+
+    /// Whether its reclaim notice came.
+    pub fn is_preempting(&self) -> bool {
+        self.preempting.load(Ordering::Relaxed)
+    }
+
+    /// Takes the worker out of routing for good: its reclaim notice came (spot capacity about
+    /// to be taken away). Requests in flight on it go on while it lasts; those that break
+    /// before their first byte are retried elsewhere. Returns whether this is news.
+    pub fn preempt(&self) -> bool {
+        if self.preempting.swap(true, Ordering::Relaxed) {
+            return false;
+        }
+        self.healthy_gauge.set(0);
+        tracing::warn!(worker = %self.name, in_flight = self.in_flight(), "reclaim notice: worker out of routing");
+        true
     }
 
     /// Requests in flight on this worker through this gateway.
@@ -172,7 +197,7 @@ impl Worker {
     pub fn record_success(&self, threshold: u32) {
         self.failures.store(0, Ordering::Relaxed);
         let successes = self.successes.fetch_add(1, Ordering::Relaxed) + 1;
-        if successes >= threshold && !self.healthy.swap(true, Ordering::Relaxed) {
+        if successes >= threshold && !self.healthy.swap(true, Ordering::Relaxed) && !self.is_preempting() {
             self.healthy_gauge.set(1);
             tracing::info!(worker = %self.name, "worker back in rotation");
         }
@@ -303,6 +328,14 @@ impl WorkerPool {
         Ok((worker, true))
     }
 
+    /// Takes `worker` out of routing for good on its reclaim notice (see [`Worker::preempt`]),
+    /// counted once.
+    pub fn preempt(&self, worker: &Worker) {
+        if worker.preempt() {
+            self.metrics.preemption();
+        }
+    }
+
     /// Removes the worker named `name`, returning it.
     pub fn remove(&self, name: &str) -> Option<Arc<Worker>> {
         let removed = self.by_name(name)?;
@@ -367,6 +400,7 @@ mod tests {
             capacity_blocks: 0,
             node: String::new(),
             token_budgets: Vec::new(),
+            spot: false,
         }
     }
 

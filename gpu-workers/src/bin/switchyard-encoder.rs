@@ -202,6 +202,8 @@ async fn run() -> anyhow::Result<()> {
         cost: args.cost,
         node: args.node.clone(),
         token_budgets: args.token_budgets.clone(),
+        spot: false,
+        preempting: false,
         heartbeat_ms: args.heartbeat_ms.max(1),
         last_event_id: 0,
     };
@@ -216,6 +218,7 @@ async fn run() -> anyhow::Result<()> {
             subjects: kv_events::Subjects::new(args.subject_prefix.clone()),
             registration,
             drop_every: None,
+            preempting: None,
         };
         Some(tokio::spawn(async move {
             if let Err(err) = kv_link::run(client, config, events, stopped).await {

@@ -9,6 +9,7 @@ use switchyard_protocol::kv_events;
 use switchyard_workers::encoder::{self, EncoderConfig};
 use switchyard_workers::kv_link;
 use switchyard_workers::mocker::{self, EngineConfig, ServerConfig};
+use switchyard_workers::shutdown::shutdown_signal;
 
 /// What the mocker simulates.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -109,6 +110,42 @@ struct Args {
     /// Fault injection: lose every N-th KV event (it is still numbered, so gateways see gaps).
     #[arg(long)]
     drop_kv_event_every: Option<u64>,
+    /// Relative cost of a token, announced in registrations (spot < reserved).
+    #[arg(long, default_value_t = 1.0)]
+    cost: f64,
+    /// Announce the engines as spot (preemptible) capacity.
+    #[arg(long)]
+    spot: bool,
+    /// Simulate spot preemption (implies `--spot`): this many seconds after start the process
+    /// is reclaimed — it exits at once, as a reclaimed VM does, dropping every connection.
+    #[arg(long)]
+    spot_lifetime_s: Option<f64>,
+    /// How long before the reclaim its notice comes: the engines announce `preempting` (NATS
+    /// mode) and `/healthz` answers 503, so gateways stop routing to them while requests in
+    /// flight finish. 0: no notice.
+    #[arg(long, default_value_t = 2.0)]
+    spot_notice_s: f64,
+}
+
+/// When the reclaim notice comes and when the process is reclaimed, from start.
+fn spot_schedule(args: &Args) -> anyhow::Result<Option<(std::time::Duration, std::time::Duration)>> {
+    let Some(lifetime) = args.spot_lifetime_s else {
+        return Ok(None);
+    };
+    anyhow::ensure!(
+        lifetime.is_finite() && lifetime > 0.0,
+        "--spot-lifetime-s must be a positive number of seconds, got {lifetime}"
+    );
+    anyhow::ensure!(
+        args.spot_notice_s.is_finite() && args.spot_notice_s >= 0.0,
+        "--spot-notice-s must be a number of seconds of at least 0, got {}",
+        args.spot_notice_s
+    );
+    let notice = (lifetime - args.spot_notice_s).max(0.0);
+    Ok(Some((
+        std::time::Duration::from_secs_f64(notice),
+        std::time::Duration::from_secs_f64(lifetime),
+    )))
 }
 
 fn main() -> std::process::ExitCode {
@@ -148,9 +185,19 @@ async fn run() -> anyhow::Result<()> {
         args.speedup.is_finite() && args.speedup > 0.0,
         "--speedup must be a positive number"
     );
+    anyhow::ensure!(
+        args.cost.is_finite() && args.cost >= 0.0,
+        "--cost must be a number of at least 0, got {}",
+        args.cost
+    );
     if args.role != MockRole::Llm {
+        anyhow::ensure!(
+            args.spot_lifetime_s.is_none(),
+            "--spot-lifetime-s simulates preemption of LLM engines only"
+        );
         return run_encoders(args).await;
     }
+    let spot_schedule = spot_schedule(&args)?;
     let engine = EngineConfig {
         block_size: args.block_size,
         num_gpu_blocks: args.num_gpu_blocks,
@@ -171,6 +218,7 @@ async fn run() -> anyhow::Result<()> {
     let fleet = mocker::spawn_fleet(args.num_workers, args.host, args.port, &engine, &server)
         .await
         .context("could not bind the mocker ports")?;
+    let (notice_sender, notice) = tokio::sync::watch::channel(false);
     let mut links = Vec::new();
     if let Some(url) = &args.nats {
         let client = async_nats::connect(url.as_str())
@@ -198,13 +246,16 @@ async fn run() -> anyhow::Result<()> {
                     block_size: args.block_size,
                     capacity_blocks: args.num_gpu_blocks as u64,
                     capabilities: vec!["text".into()],
-                    cost: 1.0,
+                    cost: args.cost,
                     node: args.node.clone(),
                     token_budgets: Vec::new(),
+                    spot: args.spot || spot_schedule.is_some(),
+                    preempting: false,
                     heartbeat_ms: args.heartbeat_ms.max(1),
                     last_event_id: 0,
                 },
                 drop_every: args.drop_kv_event_every,
+                preempting: Some(notice.clone()),
             };
             let task = tokio::spawn(kv_link::run(client.clone(), config, events, stopped));
             links.push((stop, task));
@@ -213,13 +264,72 @@ async fn run() -> anyhow::Result<()> {
     for (index, worker) in fleet.iter().enumerate() {
         println!("mocker {index} listening on http://{}", worker.addr());
     }
+    // Installed before the ready line, so a supervisor's SIGTERM is never the abrupt default.
+    let stop_signal = shutdown_signal().context("cannot install the signal handlers")?;
     println!("mocker ready: {} worker(s), model `{}`", fleet.len(), args.model);
-    tokio::signal::ctrl_c().await.context("waiting for ctrl-c")?;
+    match spot_schedule {
+        Some((notice_at, reclaim_at)) => {
+            let started = tokio::time::Instant::now();
+            tokio::select! {
+                () = stop_signal => {}
+                () = reclaim(started, notice_at, reclaim_at, &fleet, &notice_sender) => {}
+            }
+        }
+        None => stop_signal.await,
+    }
+    // Graceful: leave routing first (gateways stop sending at once), then let the streams in
+    // flight finish before exiting.
     for (stop, task) in links {
         let _ = stop.send(());
         let _ = task.await;
     }
+    let in_flight: u64 = fleet.iter().map(|w| w.in_flight()).sum();
+    if in_flight > 0 {
+        tracing::info!(in_flight, "draining the requests in flight");
+    }
+    let mut left = 0;
+    for worker in fleet {
+        left += worker.shutdown(DRAIN_TIMEOUT).await;
+    }
+    if left > 0 {
+        tracing::warn!(left, "stopped with requests still running after {DRAIN_TIMEOUT:?}");
+    }
     Ok(())
+}
+
+/// How long a stopping mocker waits for its requests in flight.
+const DRAIN_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Plays a spot reclaim: at `notice_at` the engines announce `preempting` and fail their
+/// health checks; at `reclaim_at` the process exits at once, without a goodbye, as a reclaimed
+/// machine does (connections drop; gateways notice from the missing heartbeats).
+async fn reclaim(
+    started: tokio::time::Instant,
+    notice_at: std::time::Duration,
+    reclaim_at: std::time::Duration,
+    fleet: &[mocker::WorkerServer],
+    notice: &tokio::sync::watch::Sender<bool>,
+) {
+    if notice_at < reclaim_at {
+        tokio::time::sleep_until(started + notice_at).await;
+        tracing::warn!(
+            in_flight = fleet.iter().map(|w| w.in_flight()).sum::<u64>(),
+            "spot reclaim notice"
+        );
+        println!(
+            "mocker preempting: reclaimed in {:.1} s",
+            (reclaim_at - notice_at).as_secs_f64()
+        );
+        for worker in fleet {
+            worker.mark_preempting();
+        }
+        notice.send_replace(true);
+    }
+    tokio::time::sleep_until(started + reclaim_at).await;
+    let in_flight: u64 = fleet.iter().map(|w| w.in_flight()).sum();
+    tracing::warn!(in_flight, "spot reclaimed: exiting now");
+    println!("mocker reclaimed with {in_flight} request(s) in flight");
+    std::process::exit(137);
 }
 
 /// Runs simulated encoders until ctrl-c.
@@ -285,13 +395,16 @@ async fn run_encoders(args: Args) -> anyhow::Result<()> {
                     block_size: 1,
                     capacity_blocks: 0,
                     capabilities,
-                    cost: 1.0,
+                    cost: args.cost,
                     node: args.node.clone(),
                     token_budgets: args.token_budgets.clone(),
+                    spot: args.spot,
+                    preempting: false,
                     heartbeat_ms: args.heartbeat_ms.max(1),
                     last_event_id: 0,
                 },
                 drop_every: None,
+                preempting: None,
             };
             let task = tokio::spawn(kv_link::run(client.clone(), link, events, stopped));
             links.push((stop, task));

@@ -1,22 +1,30 @@
 //! `cost-aware`: the cheapest worker predicted to meet the request's time-to-first-token
-//! target; when none is, the fastest.
+//! target; when none is, the one `predicted-ttft` would pick with each worker's measured speed.
 //!
 //! Each LLM worker's TTFT is predicted with `predicted-ttft`'s model (the engines' step-time
-//! polynomials, its queue, cache overlap and decoders), then scaled by the worker's own speed:
-//! `speed = measured ITL / decode_ms(u)`, the gap between its streams' chunks that the gateway
-//! measured (the `measured` import; matched by the `ids` column) over the decode step the model
-//! expects at its KV usage. A worker twice as slow as the model (an older spot GPU) has its
-//! prediction doubled; a worker not measured yet is taken at the model's speed (1). Workers
-//! whose scaled TTFT is within `ttft-target-ms` are candidates and the one with the lowest
-//! `cost` (per token; spot < reserved) wins, ties (within 1e-6) going to the lowest predicted
-//! cost as `predicted-ttft` ranks it (so equal workers still share the load). A request
-//! without a target takes every worker as a candidate, so it goes to the cheapest. When no
-//! worker is predicted to meet the target, the lowest scaled TTFT wins. Fallbacks: the next two
-//! in the same order.
+//! polynomials, its queue, cache overlap and decoders), then scaled by the worker's slowness:
+//! its typical gap between chunks (the `measured` import: each stream's median gap, so the
+//! few steps that also carried prefill do not count; matched by the `ids` column) over the
+//! fastest measured worker's. A worker whose steps take twice as long (an older spot GPU) has
+//! its prediction doubled; a worker measured on fewer than 3 streams is taken as fast as the
+//! fastest. Why relative and not against the model's step: see [`slowness`].
+//! Workers the request would not overflow (KV capacity, as `predicted-ttft` checks it) and
+//! that would still be ready for the next request within the target — scaled TTFT plus the
+//! steps of the request's own uncached tokens (`predicted-ttft`'s impact) at most
+//! `target_margin` × `ttft-target-ms` — are candidates, and the one with the lowest `cost`
+//! (per token; spot < reserved) wins, ties (within 1e-6) going to the lowest scaled cost as
+//! `predicted-ttft` ranks it (so equal workers share the load and cached prefixes count).
+//! Counting the request's own steps is what keeps a busy fleet's attainment: with its TTFT
+//! alone, cheap and slow workers take requests until their queues make the next ones late
+//! (the first version of this router, BENCHMARKS.md). A request without a target takes every
+//! worker as a candidate, so it goes to the cheapest. When no worker is predicted to meet the
+//! target, the lowest scaled `predicted-ttft` cost wins (its queue, cache, impact and decode
+//! terms, not the raw TTFT: a late request should not also spoil the queue behind it).
+//! Fallbacks: the next two in the same order.
 //!
 //! Settings: `predicted-ttft`'s coefficients (the same keys), and `target_margin` (default
-//! 1.0): a worker is a candidate when its scaled TTFT is at most `target_margin` × the target
-//! (below 1 keeps headroom).
+//! 0.8): the share of the target a candidate's busy time may take (headroom for the requests
+//! arriving while it works).
 
 #![cfg_attr(not(test), no_std)]
 
@@ -40,21 +48,35 @@ pub struct CostAware;
 /// How many next-best workers the decision names as fallbacks.
 const FALLBACKS: usize = 2;
 
-/// Each worker's speed relative to the model (1 = as the model expects), from the measured
-/// timings, index for index with the table.
-fn speeds(model: &Model, workers: &WorkerTable, predictions: &[(usize, model::Prediction)]) -> Vec<f64> {
+/// Streams a worker must have been measured on before its speed counts.
+const MIN_SAMPLES: u32 = 3;
+
+/// Each worker's slowness relative to the fastest measured one (1 = as fast; 2.5 = takes 2.5
+/// times as long per step), index for index with `predictions`, from the measured timings.
+///
+/// Relative, not against the model's expected step: a worker's measured gap grows with its own
+/// load (a fuller KV cache makes every step longer), and the load the gateway sees includes
+/// queued requests the engine has not started, so comparing a gap with the model's step at
+/// that load makes a loaded worker look fast and draws more load to it. Every worker carries
+/// load, so the ratio of gaps keeps mostly the hardware's difference, and what is left of the
+/// load makes a busy worker look slower — which turns traffic away from it, the stable way.
+fn slowness(workers: &WorkerTable, predictions: &[(usize, model::Prediction)]) -> Vec<f64> {
     let measured = switchyard_policy_sdk::measured::timings();
-    predictions
+    let gaps: Vec<Option<f64>> = predictions
         .iter()
-        .map(|(i, prediction)| {
+        .map(|(i, _)| {
             let id = workers.ids.get(*i).copied();
             measured
                 .iter()
-                .find(|timing| Some(timing.id) == id && timing.itl_us > 0)
-                .map_or(1.0, |timing| {
-                    let expected_ms = prediction.decode_step_ms.max(model.decode_ms(0.0)).max(1e-3);
-                    (f64::from(timing.itl_us) / 1000.0 / expected_ms).clamp(0.01, 100.0)
-                })
+                .find(|timing| Some(timing.id) == id && timing.itl_us > 0 && timing.samples >= MIN_SAMPLES)
+                .map(|timing| f64::from(timing.itl_us))
+        })
+        .collect();
+    let fastest = gaps.iter().flatten().copied().fold(f64::INFINITY, f64::min);
+    gaps.iter()
+        .map(|gap| match gap {
+            Some(gap) if fastest.is_finite() && fastest > 0.0 => (gap / fastest).clamp(1.0, 100.0),
+            _ => 1.0,
         })
         .collect()
 }
@@ -73,7 +95,7 @@ impl Router for CostAware {
 
     fn route(req: &RequestInfo, workers: &WorkerTable) -> Result<Decision, PolicyError> {
         let model = Model::from_config();
-        let margin = switchyard_policy_sdk::config::get_f64("target_margin", 1.0);
+        let margin = switchyard_policy_sdk::config::get_f64("target_margin", 0.8);
         let predictions: Vec<(usize, model::Prediction)> = workers
             .llm_indices()
             .map(|i| (i, model.predict(req, workers, i)))
@@ -81,41 +103,47 @@ impl Router for CostAware {
         if predictions.is_empty() {
             return Err(PolicyError::new("no LLM worker in the table"));
         }
-        let speeds = speeds(&model, workers, &predictions);
+        let speeds = slowness(workers, &predictions);
         let target = f64::from(req.ttft_target_ms);
-        // (meets the target, cost per token, scaled prediction, tie-break, index)
-        let mut ranked: Vec<(bool, f64, f64, u64, usize)> = predictions
+        // (usable, meets the target, cost per token or scaled cost, scaled cost, tie, index);
+        // a worker the request would overflow is usable only when every worker would.
+        let mut ranked: Vec<(bool, bool, f64, f64, u64, usize)> = predictions
             .iter()
             .zip(&speeds)
             .map(|((i, prediction), speed)| {
-                let ttft = prediction.ttft_ms * speed;
-                let meets = target <= 0.0 || ttft <= target * margin;
+                let usable = !prediction.overflows;
                 let price = f64::from(workers.cost.get(*i).copied().unwrap_or(1.0));
                 let cost = if prediction.cost.is_finite() {
                     prediction.cost * speed
                 } else {
                     f64::INFINITY
                 };
+                // Busy: the time until this worker could start the next request after this one
+                // (its queue, this request's TTFT and its uncached tokens' steps).
+                let busy = (prediction.ttft_ms + prediction.impact_ms) * speed;
+                let meets = usable && (target <= 0.0 || busy <= target * margin);
                 let tie = model::mix(req.request_id ^ (*i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15));
-                (meets, if meets { price } else { ttft }, cost, tie, *i)
+                (usable, meets, if meets { price } else { cost }, cost, tie, *i)
             })
             .collect();
-        // Meeting workers first, cheapest first; then the rest, fastest first. Prices equal
-        // within 1e-6 are ranked by predicted cost, then by the request's hash.
+        // Usable first; meeting workers first, cheapest first; then the rest, by scaled
+        // predicted cost. Prices equal within 1e-6 are ranked by predicted cost, then by the
+        // request's hash.
         ranked.sort_by(|a, b| {
             b.0.cmp(&a.0)
+                .then_with(|| b.1.cmp(&a.1))
                 .then_with(|| {
-                    if (a.1 - b.1).abs() <= 1e-6 * a.1.abs().max(b.1.abs()).max(1.0) {
+                    if (a.2 - b.2).abs() <= 1e-6 * a.2.abs().max(b.2.abs()).max(1.0) {
                         core::cmp::Ordering::Equal
                     } else {
-                        a.1.total_cmp(&b.1)
+                        a.2.total_cmp(&b.2)
                     }
                 })
-                .then_with(|| a.2.total_cmp(&b.2))
-                .then_with(|| a.3.cmp(&b.3))
+                .then_with(|| a.3.total_cmp(&b.3))
+                .then_with(|| a.4.cmp(&b.4))
         });
-        let mut decision = Decision::to(ranked[0].4);
-        decision.fallbacks = ranked.iter().skip(1).take(FALLBACKS).map(|r| r.4 as u32).collect();
+        let mut decision = Decision::to(ranked[0].5);
+        decision.fallbacks = ranked.iter().skip(1).take(FALLBACKS).map(|r| r.5 as u32).collect();
         Ok(decision)
     }
 }
@@ -129,7 +157,7 @@ mod tests {
     use switchyard_policy_sdk::testing;
 
     /// Worker 0: reserved (cost 1), as fast as the model; worker 1: spot (cost 0.4), measured
-    /// ten times slower than the model.
+    /// twice as slow.
     fn fleet() -> testing::Table {
         let mut table = testing::table(2);
         table.cost = alloc::vec![1.0, 0.4];
@@ -142,7 +170,7 @@ mod tests {
             },
             WorkerTiming {
                 id: 1,
-                itl_us: expected_us * 10,
+                itl_us: expected_us * 2,
                 samples: 5
             },
         ]);
@@ -160,11 +188,12 @@ mod tests {
 
     #[test]
     fn the_cheap_worker_takes_what_it_can_meet() {
-        // 512 tokens on an idle worker: one step, about 24 ms at the model's speed, 240 ms on
-        // the spot worker measured ten times slower.
+        // 512 tokens on an idle worker: one step of about 24 ms at the model's speed, and its
+        // tokens' share of a full step, 10.6 ms: busy for 34.6 ms, 69.2 ms on the spot worker
+        // measured twice as slow.
         assert_eq!(route(0.0), 1, "no target: the cheapest");
         assert_eq!(route(1000.0), 1, "a loose target the spot worker meets");
-        assert_eq!(route(100.0), 0, "a target only the reserved worker meets");
+        assert_eq!(route(80.0), 0, "a target only the reserved worker meets (64 ms)");
         assert_eq!(route(1.0), 0, "a target nobody meets: the fastest");
     }
 

@@ -52,6 +52,20 @@ pub mod batcher_world {
     });
 }
 
+/// Generated bindings of the `planner` world.
+#[allow(missing_docs, clippy::too_many_arguments)]
+pub mod planner_world {
+    wit_bindgen::generate!({
+        path: "wit",
+        world: "switchyard:policy/planner",
+        pub_export_macro: true,
+        export_macro_name: "export_planner_world",
+        default_bindings_module: "switchyard_policy_sdk::planner_world",
+    });
+}
+
+pub use planner_world::switchyard::policy::planning::{IntervalStats, Pool, PoolRole, ScaleDecision};
+
 pub use router_world::switchyard::policy::types::{
     Batch, Budget, Columns, Decision, PendingTable, PolicyError, RequestInfo,
 };
@@ -443,6 +457,48 @@ pub trait Batcher {
         let _ = tenancy;
         Self::form_batches(queue, budget)
     }
+}
+
+/// A planner: desired sizes of the worker pools, once per adjustment interval (the `planner`
+/// world). Pools come with their recent history, so a planner keeps no state between calls.
+pub trait Planner {
+    /// Called once per instance before any call; an error refuses the policy.
+    fn init() -> Result<(), PolicyError> {
+        Ok(())
+    }
+
+    /// Desired sizes for `pools` (indices into it); pools left out keep their size.
+    /// `max_gpus` is the fleet's GPU budget (0: none).
+    fn plan(pools: &[Pool], max_gpus: u32) -> Result<Vec<ScaleDecision>, PolicyError>;
+}
+
+/// Exports a [`Planner`] implementation as the component's `planner` world.
+#[macro_export]
+macro_rules! planner {
+    ($policy:ty) => {
+        struct __SwitchyardPlannerExport;
+        impl $crate::planner_world::Guest for __SwitchyardPlannerExport {
+            fn init() -> Result<(), $crate::planner_world::switchyard::policy::types::PolicyError> {
+                <$policy as $crate::Planner>::init().map_err(|e| {
+                    $crate::planner_world::switchyard::policy::types::PolicyError { message: e.message }
+                })
+            }
+            fn plan(
+                pools: $crate::__Vec<$crate::Pool>,
+                max_gpus: u32,
+            ) -> Result<
+                $crate::__Vec<$crate::ScaleDecision>,
+                $crate::planner_world::switchyard::policy::types::PolicyError,
+            > {
+                let decisions = <$policy as $crate::Planner>::plan(&pools, max_gpus).map_err(|e| {
+                    $crate::planner_world::switchyard::policy::types::PolicyError { message: e.message }
+                });
+                $crate::__end_of_call();
+                decisions
+            }
+        }
+        $crate::planner_world::export_planner_world!(__SwitchyardPlannerExport with_types_in $crate::planner_world);
+    };
 }
 
 /// Exports a [`Router`] implementation as the component's `router` world.

@@ -310,6 +310,8 @@ async fn run() -> anyhow::Result<()> {
         cost: args.cost,
         node: String::new(),
         token_budgets: Vec::new(),
+        spot: false,
+        preempting: false,
         heartbeat_ms: args.heartbeat_ms.max(1),
         last_event_id: 0,
     };
@@ -323,6 +325,7 @@ async fn run() -> anyhow::Result<()> {
             subjects: kv_events::Subjects::new(args.subject_prefix.clone()),
             registration,
             drop_every: None,
+            preempting: None,
         };
         let task = tokio::spawn(async move {
             if let Err(err) = kv_link::run(client, config, events, stopped).await {
