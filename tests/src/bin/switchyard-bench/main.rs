@@ -7,10 +7,13 @@
 //!   `--image-share`, `--audio-share`, `--video-share` and `--media-repeat` make it multimodal.
 //! - `compare`: starts a gateway with mockers per policy, replays a trace under each, and
 //!   writes a Markdown report with plots.
+//! - `planner`: the planner's fleets (load-based, sla-based, fixed at the minimum and the
+//!   maximum) against an Azure arrival trace, side by side.
 //!
 //! Build the binaries first: `cargo build --release --workspace --bins`.
 
 mod overhead;
+mod planner;
 mod target;
 
 use std::path::PathBuf;
@@ -42,6 +45,9 @@ enum Command {
     /// Replay a trace once per policy on fresh gateways and mockers; write a Markdown report
     /// with tables and plots.
     Compare(CompareArgs),
+    /// The planner against a load that rises and falls: load-based, sla-based and fixed fleets
+    /// side by side (attainment, worker-seconds, time to the first scale-up).
+    Planner(planner::PlannerArgs),
 }
 
 /// Which part of a trace to replay, and how fast.
@@ -261,6 +267,7 @@ async fn main() -> anyhow::Result<()> {
         Command::Replay(args) => replay_command(args).await,
         Command::Synth(args) => synth_command(&args),
         Command::Compare(args) => compare_command(args).await,
+        Command::Planner(args) => planner::run(args).await,
     }
 }
 
