@@ -27,8 +27,9 @@ pub struct PlannerConfig {
     #[serde(default)]
     pub no_operation: bool,
     /// What acts on decisions: `process` (start and stop processes on this machine from each
-    /// pool's `command`) or `none` (decisions are only logged and exported, as with
-    /// `no_operation`). `kubernetes` is named but not built yet, and refused.
+    /// pool's `command`), `kubernetes` (patch each pool's Deployment or StatefulSet scale
+    /// through the API server), or `none` (decisions are only logged and exported, as with
+    /// `no_operation`).
     #[serde(default = "default_connector")]
     pub connector: String,
     /// The pools.
@@ -38,6 +39,17 @@ pub struct PlannerConfig {
     /// over, in milliseconds.
     #[serde(default = "default_lease_ms")]
     pub lease_ms: u64,
+    /// `kubernetes` connector: the API server, `https://HOST:PORT` (default: from the pod's
+    /// `KUBERNETES_SERVICE_HOST` and `KUBERNETES_SERVICE_PORT`).
+    #[serde(default)]
+    pub kubernetes_api: Option<String>,
+    /// `kubernetes` connector: the service account's folder (`token`, `ca.crt`, `namespace`).
+    #[serde(default = "default_kubernetes_credentials")]
+    pub kubernetes_credentials: std::path::PathBuf,
+}
+
+fn default_kubernetes_credentials() -> std::path::PathBuf {
+    "/var/run/secrets/kubernetes.io/serviceaccount".into()
 }
 
 /// One point of a pool's measured profile: one worker's request rate within the targets at
@@ -145,6 +157,17 @@ impl PoolConfig {
 }
 
 impl PlannerConfig {
+    /// The API server the `kubernetes` connector calls: `kubernetes_api`, else the pod's
+    /// service environment.
+    pub fn kubernetes_api(&self) -> Option<String> {
+        self.kubernetes_api.clone().or_else(|| {
+            let host = std::env::var("KUBERNETES_SERVICE_HOST").ok()?;
+            let port = std::env::var("KUBERNETES_SERVICE_PORT").unwrap_or_else(|_| "443".into());
+            let host = if host.contains(':') { format!("[{host}]") } else { host };
+            Some(format!("https://{host}:{port}"))
+        })
+    }
+
     /// Checks the values; answers the offending key and why.
     pub(crate) fn check(&self) -> Result<(), (String, String)> {
         let key = |name: &str| format!("planner.{name}");
@@ -172,11 +195,19 @@ impl PlannerConfig {
                 format!("`{}`: one of process, kubernetes, none", self.connector),
             ));
         }
-        if self.connector == "kubernetes" {
-            return Err((
-                key("connector"),
-                "the kubernetes connector is not built yet: use process, or none with an external autoscaler reading the planner's metrics".into(),
-            ));
+        if self.connector == "kubernetes" && !self.no_operation {
+            match self.kubernetes_api() {
+                None => {
+                    return Err((
+                        key("kubernetes_api"),
+                        "unset, and KUBERNETES_SERVICE_HOST is not set either (not in a pod)".into(),
+                    ));
+                }
+                Some(api) if !api.starts_with("https://") => {
+                    return Err((key("kubernetes_api"), format!("`{api}` must be an https:// URL")));
+                }
+                Some(_) => {}
+            }
         }
         if self.lease_ms < 100 {
             return Err((key("lease_ms"), format!("{} ms: at least 100", self.lease_ms)));
@@ -300,11 +331,13 @@ mod tests {
         .check()
         .unwrap_err();
         assert_eq!(key, "planner.adjustment_interval_s");
-        let (key, why) = config(&format!("connector = \"kubernetes\"\n{pool}"))
-            .check()
-            .unwrap_err();
+        let k8s = "connector = \"kubernetes\"\nkubernetes_api = \"http://10.0.0.1\"\n[[pools]]\nmodel = \"m\"\nmax_workers = 2\n";
+        let (key, _) = config(k8s).check().unwrap_err();
+        assert_eq!(key, "planner.kubernetes_api", "not https");
+        let (key, _) = config(&k8s.replace("http://", "https://")).check().unwrap_err();
+        assert_eq!(key, "planner.pools[0].kubernetes_target");
+        let (key, _) = config("connector = \"bogus\"\n").check().unwrap_err();
         assert_eq!(key, "planner.connector");
-        assert!(why.contains("not built yet"), "{why}");
         let (key, _) = config("[[pools]]\nmodel = \"m\"\nmax_workers = 2\n")
             .check()
             .unwrap_err();

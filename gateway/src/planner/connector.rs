@@ -4,7 +4,8 @@
 //! (the embedded default's way to grow: `switchyard-mocker` or `switchyard-worker` processes
 //! that register themselves over NATS or the admin API). A scale-down sends SIGTERM to the
 //! newest worker: it leaves routing at once and drains its streams before it exits, so no
-//! stream is cut. Processes are killed with the gateway (`kill_on_drop`).
+//! stream is cut. Processes are killed with the gateway (`kill_on_drop`). The `kubernetes`
+//! connector is in [`crate::planner::kubernetes`]; [`LogOnly`] acts on nothing.
 
 use std::collections::HashSet;
 
@@ -44,6 +45,14 @@ pub trait Connector: Send + Sync + std::fmt::Debug {
     /// Whether `name` is one of the workers this connector manages for pool `index` (the
     /// pool's workers in the registry are those).
     fn manages(&self, index: usize, pool: &PoolConfig, name: &str) -> bool;
+
+    /// The size pool `index` already has outside the gateway (a Deployment's replicas), which
+    /// the planner adopts once instead of its minimum; `None` where the connector starts from
+    /// nothing.
+    fn current_size(&self, index: usize) -> Option<u32> {
+        let _ = index;
+        None
+    }
 }
 
 /// One worker process.

@@ -14,6 +14,7 @@
 //! actions.
 
 pub mod connector;
+pub mod kubernetes;
 pub mod window;
 
 use std::collections::{HashSet, VecDeque};
@@ -50,6 +51,9 @@ struct PoolState {
     config: PoolConfig,
     role: PoolRole,
     desired: u32,
+    /// Whether `desired` was taken from the connector's view of the pool (see
+    /// [`Connector::current_size`]).
+    adopted: bool,
     intervals_since_scale_up: u32,
     recent: VecDeque<IntervalStats>,
 }
@@ -188,7 +192,12 @@ impl Planner {
         targets: std::collections::HashMap<String, (f32, f32)>,
     ) -> Planner {
         let connector: Box<dyn Connector> = match config.connector.as_str() {
-            "process" if !config.no_operation => Box::new(ProcessConnector::default()),
+            _ if config.no_operation => Box::new(LogOnly),
+            "process" => Box::new(ProcessConnector::default()),
+            "kubernetes" => Box::new(kubernetes::KubernetesConnector::new(kubernetes::KubernetesApi {
+                base: config.kubernetes_api().unwrap_or_default(),
+                credentials: config.kubernetes_credentials.clone(),
+            })),
             _ => Box::new(LogOnly),
         };
         let pools = config
@@ -198,6 +207,7 @@ impl Planner {
                 config: pool.clone(),
                 role: pool_role(&pool.role),
                 desired: pool.min_workers,
+                adopted: false,
                 intervals_since_scale_up: u32::MAX,
                 recent: VecDeque::new(),
             })
@@ -261,6 +271,12 @@ impl Planner {
             if !acts {
                 // Nothing acts on decisions: the size to plan from is what runs.
                 pool.desired = (registered.len() as u32).clamp(pool.config.min_workers, pool.config.max_workers);
+            } else if !pool.adopted
+                && let Some(size) = self.connector.current_size(index)
+            {
+                pool.desired = size.clamp(pool.config.min_workers, pool.config.max_workers);
+                pool.adopted = true;
+                tracing::info!(model = %pool.config.model, size, desired = pool.desired, "planner adopted the pool's size");
             }
             let members: Vec<_> = self
                 .workers
