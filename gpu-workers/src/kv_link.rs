@@ -14,6 +14,9 @@ use tokio::sync::mpsc;
 
 use switchyard_protocol::kv_events::{EventLog, KvEvent, Registration, Subjects};
 
+/// How long a stopping worker tries to say goodbye.
+const GOODBYE_TIMEOUT: Duration = Duration::from_secs(2);
+
 /// Why the link stopped.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -115,8 +118,15 @@ pub async fn run(
             _ = &mut stop => break,
         }
     }
-    let _ = client.publish(subjects.leave(), worker.clone().into()).await;
-    let _ = client.flush().await;
+    // A worker stopping while NATS is gone must not wait for it to come back: the gateways
+    // drop it when its heartbeats stop anyway.
+    let goodbye = async {
+        let _ = client.publish(subjects.leave(), worker.clone().into()).await;
+        let _ = client.flush().await;
+    };
+    if tokio::time::timeout(GOODBYE_TIMEOUT, goodbye).await.is_err() {
+        tracing::warn!(%worker, "NATS unreachable: left without a goodbye");
+    }
     Ok(())
 }
 

@@ -4,7 +4,8 @@
 //! (the embedded default's way to grow: `switchyard-mocker` or `switchyard-worker` processes
 //! that register themselves over NATS or the admin API). A scale-down sends SIGTERM to the
 //! newest worker: it leaves routing at once and drains its streams before it exits, so no
-//! stream is cut. Processes are killed with the gateway (`kill_on_drop`). The `kubernetes`
+//! stream is cut. Processes stop with the gateway: killed when it drops their handles, and on
+//! Linux sent SIGTERM by the kernel when it dies any other way (`PR_SET_PDEATHSIG`). The `kubernetes`
 //! connector is in [`crate::planner::kubernetes`]; [`LogOnly`] acts on nothing.
 
 use std::collections::HashSet;
@@ -77,11 +78,26 @@ impl ProcessConnector {
             .command
             .split_first()
             .ok_or_else(|| "the pool has no command".to_string())?;
-        tokio::process::Command::new(expand(program))
+        let mut command = tokio::process::Command::new(expand(program));
+        command
             .args(args.iter().map(expand))
             .stdin(std::process::Stdio::null())
             .stdout(std::process::Stdio::null())
-            .kill_on_drop(true)
+            .kill_on_drop(true);
+        #[cfg(target_os = "linux")]
+        // SAFETY: the closure runs in the child between fork and exec and only calls `prctl`,
+        // which is async-signal-safe. It asks for SIGTERM when the gateway dies without
+        // dropping the child handle (a crash, SIGKILL): the worker then drains and exits
+        // instead of running on unplanned.
+        unsafe {
+            command.pre_exec(|| {
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        command
             .spawn()
             .map_err(|err| format!("cannot start `{}`: {err}", expand(program)))
     }
