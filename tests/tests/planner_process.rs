@@ -2,7 +2,8 @@
 //! `switchyard-mocker` processes that register over NATS and take traffic when a load step
 //! comes, and stops them one at a time (SIGTERM: each leaves routing at once and drains) when
 //! the load drops, with no failed or truncated stream. Then a hostile planner pushed through
-//! the admin API changes nothing.
+//! the admin API changes nothing. In a fleet, one replica plans, and another takes the
+//! planning lease over when it stops.
 
 use std::time::{Duration, Instant};
 
@@ -155,5 +156,74 @@ command = ["{mocker}", "--nats", "{nats}", "--name", "{{name}}", "--heartbeat-ms
     let (_, metrics) = admin.get_text("/metrics").await?;
     let fallbacks = metric_sum(&metrics, "switchyard_planner_calls_total", &["fallback"]);
     assert!(fallbacks >= 1.0, "the hostile planner's answers were refused");
+    Ok(())
+}
+
+/// Whether the replica behind `admin` holds the planning lease (`switchyard_planner_leader`).
+async fn leads(admin: &Admin) -> Option<bool> {
+    let (_, metrics) = admin.get_text("/metrics").await.ok()?;
+    metrics
+        .lines()
+        .find(|line| line.starts_with("switchyard_planner_leader "))
+        .map(|line| line.ends_with(" 1"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_replica_of_a_fleet_plans_and_another_takes_over_when_it_stops() -> anyhow::Result<()> {
+    let nats = NatsServer::start_jetstream()?;
+    let replica = |name: &str| {
+        Gateway::start_with_admin(
+            &format!(
+                "[server]\nplaintext = true\n[embedded_mockers]\ncount = 1\nspeedup = 50.0\n\
+                 [fleet]\nnats_url = \"{}\"\nreplica = \"{name}\"\n\
+                 [planner]\nconnector = \"none\"\nmetric_interval_ms = 100\nadjustment_interval_s = 0.3\n\
+                 lease_ms = 1500\n[[planner.pools]]\nmodel = \"mock\"\nmax_workers = 2\n",
+                nats.url
+            ),
+            TOKEN,
+        )
+    };
+    let (mut a, admin_a) = replica("a")?;
+    let (mut b, admin_b) = replica("b")?;
+    // Every replica reports after its first adjustments: exactly one of them plans.
+    assert!(
+        eventually(Duration::from_secs(10), || async {
+            matches!(
+                (leads(&admin_a).await, leads(&admin_b).await),
+                (Some(true), Some(false)) | (Some(false), Some(true))
+            )
+        })
+        .await,
+        "one leader: a {:?}, b {:?}",
+        leads(&admin_a).await,
+        leads(&admin_b).await
+    );
+    // Both stay that way over several intervals (no flapping while the holder renews).
+    let leader_is_a = leads(&admin_a).await == Some(true);
+    for _ in 0..5 {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert_eq!(leads(&admin_a).await, Some(leader_is_a));
+        assert_eq!(leads(&admin_b).await, Some(!leader_is_a));
+    }
+    // The leader stops without a word; the other takes over once its lease lapses.
+    let (follower, name) = if leader_is_a {
+        a.process.kill();
+        (&admin_b, "b")
+    } else {
+        b.process.kill();
+        (&admin_a, "a")
+    };
+    let stopped = std::time::Instant::now();
+    assert!(
+        eventually(Duration::from_secs(10), || async {
+            leads(follower).await == Some(true)
+        })
+        .await,
+        "replica {name} took the lease over"
+    );
+    println!(
+        "planning lease: replica {name} took over {:.1} s after the leader stopped (lease 1.5 s)",
+        stopped.elapsed().as_secs_f64()
+    );
     Ok(())
 }
