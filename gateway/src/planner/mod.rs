@@ -106,6 +106,9 @@ pub struct Planner {
     lease: Box<dyn Lease>,
     plans: Mutex<VecDeque<PlanRecord>>,
     metrics: PlannerMetrics,
+    /// Whether this replica holds the planning lease (always, outside a fleet): only the
+    /// holder plans and acts on its connector.
+    leader: std::sync::atomic::AtomicBool,
     /// The model defaults' latency targets, by model.
     targets: std::collections::HashMap<String, (f32, f32)>,
 }
@@ -223,6 +226,7 @@ impl Planner {
             lease,
             plans: Mutex::new(VecDeque::new()),
             metrics,
+            leader: std::sync::atomic::AtomicBool::new(false),
             targets,
         }
     }
@@ -260,6 +264,11 @@ impl Planner {
     /// Whether decisions start and stop workers (not `no_operation`, not connector `none`).
     fn acts(&self) -> bool {
         !self.config.no_operation && self.config.connector != "none"
+    }
+
+    /// Whether this replica holds the planning lease now.
+    fn leads(&self) -> bool {
+        self.leader.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// One metric tick: samples each pool's load and reconciles its size.
@@ -306,7 +315,10 @@ impl Planner {
                 .ready
                 .get_or_create(&Planner::labels(pool))
                 .set(registered.len() as i64);
-            if acts && let Err(err) = self.connector.reconcile(index, &pool.config, pool.desired, &registered) {
+            if acts
+                && self.leads()
+                && let Err(err) = self.connector.reconcile(index, &pool.config, pool.desired, &registered)
+            {
                 tracing::warn!(model = %pool.config.model, error = %err, "planner connector failed");
             }
         }
@@ -462,19 +474,28 @@ impl Planner {
         tokio::spawn(async move {
             let metric = Duration::from_millis(planner.config.metric_interval_ms);
             let adjustment = Duration::from_secs_f64(planner.config.adjustment_interval_s);
+            // The lease is renewed three times per lease period, whatever the adjustment
+            // interval: a holder that renewed only when it plans would let the lease lapse
+            // between plans, and another replica would plan in the same interval.
+            let renewal = Duration::from_millis((planner.config.lease_ms / 3).max(1));
             let mut ticks = tokio::time::interval(metric);
             ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             let mut next_adjustment = tokio::time::Instant::now() + adjustment;
+            let mut next_renewal = tokio::time::Instant::now();
             loop {
                 ticks.tick().await;
+                if tokio::time::Instant::now() >= next_renewal {
+                    next_renewal = tokio::time::Instant::now() + renewal;
+                    let leader = planner.lease.hold().await;
+                    planner.leader.store(leader, std::sync::atomic::Ordering::Relaxed);
+                    planner.metrics.leader.set(i64::from(leader));
+                }
                 planner.tick();
                 if tokio::time::Instant::now() < next_adjustment {
                     continue;
                 }
                 next_adjustment += adjustment;
-                let leader = planner.lease.hold().await;
-                planner.metrics.leader.set(i64::from(leader));
-                if leader {
+                if planner.leader.load(std::sync::atomic::Ordering::Relaxed) {
                     planner.adjust().await;
                 } else {
                     // Another replica plans; keep the window from growing.
