@@ -9,11 +9,14 @@
 //!   writes a Markdown report with plots.
 //! - `planner`: the planner's fleets (load-based, sla-based, fixed at the minimum and the
 //!   maximum) against an Azure arrival trace, side by side.
+//! - `profile`: one worker's request rate within a TTFT target at given prompt and output
+//!   lengths, printed as the `[[planner.pools]] profile` `sla-based` reads.
 //!
 //! Build the binaries first: `cargo build --release --workspace --bins`.
 
 mod overhead;
 mod planner;
+mod profile;
 mod target;
 
 use std::path::PathBuf;
@@ -48,6 +51,9 @@ enum Command {
     /// The planner against a load that rises and falls: load-based, sla-based and fixed fleets
     /// side by side (attainment, worker-seconds, time to the first scale-up).
     Planner(planner::PlannerArgs),
+    /// One worker's request rate within a TTFT target at prompt/output lengths: the profile
+    /// the `sla-based` planner reads.
+    Profile(profile::ProfileArgs),
 }
 
 /// Which part of a trace to replay, and how fast.
@@ -268,6 +274,7 @@ async fn main() -> anyhow::Result<()> {
         Command::Synth(args) => synth_command(&args),
         Command::Compare(args) => compare_command(args).await,
         Command::Planner(args) => planner::run(args).await,
+        Command::Profile(args) => profile::run(args).await,
     }
 }
 
