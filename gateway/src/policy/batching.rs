@@ -23,7 +23,7 @@ pub use crate::policy::bindings::switchyard::policy::types::{Batch, Budget, Pend
 use crate::policy::bindings::{BatcherPre, BatcherWorld};
 use crate::policy::host::HostState;
 pub use crate::policy::host::Tenancy;
-use crate::policy::runtime::{PolicyRuntime, initial_memory_bytes};
+use crate::policy::runtime::{PolicyRuntime, SELF_TEST_RETRIES, initial_memory_bytes};
 use crate::policy::versions::{Labels, Named, SwitchConfig, Version, Versions};
 
 /// Instances kept for reuse; more concurrent flushes instantiate and drop their own.
@@ -92,7 +92,7 @@ impl PolicyRuntime {
         let mut interrupted = 0;
         loop {
             match policy.instantiate()?.form_batches(&queue, &budget) {
-                Err(PolicyError::Trap(message)) if message.contains("interrupt") && interrupted < 2 => {
+                Err(PolicyError::Trap(message)) if message.contains("interrupt") && interrupted < SELF_TEST_RETRIES => {
                     interrupted += 1;
                 }
                 Err(PolicyError::InvalidAnswer(why)) => {

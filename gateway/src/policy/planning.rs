@@ -20,7 +20,7 @@ use crate::policy::PolicyError;
 pub use crate::policy::bindings::planning::{IntervalStats, Pool, PoolRole, ScaleDecision};
 use crate::policy::bindings::{PlannerPre, PlannerWorld};
 use crate::policy::host::HostState;
-use crate::policy::runtime::{PolicyRuntime, initial_memory_bytes};
+use crate::policy::runtime::{PolicyRuntime, SELF_TEST_RETRIES, initial_memory_bytes};
 use crate::policy::versions::{Labels, Named, SwitchConfig, Version, Versions};
 
 /// Longest `reason` kept from a decision (metrics label, log line).
@@ -87,7 +87,7 @@ impl PolicyRuntime {
         let mut interrupted = 0;
         loop {
             match policy.instantiate()?.plan(&pools, max_gpus) {
-                Err(PolicyError::Trap(message)) if message.contains("interrupt") && interrupted < 2 => {
+                Err(PolicyError::Trap(message)) if message.contains("interrupt") && interrupted < SELF_TEST_RETRIES => {
                     interrupted += 1;
                 }
                 Err(PolicyError::InvalidAnswer(why)) => {

@@ -34,6 +34,13 @@ const ALLOWED_IMPORTS: [&str; 7] = [
     "switchyard:policy/planning@",
 ];
 
+/// Times a load's self-test call that ran past the deadline is tried again on a fresh
+/// instance before the policy is refused. A busy machine (several gateways starting at once on
+/// two cores) can preempt a call past a 1 ms deadline however fast the policy is; a policy that
+/// is slow by itself is interrupted every time and still refused, at the cost of a few
+/// deadlines.
+pub(crate) const SELF_TEST_RETRIES: u32 = 8;
+
 /// Settings of the policy sandbox.
 #[derive(Debug, Clone)]
 pub struct RuntimeConfig {
@@ -260,7 +267,7 @@ impl PolicyRuntime {
         let mut interrupted = 0;
         let decision = loop {
             match instance.route(&request, &table) {
-                Err(PolicyError::Trap(message)) if message.contains("interrupt") && interrupted < 2 => {
+                Err(PolicyError::Trap(message)) if message.contains("interrupt") && interrupted < SELF_TEST_RETRIES => {
                     interrupted += 1;
                     tracing::debug!(policy = name, interrupted, "self-test interrupted; trying again");
                     instance = policy.instantiate()?;
