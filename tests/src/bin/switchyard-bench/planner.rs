@@ -191,8 +191,9 @@ async fn pool_state(admin: &Admin) -> (usize, bool) {
     (alive, scaled_up)
 }
 
-fn prompt_text(tokens: usize, seed: u64) -> String {
-    // A different text per request, so no prefix is shared.
+/// `tokens` random letters (one token a byte on the mock model), different per `seed`, so no
+/// prefix is shared; `profile` uses it too.
+pub(crate) fn prompt_text(tokens: usize, seed: u64) -> String {
     let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
     (0..tokens)
         .map(|_| {

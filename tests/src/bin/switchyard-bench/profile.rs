@@ -41,18 +41,6 @@ pub struct ProfileArgs {
     steps: u32,
 }
 
-fn prompt(tokens: usize, seed: u64) -> String {
-    let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..tokens)
-        .map(|_| {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            char::from(b'a' + (state % 26) as u8)
-        })
-        .collect()
-}
-
 /// One trial: the p90 TTFT at `rate` requests a second, and whether every request answered.
 async fn trial(client: &Client, args: &ProfileArgs, isl: usize, osl: u32, rate: f64, seed: &mut u64) -> (f64, bool) {
     let count = (rate * args.trial_s).ceil().max(1.0) as usize;
@@ -64,7 +52,7 @@ async fn trial(client: &Client, args: &ProfileArgs, isl: usize, osl: u32, rate: 
         *seed += 1;
         let body = serde_json::json!({
             "model": args.model,
-            "messages": [{"role": "user", "content": prompt(isl, *seed)}],
+            "messages": [{"role": "user", "content": crate::planner::prompt_text(isl, *seed)}],
             "max_tokens": osl,
             "stream": true,
         });
