@@ -1,6 +1,7 @@
 //! `switchyard-bench`: benchmark programs that print figures measured side by side in one run.
 //!
-//! - `overhead`: the gateway's added latency and throughput against a mocker reached directly.
+//! - `overhead`: the gateway's added latency, throughput and CPU per request against a mocker
+//!   reached directly and, with `--nginx`, against nginx as a TLS reverse proxy.
 //! - `replay`: replays a Mooncake-format trace against a running gateway, open loop, and writes
 //!   one JSON line per request plus a summary table.
 //! - `synth`: derives a new trace from a trace's prefix tree and distributions, with knobs;
@@ -14,6 +15,8 @@
 //!
 //! Build the binaries first: `cargo build --release --workspace --bins`.
 
+mod cpu;
+mod nginx;
 mod overhead;
 mod planner;
 mod profile;

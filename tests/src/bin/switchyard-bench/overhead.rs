@@ -1,13 +1,23 @@
-//! `overhead`: one mocker and two gateways in front of it (TLS and plain HTTP); time to first
-//! byte of streamed completions at several concurrency levels directly against the mocker and
-//! through each gateway, and closed-loop requests per second of tiny non-streamed completions,
-//! printed as a table with ratios to the direct path.
+//! `overhead`: one mocker and, in front of it, two gateways (TLS and plain HTTP) and, with
+//! `--nginx`, Debian's nginx as a TLS 1.3 reverse proxy; time to first byte and requests per
+//! second of streamed completions at several concurrency levels directly against the mocker
+//! and through each proxy, with the CPU time each proxy process spent per request, and
+//! closed-loop requests per second of tiny non-streamed completions, printed as tables with
+//! ratios to the direct path (latency) and to nginx (CPU).
+//!
+//! Where the machine has the cores, the proxy under test, the mocker and the load generator run
+//! pinned to separate cores (`taskset`), so a proxy's latency is not the others' contention and
+//! its CPU time is its own.
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use switchyard_e2e::{Alpn, Client, Gateway, Mockers, TestCa, chat_body};
+
+use crate::cpu::{self, Pinning};
+use crate::nginx::Nginx;
 
 /// Flags of `overhead`.
 #[derive(Debug, clap::Args)]
@@ -27,11 +37,26 @@ pub struct OverheadArgs {
     /// Concurrent connections for the requests-per-second run.
     #[arg(long, default_value_t = 64)]
     rps_concurrency: usize,
+    /// Also measure nginx as a TLS 1.3 reverse proxy in front of the same mocker (Debian's
+    /// `nginx` package; config generated).
+    #[arg(long)]
+    nginx: bool,
+    /// The nginx binary (a path, or a name looked up on PATH and in /usr/sbin).
+    #[arg(long, default_value = "nginx")]
+    nginx_binary: PathBuf,
+    /// Cores the proxy under test is pinned to (nginx gets as many worker processes, the
+    /// gateway as many runtime threads).
+    #[arg(long, default_value_t = 1)]
+    proxy_cores: usize,
+    /// Leave every process on every core (no `taskset`).
+    #[arg(long)]
+    no_pin: bool,
 }
 
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Target {
     Direct,
+    Nginx,
     GatewayPlain,
     GatewayTls,
 }
@@ -40,6 +65,7 @@ impl Target {
     fn name(self) -> &'static str {
         match self {
             Target::Direct => "direct to mocker",
+            Target::Nginx => "nginx (TLS 1.3)",
             Target::GatewayPlain => "gateway (plain HTTP)",
             Target::GatewayTls => "gateway (TLS 1.3)",
         }
@@ -49,20 +75,64 @@ impl Target {
 struct Setup {
     _mocker: Mockers,
     mocker: SocketAddr,
-    _plain: Gateway,
-    plain: SocketAddr,
-    _tls: Gateway,
-    tls: SocketAddr,
+    plain: Gateway,
+    tls: Gateway,
+    nginx: Option<Nginx>,
     ca: TestCa,
 }
 
 impl Setup {
+    /// The targets measured, direct first (the latency baseline), then nginx (the CPU one).
+    fn targets(&self) -> Vec<Target> {
+        let mut targets = vec![Target::Direct];
+        if self.nginx.is_some() {
+            targets.push(Target::Nginx);
+        }
+        targets.extend([Target::GatewayPlain, Target::GatewayTls]);
+        targets
+    }
+
     fn client(&self, target: Target) -> anyhow::Result<Client> {
+        let tls13 = Some(&[&rustls::version::TLS13][..]);
         Ok(match target {
             Target::Direct => Client::plain(self.mocker),
-            Target::GatewayPlain => Client::plain(self.plain),
-            Target::GatewayTls => Client::tls(self.tls, &self.ca.ca_der, Alpn::Http1, None)?,
+            Target::Nginx => {
+                let nginx = self.nginx.as_ref().context("nginx not started")?;
+                Client::tls(nginx.addr, &self.ca.ca_der, Alpn::Http1, tls13)?
+            }
+            Target::GatewayPlain => Client::plain(self.plain.addr),
+            Target::GatewayTls => Client::tls(self.tls.addr, &self.ca.ca_der, Alpn::Http1, tls13)?,
         })
+    }
+
+    /// The proxy process a target's requests pass through, if any.
+    fn proxy_pid(&self, target: Target) -> Option<u32> {
+        match target {
+            Target::Direct => None,
+            Target::Nginx => self.nginx.as_ref().map(Nginx::pid),
+            Target::GatewayPlain => Some(self.plain.process.id()),
+            Target::GatewayTls => Some(self.tls.process.id()),
+        }
+    }
+}
+
+/// One measurement: samples, wall seconds, and the proxy's CPU seconds over the same window.
+struct Measured {
+    ttfb_ms: Vec<f64>,
+    seconds: f64,
+    proxy_cpu: Option<f64>,
+}
+
+impl Measured {
+    fn rps(&self) -> f64 {
+        self.ttfb_ms.len() as f64 / self.seconds
+    }
+
+    /// The proxy's CPU time per request in microseconds.
+    fn cpu_per_request_us(&self) -> Option<f64> {
+        self.proxy_cpu
+            .filter(|_| !self.ttfb_ms.is_empty())
+            .map(|seconds| seconds * 1e6 / self.ttfb_ms.len() as f64)
     }
 }
 
@@ -75,6 +145,22 @@ pub async fn overhead(args: OverheadArgs) -> anyhow::Result<()> {
         .max()
         .unwrap_or(1)
         .max(args.rps_concurrency);
+    let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    let pinning = if args.no_pin {
+        None
+    } else {
+        Pinning::plan(cores, args.proxy_cores)
+    };
+    let nginx_binary = if args.nginx {
+        Some(Nginx::locate(&args.nginx_binary)?)
+    } else {
+        None
+    };
+    // Each process inherits this process's cores when started: the mocker first, then the
+    // proxies, then this process moves to the load generator's.
+    if let Some(pinning) = &pinning {
+        cpu::pin_self(&pinning.mocker)?;
+    }
     let mocker = Mockers::start(&[
         "--num-workers",
         "1",
@@ -86,45 +172,86 @@ pub async fn overhead(args: OverheadArgs) -> anyhow::Result<()> {
         "1000000",
     ])?;
     let mocker_addr = mocker.addrs[0];
+    if let Some(pinning) = &pinning {
+        cpu::pin_self(&pinning.proxy)?;
+    }
+    let proxy_threads = pinning.as_ref().map_or(cores, |pinning| pinning.proxy.len());
     let workers = format!("[[workers]]\nname = \"mocker\"\nurl = \"http://{mocker_addr}\"\nmodel = \"mock\"\n");
     let limits = format!("[forwarding]\npool_max_idle_per_worker = {}\n", max_concurrency * 2);
     let plain = Gateway::start(&format!("[server]\nplaintext = true\n{limits}{workers}"))?;
     let ca = TestCa::new()?;
     let tls = Gateway::start(&format!("mode = \"production\"\n{}\n{limits}{workers}", ca.tls_toml()))?;
+    let nginx = match &nginx_binary {
+        Some(binary) => Some(Nginx::start(
+            binary,
+            proxy_threads,
+            mocker_addr,
+            &ca.cert_path,
+            &ca.key_path,
+        )?),
+        None => None,
+    };
+    if let Some(pinning) = &pinning {
+        cpu::pin_self(&pinning.load)?;
+    }
     let setup = Setup {
         mocker: mocker_addr,
-        plain: plain.addr,
-        tls: tls.addr,
+        plain,
+        tls,
+        nginx,
         _mocker: mocker,
-        _plain: plain,
-        _tls: tls,
         ca,
     };
 
     println!("# switchyard-bench overhead");
     println!(
-        "machine: {} cores; mocker speed-up {}; {} tokens per stream; {} s per level; HTTP/1.1 keep-alive, one connection per stream",
-        std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0),
-        args.speedup,
-        args.tokens,
-        args.seconds
+        "machine: {cores} cores; mocker speed-up {}; {} tokens per stream; {} s per level; HTTP/1.1 keep-alive, one connection per stream",
+        args.speedup, args.tokens, args.seconds
     );
+    match &pinning {
+        Some(pinning) => println!(
+            "cores (taskset): proxy under test {} ({} core(s): nginx {proxy_threads} worker process(es), the gateway {proxy_threads} runtime thread(s)); mocker {}; load generator {}",
+            cpu::list(&pinning.proxy),
+            pinning.proxy.len(),
+            cpu::list(&pinning.mocker),
+            cpu::list(&pinning.load),
+        ),
+        None => println!("cores: not pinned, every process shares all {cores}"),
+    }
     println!();
-    println!("## Time to first byte of streamed chat completions");
+    println!("## Streamed chat completions");
     println!();
-    println!("| concurrency | target | streams | TTFB p50 ms | TTFB p99 ms | p50 vs direct | p99 vs direct |");
-    println!("|---:|---|---:|---:|---:|---:|---:|");
+    println!(
+        "| concurrency | target | streams | req/s | TTFB p50 ms | TTFB p99 ms | p50 vs direct | p99 vs direct | proxy CPU µs/req | CPU vs nginx |"
+    );
+    println!("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|");
     for &concurrency in &args.concurrency {
         let mut direct: Option<(f64, f64)> = None;
-        for target in [Target::Direct, Target::GatewayPlain, Target::GatewayTls] {
+        let mut nginx_cpu: Option<f64> = None;
+        for target in setup.targets() {
             let client = setup.client(target)?;
             // Warm up connections and the engine.
-            run_streams(&client, concurrency.min(8), Duration::from_millis(300), args.tokens).await?;
-            let mut samples =
-                run_streams(&client, concurrency, Duration::from_secs_f64(args.seconds), args.tokens).await?;
-            samples.sort_by(f64::total_cmp);
-            let p50 = percentile(&samples, 0.50);
-            let p99 = percentile(&samples, 0.99);
+            run_streams(
+                &setup,
+                target,
+                &client,
+                concurrency.min(8),
+                Duration::from_millis(300),
+                args.tokens,
+            )
+            .await?;
+            let mut measured = run_streams(
+                &setup,
+                target,
+                &client,
+                concurrency,
+                Duration::from_secs_f64(args.seconds),
+                args.tokens,
+            )
+            .await?;
+            measured.ttfb_ms.sort_by(f64::total_cmp);
+            let p50 = percentile(&measured.ttfb_ms, 0.50);
+            let p99 = percentile(&measured.ttfb_ms, 0.99);
             let (r50, r99) = match direct {
                 None => {
                     direct = Some((p50, p99));
@@ -132,10 +259,17 @@ pub async fn overhead(args: OverheadArgs) -> anyhow::Result<()> {
                 }
                 Some((d50, d99)) => (format!("{:.2}×", p50 / d50), format!("{:.2}×", p99 / d99)),
             };
+            let cpu = measured.cpu_per_request_us();
+            if target == Target::Nginx {
+                nginx_cpu = cpu;
+            }
             println!(
-                "| {concurrency} | {} | {} | {p50:.3} | {p99:.3} | {r50} | {r99} |",
+                "| {concurrency} | {} | {} | {:.0} | {p50:.3} | {p99:.3} | {r50} | {r99} | {} | {} |",
                 target.name(),
-                samples.len()
+                measured.ttfb_ms.len(),
+                measured.rps(),
+                cpu.map_or("—".into(), |us| format!("{us:.0}")),
+                ratio(cpu, nginx_cpu),
             );
         }
     }
@@ -145,23 +279,55 @@ pub async fn overhead(args: OverheadArgs) -> anyhow::Result<()> {
         args.rps_concurrency
     );
     println!();
-    println!("| target | requests | req/s | vs direct |");
-    println!("|---|---:|---:|---:|");
+    println!("| target | requests | req/s | vs direct | proxy CPU µs/req | CPU vs nginx |");
+    println!("|---|---:|---:|---:|---:|---:|");
     let mut direct_rps = None;
-    for target in [Target::Direct, Target::GatewayPlain, Target::GatewayTls] {
+    let mut nginx_cpu: Option<f64> = None;
+    for target in setup.targets() {
         let client = setup.client(target)?;
-        let (count, elapsed) = run_whole(&client, args.rps_concurrency, Duration::from_secs_f64(args.seconds)).await?;
-        let rps = count as f64 / elapsed;
-        let ratio = match direct_rps {
+        let measured = run_whole(
+            &setup,
+            target,
+            &client,
+            args.rps_concurrency,
+            Duration::from_secs_f64(args.seconds),
+        )
+        .await?;
+        let rps = measured.rps();
+        let vs_direct = match direct_rps {
             None => {
                 direct_rps = Some(rps);
                 1.0
             }
             Some(direct) => rps / direct,
         };
-        println!("| {} | {count} | {rps:.0} | {ratio:.2}× |", target.name());
+        let cpu = measured.cpu_per_request_us();
+        if target == Target::Nginx {
+            nginx_cpu = cpu;
+        }
+        println!(
+            "| {} | {} | {rps:.0} | {vs_direct:.2}× | {} | {} |",
+            target.name(),
+            measured.ttfb_ms.len(),
+            cpu.map_or("—".into(), |us| format!("{us:.0}")),
+            ratio(cpu, nginx_cpu),
+        );
+    }
+    if let Some(nginx) = &setup.nginx {
+        let log = nginx.error_log();
+        if !log.trim().is_empty() {
+            println!("\nnginx error log:\n{log}");
+        }
     }
     Ok(())
+}
+
+/// `value / baseline` as a table cell.
+fn ratio(value: Option<f64>, baseline: Option<f64>) -> String {
+    match (value, baseline) {
+        (Some(value), Some(baseline)) if baseline > 0.0 => format!("{:.2}×", value / baseline),
+        _ => "—".into(),
+    }
 }
 
 fn percentile(sorted: &[f64], q: f64) -> f64 {
@@ -203,16 +369,51 @@ async fn closed_loop(
     Ok(all)
 }
 
-/// TTFBs of streamed completions of `tokens` tokens.
-async fn run_streams(client: &Client, concurrency: usize, duration: Duration, tokens: u32) -> anyhow::Result<Vec<f64>> {
+/// Streamed completions of `tokens` tokens through `target`: TTFBs, wall time, proxy CPU.
+async fn run_streams(
+    setup: &Setup,
+    target: Target,
+    client: &Client,
+    concurrency: usize,
+    duration: Duration,
+    tokens: u32,
+) -> anyhow::Result<Measured> {
     let body = serde_json::to_vec(&chat_body("mock", "benchmark prompt", tokens, true))?;
-    closed_loop(client, concurrency, duration, body).await
+    measure(setup, target, client, concurrency, duration, body).await
 }
 
-/// Tiny non-streamed completions: returns the count and the seconds taken.
-async fn run_whole(client: &Client, concurrency: usize, duration: Duration) -> anyhow::Result<(usize, f64)> {
+/// Tiny non-streamed completions through `target`.
+async fn run_whole(
+    setup: &Setup,
+    target: Target,
+    client: &Client,
+    concurrency: usize,
+    duration: Duration,
+) -> anyhow::Result<Measured> {
     let body = serde_json::to_vec(&chat_body("mock", "hi", 1, false))?;
+    measure(setup, target, client, concurrency, duration, body).await
+}
+
+/// One closed-loop run, with the proxy's CPU time read before and after it.
+async fn measure(
+    setup: &Setup,
+    target: Target,
+    client: &Client,
+    concurrency: usize,
+    duration: Duration,
+    body: Vec<u8>,
+) -> anyhow::Result<Measured> {
+    let pid = setup.proxy_pid(target);
+    let cpu_before = pid.map(cpu::seconds);
     let started = Instant::now();
-    let count = closed_loop(client, concurrency, duration, body).await?.len();
-    Ok((count, started.elapsed().as_secs_f64()))
+    let ttfb_ms = closed_loop(client, concurrency, duration, body)
+        .await
+        .with_context(|| format!("through {}", target.name()))?;
+    let seconds = started.elapsed().as_secs_f64();
+    let proxy_cpu = pid.zip(cpu_before).map(|(pid, before)| cpu::seconds(pid) - before);
+    Ok(Measured {
+        ttfb_ms,
+        seconds,
+        proxy_cpu,
+    })
 }

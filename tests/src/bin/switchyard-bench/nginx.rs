@@ -1,0 +1,175 @@
+//! Debian's `nginx` as a TLS 1.3 reverse proxy in front of one upstream, the way an operator
+//! would put it in front of an inference server: config generated into a temporary folder,
+//! HTTP/1.1 keep-alive to the upstream, no response or request buffering (so SSE chunks pass as
+//! they come), access log off. The anchor `overhead --nginx` measures the gateway against.
+
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+
+/// A running nginx (master and workers), stopped when dropped.
+pub struct Nginx {
+    child: Child,
+    /// Where it listens (TLS 1.3).
+    pub addr: SocketAddr,
+    /// The folder holding its config, pid file and error log.
+    dir: tempfile::TempDir,
+}
+
+impl Nginx {
+    /// Finds `binary` (a path, or a name looked up on `PATH` and in `/usr/sbin`).
+    ///
+    /// # Errors
+    ///
+    /// Says how to install it when it is nowhere.
+    pub fn locate(binary: &Path) -> anyhow::Result<PathBuf> {
+        if binary.components().count() > 1 {
+            anyhow::ensure!(binary.is_file(), "--nginx-binary {} does not exist", binary.display());
+            return Ok(binary.to_path_buf());
+        }
+        let path = std::env::var_os("PATH").unwrap_or_default();
+        std::env::split_paths(&path)
+            .chain([PathBuf::from("/usr/sbin"), PathBuf::from("/usr/local/sbin")])
+            .map(|dir| dir.join(binary))
+            .find(|candidate| candidate.is_file())
+            .with_context(|| {
+                format!(
+                    "`{}` not found on PATH or in /usr/sbin: install Debian's nginx (`apt-get install nginx`) or pass --nginx-binary",
+                    binary.display()
+                )
+            })
+    }
+
+    /// Starts `binary` with `workers` worker processes, proxying to `upstream` over keep-alive
+    /// HTTP/1.1 and serving TLS 1.3 with `cert` and `key` (PEM files).
+    ///
+    /// # Errors
+    ///
+    /// Fails if nginx cannot start or does not listen within 10 s (its error log is quoted).
+    pub fn start(
+        binary: &Path,
+        workers: usize,
+        upstream: SocketAddr,
+        cert: &Path,
+        key: &Path,
+    ) -> anyhow::Result<Nginx> {
+        let dir = tempfile::tempdir()?;
+        let addr = free_port()?;
+        let config = config(dir.path(), workers, addr, upstream, cert, key);
+        let config_path = dir.path().join("nginx.conf");
+        std::fs::write(&config_path, config)?;
+        let error_log = dir.path().join("error.log");
+        let child = Command::new(binary)
+            .arg("-p")
+            .arg(dir.path())
+            .arg("-c")
+            .arg(&config_path)
+            .arg("-e")
+            .arg(&error_log)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .with_context(|| format!("starting {}", binary.display()))?;
+        let mut nginx = Nginx { child, addr, dir };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while TcpStream::connect(addr).is_err() {
+            let exited = nginx.child.try_wait().ok().flatten();
+            if exited.is_some() || Instant::now() > deadline {
+                let log = std::fs::read_to_string(&error_log).unwrap_or_default();
+                anyhow::bail!("nginx did not start listening on {addr} (exit: {exited:?}); error log:\n{log}");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Ok(nginx)
+    }
+
+    /// The master's process id (its workers are its children).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// The error log so far, for a failed run.
+    pub fn error_log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("error.log")).unwrap_or_default()
+    }
+}
+
+impl Drop for Nginx {
+    fn drop(&mut self) {
+        // The workers, found while they are still the master's children: once it is gone
+        // they belong to init. The benchmark is over, so nothing waits for keep-alive clients.
+        let workers = crate::cpu::children(self.child.id());
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        for pid in workers {
+            let _ = Command::new("kill").args(["-KILL", &pid.to_string()]).status();
+        }
+    }
+}
+
+/// A port nobody listens on now (bound, read, released).
+fn free_port() -> anyhow::Result<SocketAddr> {
+    let listener = TcpListener::bind("127.0.0.1:0")?;
+    Ok(listener.local_addr()?)
+}
+
+/// The config: what a reverse proxy for streaming completions needs and nothing more.
+fn config(dir: &Path, workers: usize, listen: SocketAddr, upstream: SocketAddr, cert: &Path, key: &Path) -> String {
+    let dir = dir.display();
+    let (cert, key) = (cert.display(), key.display());
+    format!(
+        r#"# Generated by switchyard-bench overhead --nginx.
+daemon off;
+master_process on;
+worker_processes {workers};
+pid {dir}/nginx.pid;
+error_log {dir}/error.log warn;
+
+events {{
+    worker_connections 16384;
+    multi_accept on;
+}}
+
+http {{
+    access_log off;
+    client_body_temp_path {dir}/client_body;
+    proxy_temp_path {dir}/proxy;
+    fastcgi_temp_path {dir}/fastcgi;
+    uwsgi_temp_path {dir}/uwsgi;
+    scgi_temp_path {dir}/scgi;
+    keepalive_requests 1000000;
+    keepalive_timeout 300s;
+    client_max_body_size 16m;
+
+    upstream engine {{
+        server {upstream};
+        keepalive 4096;
+        keepalive_requests 1000000;
+        keepalive_timeout 300s;
+    }}
+
+    server {{
+        listen {listen} ssl;
+        ssl_certificate {cert};
+        ssl_certificate_key {key};
+        ssl_protocols TLSv1.3;
+        ssl_session_cache shared:tls:10m;
+
+        location / {{
+            proxy_pass http://engine;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+            proxy_buffering off;
+            proxy_request_buffering off;
+            proxy_cache off;
+            proxy_read_timeout 300s;
+        }}
+    }}
+}}
+"#
+    )
+}
