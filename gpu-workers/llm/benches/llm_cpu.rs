@@ -1,15 +1,17 @@
 //! CPU throughput of the native LLM's forward pass against the memory-bandwidth roofline.
 //!
-//! `cargo bench -p switchyard-workers --bench llm_cpu` prints, for the tiny fixture model, a
+//! `cargo bench -p switchyard-llm --bench llm_cpu` prints, for the tiny fixture model, a
 //! larger random-weight Llama written to a temporary directory as real safetensors, and (when
 //! `SWITCHYARD_SMOLLM2_GGUF` names it; see `scripts/fetch-smollm2.sh`) the real SmolLM2-135M:
 //! prefill tokens/s (one sequence, one chunk), decode tokens/s at batch 1, 8 and 32 (each
 //! sequence with a 128-token context), and the same model behind the engine (32 requests at
 //! once through the scheduler: continuous batching, sampling, token streams). The anchor is a
-//! STREAM-like copy in the same run: a decode step must read every weight once (weights are
-//! widened to f32 at load; the embedding table is read one row per token), so
-//! `bandwidth / bytes read` steps per second is the memory roofline, and batch B can at best
-//! make B tokens per such step. Figures are printed, never asserted.
+//! STREAM-like copy in the same run: a decode step must read every weight once (as the model
+//! keeps it: GGUF's quantized blocks as stored, everything else f32; an untied embedding table
+//! one row per token), so `bandwidth / bytes read` steps per second is the memory roofline, and
+//! batch B can at best make B tokens per such step. SmolLM2 runs twice: with its Q4_1/Q8_0
+//! weights kept quantized, and widened to f32 (the path before quantized kernels), with the
+//! resident memory each took to load. Figures are printed, never asserted.
 
 use std::hint::black_box;
 use std::path::Path;
@@ -17,7 +19,7 @@ use std::time::{Duration, Instant};
 
 mod common;
 
-use common::{decode_bytes, write_random_llama};
+use common::write_random_llama;
 use switchyard_llm::{Chunk, Logits, Model, PagedKv, SequenceKv, spawn_cpu_engine};
 use switchyard_workers::engine::{EngineConfig, Output, SamplingParams};
 
@@ -51,9 +53,49 @@ fn rate(budget: Duration, mut f: impl FnMut()) -> f64 {
     f64::from(runs) / start.elapsed().as_secs_f64()
 }
 
-fn measure(label: &str, path: &Path, prefill_tokens: usize, bandwidth: f64) {
-    let model = Model::load(path).expect("model loads");
-    let bytes = decode_bytes(model.config());
+/// This process's resident memory in bytes (`VmRSS`), 0 where unknown.
+fn resident_bytes() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|status| {
+            let line = status.lines().find(|line| line.starts_with("VmRSS:"))?;
+            line.split_whitespace().nth(1)?.parse::<u64>().ok()
+        })
+        .map_or(0, |kib| kib * 1024)
+}
+
+/// The resident memory of a fresh process (this bench, re-run) after loading `gguf`, widened
+/// to f32 or not: what a worker serving it holds, before any KV cache.
+fn resident_in_child(gguf: &Path, widened: bool) -> u64 {
+    let output = std::process::Command::new(std::env::current_exe().expect("own path"))
+        .env(RESIDENT_PROBE, gguf)
+        .env(RESIDENT_WIDENED, if widened { "1" } else { "0" })
+        .output()
+        .expect("re-runs itself");
+    String::from_utf8_lossy(&output.stdout).trim().parse().unwrap_or(0)
+}
+
+/// Set in the child [`resident_in_child`] starts: the model to load.
+const RESIDENT_PROBE: &str = "SWITCHYARD_LLM_CPU_RESIDENT_OF";
+/// Set in that child: `1` to widen the model after loading it.
+const RESIDENT_WIDENED: &str = "SWITCHYARD_LLM_CPU_RESIDENT_WIDENED";
+
+/// The child's side: load, report `VmRSS` in bytes, exit.
+fn resident_probe(gguf: &Path) {
+    let model = Model::load(gguf).expect("model loads");
+    let model = if std::env::var(RESIDENT_WIDENED).as_deref() == Ok("1") {
+        let widened = model.widened();
+        drop(model);
+        widened
+    } else {
+        model
+    };
+    println!("{}", resident_bytes());
+    drop(black_box(model));
+}
+
+fn measure(label: &str, model: Model, prefill_tokens: usize, bandwidth: f64) {
+    let bytes = model.decode_step_bytes() as f64;
     let vocab = model.config().vocab_size as u32;
     let tokens: Vec<u32> = (0..prefill_tokens as u32).map(|i| (i * 7 + 3) % vocab).collect();
     let block = 16;
@@ -193,6 +235,10 @@ fn engine(label: &str, model: Model, prompt: &[u32], roofline_steps: f64) {
 }
 
 fn main() {
+    if let Some(gguf) = std::env::var_os(RESIDENT_PROBE) {
+        resident_probe(Path::new(&gguf));
+        return;
+    }
     let bandwidth = copy_bandwidth();
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
     println!("# Native LLM forward pass on the CPU");
@@ -208,7 +254,7 @@ fn main() {
     let tiny = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tiny-llama");
     measure(
         &format!("tiny-llama ({:.2} MB f32)", weight_bytes(&tiny) as f64 / 1e6),
-        &tiny,
+        Model::load(&tiny).expect("model loads"),
         192,
         bandwidth,
     );
@@ -220,16 +266,27 @@ fn main() {
             "random Llama 8×768 ({:.0} MB f32)",
             weight_bytes(dir.path()) as f64 / 1e6
         ),
-        dir.path(),
+        Model::load(dir.path()).expect("model loads"),
         512,
         bandwidth,
     );
     if let Some(gguf) = std::env::var_os("SWITCHYARD_SMOLLM2_GGUF") {
-        measure(
-            "SmolLM2-135M (Q4_1 GGUF, widened to f32)",
-            Path::new(&gguf),
-            512,
-            bandwidth,
+        let gguf = Path::new(&gguf);
+        let file_bytes = std::fs::metadata(gguf).map_or(0, |m| m.len());
+        let quantized_resident = resident_in_child(gguf, false);
+        let widened_resident = resident_in_child(gguf, true);
+        let model = Model::load(gguf).expect("model loads");
+        let widened = model.widened();
+        measure("SmolLM2-135M (Q4_1 GGUF, kept quantized)", model, 512, bandwidth);
+        measure("SmolLM2-135M (Q4_1 GGUF, widened to f32)", widened, 512, bandwidth);
+        println!(
+            "\nSmolLM2-135M: GGUF file {:.1} MB; resident memory after loading it in a fresh process: {:.1} MB kept quantized ({:.2}× the file), {:.1} MB widened to f32 ({:.2}×); kernels: {:?}",
+            file_bytes as f64 / 1e6,
+            quantized_resident as f64 / 1e6,
+            quantized_resident as f64 / file_bytes.max(1) as f64,
+            widened_resident as f64 / 1e6,
+            widened_resident as f64 / file_bytes.max(1) as f64,
+            switchyard_llm::quant::isa(),
         );
     } else {
         println!("\n(SmolLM2-135M skipped: set SWITCHYARD_SMOLLM2_GGUF=$(scripts/fetch-smollm2.sh) to include it)");

@@ -241,9 +241,10 @@ impl CudaExecutor {
         let kv_rows = num_blocks * block_size * config.num_kv_heads * config.head_dim;
         let mut layers = Vec::with_capacity(config.num_layers);
         for layer in model.layers() {
-            let mut qkv = layer.q.weight.clone();
-            qkv.extend_from_slice(&layer.k.weight);
-            qkv.extend_from_slice(&layer.v.weight);
+            // Quantized matrices are widened here: the CUDA kernels take f32.
+            let mut qkv = layer.q.weight.to_f32().into_owned();
+            qkv.extend_from_slice(&layer.k.weight.to_f32());
+            qkv.extend_from_slice(&layer.v.weight.to_f32());
             let qkv_bias = match (&layer.q.bias, &layer.k.bias, &layer.v.bias) {
                 (Some(q), Some(k), Some(v)) => {
                     let mut bias = q.clone();
@@ -253,25 +254,24 @@ impl CudaExecutor {
                 }
                 _ => None,
             };
-            let mut gate_up = layer.gate.weight.clone();
-            gate_up.extend_from_slice(&layer.up.weight);
+            let mut gate_up = layer.gate.weight.to_f32().into_owned();
+            gate_up.extend_from_slice(&layer.up.weight.to_f32());
             layers.push(GpuLayer {
                 input_norm: upload(&layer.input_norm)?,
                 qkv: upload(&qkv)?,
                 qkv_bias,
-                o: upload(&layer.o.weight)?,
+                o: upload(&layer.o.weight.to_f32())?,
                 post_attention_norm: upload(&layer.post_attention_norm)?,
                 gate_up: upload(&gate_up)?,
-                down: upload(&layer.down.weight)?,
+                down: upload(&layer.down.weight.to_f32())?,
                 keys: stream.alloc_zeros(kv_rows).map_err(driver)?,
                 values: stream.alloc_zeros(kv_rows).map_err(driver)?,
             });
         }
-        let embed = upload(model.embedding())?;
-        let lm_head = if std::ptr::eq(model.lm_head(), model.embedding()) {
-            None
-        } else {
-            Some(upload(model.lm_head())?)
+        let embed = upload(&model.embedding().to_f32())?;
+        let lm_head = match model.untied_lm_head() {
+            Some(head) => Some(upload(&head.to_f32())?),
+            None => None,
         };
         Ok(CudaExecutor {
             norm: upload(model.final_norm())?,

@@ -17,6 +17,8 @@ use std::path::{Path, PathBuf};
 
 use super::LoadError;
 use super::config::{ModelConfig, RopeScaling};
+use super::model::Matrix;
+use super::quant::{BLOCK, QuantKind, QuantMatrix, dequantize_block};
 use super::weights::{Float, TensorSource, widen};
 use switchyard_tokenize::{JinjaTemplate, Tokenizer};
 
@@ -563,6 +565,44 @@ impl TensorSource for GgufFile {
     }
 
     fn f32(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>, LoadError> {
+        let (kind, data, permuted) = self.tensor_data(name, shape)?;
+        let count: usize = shape.iter().product();
+        let mut values = dequantize(kind, data, count);
+        if let Some(heads) = permuted {
+            values = unpermute_rows(&values, heads, shape[0], shape.get(1).copied().unwrap_or(1));
+        }
+        Ok(values)
+    }
+
+    fn matrix(&self, name: &str, shape: &[usize]) -> Result<Matrix, LoadError> {
+        let (kind, data, permuted) = self.tensor_data(name, shape)?;
+        let quantized = match kind {
+            TensorType::Q4_0 => QuantKind::Q4_0,
+            TensorType::Q4_1 => QuantKind::Q4_1,
+            TensorType::Q8_0 => QuantKind::Q8_0,
+            TensorType::F32 | TensorType::F16 | TensorType::Bf16 => return self.f32(name, shape).map(Matrix::F32),
+        };
+        let (rows, cols) = match shape {
+            [rows, cols] => (*rows, *cols),
+            _ => return self.f32(name, shape).map(Matrix::F32),
+        };
+        // Rows are whole runs of blocks, so the converter's row permutation is undone by
+        // moving each row's bytes.
+        let data = match permuted {
+            Some(heads) => unpermute_rows(data, heads, rows, data.len() / rows.max(1)),
+            None => data.to_vec(),
+        };
+        QuantMatrix::new(quantized, rows, cols, data)
+            .map(Matrix::Quantized)
+            .map_err(|err| self.weights_error(name, err.to_string()))
+    }
+}
+
+impl GgufFile {
+    /// The stored bytes of the tensor behind the Hugging Face name `name`, checked against
+    /// `shape`, with its type and, for a query or key projection, the heads its rows were
+    /// permuted over.
+    fn tensor_data(&self, name: &str, shape: &[usize]) -> Result<(TensorType, &[u8], Option<usize>), LoadError> {
         let Some((gguf, permuted)) = self.gguf_name(name) else {
             return Err(self.weights_error(name, "has no GGUF counterpart".into()));
         };
@@ -591,62 +631,36 @@ impl TensorSource for GgufFile {
         let Some(data) = self.map.get(entry.start..entry.start + bytes) else {
             return Err(self.weights_error(&gguf, "data runs past the end of the file".into()));
         };
-        let mut values = dequantize(kind, data, count);
-        if let Some(heads) = permuted {
-            values = unpermute_rows(&values, heads, shape[0], shape.get(1).copied().unwrap_or(1));
-        }
-        Ok(values)
+        Ok((kind, data, permuted))
     }
 }
 
 /// Widens `count` values of `kind` from `data` to f32.
 fn dequantize(kind: TensorType, data: &[u8], count: usize) -> Vec<f32> {
-    let float = match kind {
-        TensorType::F32 => Some(Float::F32),
-        TensorType::F16 => Some(Float::F16),
-        TensorType::Bf16 => Some(Float::Bf16),
-        TensorType::Q4_0 | TensorType::Q4_1 | TensorType::Q8_0 => None,
+    let quantized = match kind {
+        TensorType::F32 => return widen(Float::F32, data),
+        TensorType::F16 => return widen(Float::F16, data),
+        TensorType::Bf16 => return widen(Float::Bf16, data),
+        TensorType::Q4_0 => QuantKind::Q4_0,
+        TensorType::Q4_1 => QuantKind::Q4_1,
+        TensorType::Q8_0 => QuantKind::Q8_0,
     };
-    if let Some(float) = float {
-        return widen(float, data);
-    }
-    let mut out = Vec::with_capacity(count);
-    let f16 = |b: &[u8]| half::f16::from_le_bytes([b[0], b[1]]).to_f32();
-    match kind {
-        TensorType::F32 | TensorType::F16 | TensorType::Bf16 => {}
-        // Each 4-bit block: 16 bytes, the low nibbles are values 0..16, the high ones 16..32.
-        TensorType::Q4_0 => {
-            for block in data.as_chunks::<18>().0 {
-                let d = f16(&block[0..2]);
-                let qs = &block[2..18];
-                out.extend(qs.iter().map(|q| (f32::from(q & 0x0f) - 8.0) * d));
-                out.extend(qs.iter().map(|q| (f32::from(q >> 4) - 8.0) * d));
-            }
-        }
-        TensorType::Q4_1 => {
-            for block in data.as_chunks::<20>().0 {
-                let (d, m) = (f16(&block[0..2]), f16(&block[2..4]));
-                let qs = &block[4..20];
-                out.extend(qs.iter().map(|q| f32::from(q & 0x0f) * d + m));
-                out.extend(qs.iter().map(|q| f32::from(q >> 4) * d + m));
-            }
-        }
-        TensorType::Q8_0 => {
-            for block in data.as_chunks::<34>().0 {
-                let d = f16(&block[0..2]);
-                out.extend(block[2..34].iter().map(|&q| f32::from(q as i8) * d));
-            }
-        }
+    let mut out = vec![0.0; count];
+    for (block, out) in data
+        .chunks_exact(quantized.block_bytes())
+        .zip(out.as_chunks_mut::<BLOCK>().0)
+    {
+        dequantize_block(quantized, block, out);
     }
     out
 }
 
 /// Undoes llama.cpp's converter permutation of a query or key projection (`[rows, cols]`):
 /// within each head it stored Hugging Face row `j · d/2 + i` at row `2i + j`.
-fn unpermute_rows(values: &[f32], heads: usize, rows: usize, cols: usize) -> Vec<f32> {
+fn unpermute_rows<T: Copy + Default>(values: &[T], heads: usize, rows: usize, cols: usize) -> Vec<T> {
     let head_dim = rows / heads.max(1);
     let half = head_dim / 2;
-    let mut out = vec![0.0; values.len()];
+    let mut out = vec![T::default(); values.len()];
     for head in 0..heads {
         for i in 0..half {
             for j in 0..2 {

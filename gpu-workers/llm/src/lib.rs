@@ -2,7 +2,7 @@
 //!
 //! This crate owns loading ([`config`]: `config.json`; [`weights`]: memory-mapped
 //! `*.safetensors`; `tokenizer.json` through [`switchyard_tokenize`]; or one GGUF file, [`gguf`]) and the CPU forward pass
-//! ([`model`]): a batched step over chunks of several sequences whose keys and values live in a
+//! ([`model`], with GGUF's quantized matrices kept as stored and multiplied by [`quant`]): a batched step over chunks of several sequences whose keys and values live in a
 //! paged cache ([`PagedKv`], block tables in [`SequenceKv`]), so chunked prefill, decoding and
 //! shared (cached) prefix blocks all take the same path. [`engine`] puts the model behind the
 //! shared scheduler of [`switchyard_workers::engine`] (continuous batching, prefix caching with LRU
@@ -20,11 +20,12 @@ pub mod cuda;
 pub mod engine;
 pub mod gguf;
 pub mod model;
+pub mod quant;
 pub mod weights;
 
 pub use config::{ModelConfig, RopeScaling};
 pub use engine::{CpuExecutor, kv_block_bytes, spawn_cpu_engine};
-pub use model::{Chunk, ForwardError, Logits, MediaRows, Model, PagedKv, SequenceKv};
+pub use model::{Chunk, ForwardError, Logits, Matrix, MediaRows, Model, PagedKv, SequenceKv};
 pub use switchyard_workers::engine::sampling::{FinishReason, Sampler, SamplingError, SamplingParams};
 
 /// Why a model directory could not be loaded.

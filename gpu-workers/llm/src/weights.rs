@@ -13,6 +13,7 @@ use safetensors::tensor::TensorInfo;
 use safetensors::{Dtype, SafeTensors};
 
 use super::LoadError;
+use super::model::Matrix;
 
 /// Where a model's tensors come from, by their Hugging Face names.
 pub trait TensorSource {
@@ -26,6 +27,16 @@ pub trait TensorSource {
     /// [`LoadError::Weights`] naming the tensor when it is absent, has another shape, or is
     /// stored in a type the source cannot widen.
     fn f32(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>, LoadError>;
+
+    /// The matrix `name` of `shape` (`[rows, cols]`) as the model keeps it: quantized blocks
+    /// where the source stores them, else f32.
+    ///
+    /// # Errors
+    ///
+    /// As [`TensorSource::f32`].
+    fn matrix(&self, name: &str, shape: &[usize]) -> Result<Matrix, LoadError> {
+        self.f32(name, shape).map(Matrix::F32)
+    }
 }
 
 impl TensorSource for Weights {
@@ -85,6 +96,10 @@ impl<S: TensorSource> TensorSource for Renamed<'_, S> {
 
     fn f32(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>, LoadError> {
         self.inner.f32(&self.rename(name), shape)
+    }
+
+    fn matrix(&self, name: &str, shape: &[usize]) -> Result<Matrix, LoadError> {
+        self.inner.matrix(&self.rename(name), shape)
     }
 }
 

@@ -42,6 +42,7 @@ enum Meta {
 enum Store {
     F32,
     Q8_0,
+    Q4_1,
 }
 
 struct GgufWriter {
@@ -66,6 +67,22 @@ fn q8_0(values: &[f32]) -> Vec<u8> {
                 .iter()
                 .map(|v| if d == 0.0 { 0 } else { (v / d).round() as i8 as u8 }),
         );
+    }
+    out
+}
+
+/// GGML's Q4_1 quantizer: per 32 values an f16 scale and minimum, 4-bit steps between them.
+fn q4_1(values: &[f32]) -> Vec<u8> {
+    let mut out = Vec::new();
+    for block in values.chunks(32) {
+        let min = block.iter().copied().fold(f32::INFINITY, f32::min);
+        let max = block.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let d = (max - min) / 15.0;
+        let inverse = if d > 0.0 { 1.0 / d } else { 0.0 };
+        out.extend(half::f16::from_f32(d).to_le_bytes());
+        out.extend(half::f16::from_f32(min).to_le_bytes());
+        let q = |v: f32| (((v - min) * inverse + 0.5) as u8).min(15);
+        out.extend((0..16).map(|i| q(block[i]) | (q(block[i + 16]) << 4)));
     }
     out
 }
@@ -116,11 +133,17 @@ impl GgufWriter {
             for dim in shape.iter().rev() {
                 out.extend((*dim as u64).to_le_bytes());
             }
-            out.extend((if *store == Store::F32 { 0u32 } else { 8u32 }).to_le_bytes());
+            let kind: u32 = match store {
+                Store::F32 => 0,
+                Store::Q4_1 => 3,
+                Store::Q8_0 => 8,
+            };
+            out.extend(kind.to_le_bytes());
             out.extend((data.len() as u64).to_le_bytes());
             match store {
                 Store::F32 => data.extend(values.iter().flat_map(|v| v.to_le_bytes())),
                 Store::Q8_0 => data.extend(q8_0(values)),
+                Store::Q4_1 => data.extend(q4_1(values)),
             }
             while !data.len().is_multiple_of(32) {
                 data.push(0);
@@ -330,6 +353,43 @@ fn q8_0_weights_load_within_their_rounding() {
         difference < 0.05 * scale,
         "max |Δ| {difference} against logits up to {scale}"
     );
+}
+
+#[test]
+fn quantized_weights_stay_quantized_and_multiply_within_a_stated_tolerance() {
+    // The quantized path (blocks widened in registers, f32 activations) against the same
+    // blocks widened to f32 at load and multiplied by `gemm`: only the summation order
+    // differs. Stated tolerance: 1e-5 of the largest logit.
+    for (store, name) in [(Store::Q8_0, "q8_0"), (Store::Q4_1, "q4_1")] {
+        let dir = plain_rope_copy();
+        let gguf = dir.path().join(format!("tiny-{name}.gguf"));
+        convert(dir.path(), &gguf, store);
+        let model = Model::load(&gguf).expect("gguf loads");
+        let widened = model.widened();
+        assert!(
+            model.weight_bytes() < widened.weight_bytes(),
+            "{name}: {} bytes kept, {} widened",
+            model.weight_bytes(),
+            widened.weight_bytes()
+        );
+        // 12 rows go through the block kernels, 40 through widened tiles and `gemm`.
+        let long: Vec<u32> = (0..40).map(|i| PROMPT[i % PROMPT.len()] + i as u32).collect();
+        for prompt in [&PROMPT[..], &long] {
+            let expected = widened.forward(prompt).expect("forward");
+            let got = model.forward(prompt).expect("forward");
+            let difference = max_difference(&got, &expected);
+            let scale = expected.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+            eprintln!(
+                "{name}, {} tokens: max |Δ| {difference} against logits up to {scale}",
+                prompt.len()
+            );
+            assert!(
+                difference <= 1e-5 * scale,
+                "{name}, {} tokens: max |Δ| {difference} against logits up to {scale}",
+                prompt.len()
+            );
+        }
+    }
 }
 
 #[test]

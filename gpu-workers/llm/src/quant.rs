@@ -1,0 +1,644 @@
+//! Weight matrices kept as GGUF stores them (GGML's Q4_0, Q4_1 and Q8_0 blocks of 32 values),
+//! and their products with f32 activations.
+//!
+//! A product reads each weight block once per batch: 18–34 bytes for 32 weights instead of
+//! 128 as f32, which is what bounds decoding on a CPU. Each block is widened in registers
+//! (AVX2 with FMA and F16C where the CPU has them, detected at run time; a portable loop
+//! elsewhere) and multiplied with one or two activation rows at a time, so the result is the
+//! widened weights' product up to summation order. llama.cpp instead quantizes the activations
+//! to 8 bits per block and takes integer dot products; tried here, that moved SmolLM2's logits
+//! by ~1 (of ~25) and flipped its greedy answer to a chat question (the f32 path answers
+//! "Paris", 8-bit activations "L'Étoile…"), so the activations stay f32. Output rows are split
+//! over rayon's threads, and within a thread a run of weight rows meets a tile of activation
+//! rows so both stay in cache.
+
+use std::sync::OnceLock;
+
+use rayon::prelude::*;
+
+/// Values per quantized block (every GGML type here).
+pub const BLOCK: usize = 32;
+
+/// The quantized types a matrix can be kept in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum QuantKind {
+    /// 32 × 4-bit values `(q − 8) · d`: an f16 scale and 16 bytes.
+    Q4_0,
+    /// 32 × 4-bit values `q · d + m`: f16 scale and minimum, 16 bytes.
+    Q4_1,
+    /// 32 × 8-bit values `q · d`: an f16 scale and 32 signed bytes.
+    Q8_0,
+}
+
+impl QuantKind {
+    /// Bytes per 32-value block.
+    pub fn block_bytes(self) -> usize {
+        match self {
+            QuantKind::Q4_0 => 18,
+            QuantKind::Q4_1 => 20,
+            QuantKind::Q8_0 => 34,
+        }
+    }
+}
+
+/// A `[rows, cols]` matrix of quantized blocks, row-major (each row `cols / 32` blocks).
+#[derive(Clone)]
+pub struct QuantMatrix {
+    kind: QuantKind,
+    rows: usize,
+    cols: usize,
+    data: Vec<u8>,
+}
+
+impl std::fmt::Debug for QuantMatrix {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("QuantMatrix")
+            .field("kind", &self.kind)
+            .field("rows", &self.rows)
+            .field("cols", &self.cols)
+            .finish()
+    }
+}
+
+/// Why blocks cannot form a matrix.
+#[derive(Debug, thiserror::Error)]
+pub enum QuantError {
+    /// The row length is not a whole number of blocks.
+    #[error("{cols} columns do not fill {BLOCK}-value blocks")]
+    Columns {
+        /// The row length.
+        cols: usize,
+    },
+    /// The data is not `rows × cols / 32` blocks.
+    #[error("{got} bytes where {rows} × {cols} values of {kind:?} take {wanted}")]
+    Length {
+        /// The type.
+        kind: QuantKind,
+        /// Rows wanted.
+        rows: usize,
+        /// Columns wanted.
+        cols: usize,
+        /// Bytes given.
+        got: usize,
+        /// Bytes needed.
+        wanted: usize,
+    },
+}
+
+impl QuantMatrix {
+    /// A matrix over `data`, GGML blocks of `kind` in row-major order.
+    ///
+    /// # Errors
+    ///
+    /// [`QuantError`] when `cols` is not a multiple of 32 or `data` has the wrong length.
+    pub fn new(kind: QuantKind, rows: usize, cols: usize, data: Vec<u8>) -> Result<QuantMatrix, QuantError> {
+        if !cols.is_multiple_of(BLOCK) {
+            return Err(QuantError::Columns { cols });
+        }
+        let wanted = rows * (cols / BLOCK) * kind.block_bytes();
+        if data.len() != wanted {
+            return Err(QuantError::Length {
+                kind,
+                rows,
+                cols,
+                got: data.len(),
+                wanted,
+            });
+        }
+        Ok(QuantMatrix { kind, rows, cols, data })
+    }
+
+    /// The block type.
+    pub fn kind(&self) -> QuantKind {
+        self.kind
+    }
+
+    /// Rows (outputs of a linear map).
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    /// Columns (inputs of a linear map).
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+
+    /// Bytes held.
+    pub fn bytes(&self) -> usize {
+        self.data.len()
+    }
+
+    fn row_bytes(&self) -> usize {
+        (self.cols / BLOCK) * self.kind.block_bytes()
+    }
+
+    fn row_data(&self, row: usize) -> &[u8] {
+        let len = self.row_bytes();
+        &self.data[row * len..(row + 1) * len]
+    }
+
+    /// Row `row` widened to f32 into `out` (`cols` values).
+    pub fn dequantize_row(&self, row: usize, out: &mut [f32]) {
+        let block_bytes = self.kind.block_bytes();
+        for (block, out) in self
+            .row_data(row)
+            .chunks_exact(block_bytes)
+            .zip(out.as_chunks_mut::<BLOCK>().0)
+        {
+            dequantize_block(self.kind, block, out);
+        }
+    }
+
+    /// The whole matrix widened to f32 (row-major).
+    pub fn dequantize(&self) -> Vec<f32> {
+        self.dequantize_rows(0, self.rows)
+    }
+
+    /// Rows `start..start + count` widened to f32 (row-major).
+    pub fn dequantize_rows(&self, start: usize, count: usize) -> Vec<f32> {
+        let mut out = vec![0.0; count * self.cols];
+        for (row, out) in out.chunks_exact_mut(self.cols.max(1)).enumerate() {
+            self.dequantize_row(start + row, out);
+        }
+        out
+    }
+
+    /// `x · Wᵀ`: `x` is `[rows, cols]` (f32), the result `[rows, self.rows]`.
+    ///
+    /// # Panics
+    ///
+    /// If `x` does not hold `rows × cols` values.
+    pub fn matmul(&self, x: &[f32], rows: usize) -> Vec<f32> {
+        assert_eq!(x.len(), rows * self.cols, "activation shape");
+        let (outputs, cols) = (self.rows, self.cols);
+        let mut y = vec![0.0; rows * outputs];
+        if rows == 0 || outputs == 0 {
+            return y;
+        }
+        let kernels = kernels(self.kind);
+        let row_bytes = self.row_bytes();
+        let x_row = |r: usize| &x[r * cols..(r + 1) * cols];
+        // Each task: a run of weight rows against every activation row, in tiles of rows that
+        // stay in cache; its results come back as [output][row] and are scattered below.
+        let work = outputs * rows * (cols / BLOCK);
+        let per_task = if work < 1 << 13 {
+            outputs
+        } else {
+            (outputs / (rayon::current_num_threads() * 8)).clamp(8, 256)
+        };
+        let columns: Vec<Vec<f32>> = self
+            .data
+            .par_chunks(row_bytes * per_task)
+            .map(|weights| {
+                let count = weights.len() / row_bytes;
+                let mut out = vec![0.0; count * rows];
+                for tile in (0..rows).step_by(ACTIVATION_TILE) {
+                    let tile_end = (tile + ACTIVATION_TILE).min(rows);
+                    for (o, weight) in weights.chunks_exact(row_bytes).enumerate() {
+                        let out = &mut out[o * rows..(o + 1) * rows];
+                        let mut r = tile;
+                        while r + 1 < tile_end {
+                            [out[r], out[r + 1]] = (kernels.two)(weight, [x_row(r), x_row(r + 1)]);
+                            r += 2;
+                        }
+                        if r < tile_end {
+                            out[r] = (kernels.one)(weight, x_row(r));
+                        }
+                    }
+                }
+                out
+            })
+            .collect();
+        let mut first = 0;
+        for column in columns {
+            let count = column.len() / rows;
+            for (o, values) in column.chunks_exact(rows).enumerate() {
+                for (r, value) in values.iter().enumerate() {
+                    y[r * outputs + first + o] = *value;
+                }
+            }
+            first += count;
+        }
+        y
+    }
+}
+
+/// Activation rows per tile: 16 rows of a 1,536-wide input are 96 KB, within L2 beside the
+/// weight rows being read.
+const ACTIVATION_TILE: usize = 16;
+
+/// Widens one block of `kind` into 32 values.
+pub(crate) fn dequantize_block(kind: QuantKind, block: &[u8], out: &mut [f32]) {
+    let f16 = |b: &[u8]| half::f16::from_le_bytes([b[0], b[1]]).to_f32();
+    match kind {
+        // The low nibbles are values 0..16, the high ones 16..32.
+        QuantKind::Q4_0 => {
+            let d = f16(&block[0..2]);
+            for (i, q) in block[2..18].iter().enumerate() {
+                out[i] = (f32::from(q & 0x0f) - 8.0) * d;
+                out[i + 16] = (f32::from(q >> 4) - 8.0) * d;
+            }
+        }
+        QuantKind::Q4_1 => {
+            let (d, m) = (f16(&block[0..2]), f16(&block[2..4]));
+            for (i, q) in block[4..20].iter().enumerate() {
+                out[i] = f32::from(q & 0x0f) * d + m;
+                out[i + 16] = f32::from(q >> 4) * d + m;
+            }
+        }
+        QuantKind::Q8_0 => {
+            let d = f16(&block[0..2]);
+            for (out, &q) in out.iter_mut().zip(&block[2..34]) {
+                *out = f32::from(q as i8) * d;
+            }
+        }
+    }
+}
+
+/// The products of one weight row (its blocks) with one or two activation rows.
+#[derive(Clone, Copy)]
+struct Kernels {
+    one: fn(&[u8], &[f32]) -> f32,
+    two: fn(&[u8], [&[f32]; 2]) -> [f32; 2],
+}
+
+/// The instruction sets the kernels use, as this CPU has them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Isa {
+    /// AVX2 with FMA and F16C.
+    Avx2,
+    /// Plain Rust (what LLVM makes of it for the target).
+    Portable,
+}
+
+/// What the kernels run on here (detected once).
+pub fn isa() -> Isa {
+    static ISA: OnceLock<Isa> = OnceLock::new();
+    *ISA.get_or_init(|| {
+        #[cfg(target_arch = "x86_64")]
+        {
+            if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c") {
+                return Isa::Avx2;
+            }
+        }
+        Isa::Portable
+    })
+}
+
+fn kernels(kind: QuantKind) -> Kernels {
+    kernels_for(kind, isa())
+}
+
+/// The kernels for `kind` on `isa` (which must be available: see [`isa`]).
+fn kernels_for(kind: QuantKind, isa: Isa) -> Kernels {
+    #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Avx2 {
+        return match kind {
+            QuantKind::Q4_0 => Kernels {
+                one: x86::q4_0_one,
+                two: x86::q4_0_two,
+            },
+            QuantKind::Q4_1 => Kernels {
+                one: x86::q4_1_one,
+                two: x86::q4_1_two,
+            },
+            QuantKind::Q8_0 => Kernels {
+                one: x86::q8_0_one,
+                two: x86::q8_0_two,
+            },
+        };
+    }
+    let _ = isa;
+    match kind {
+        QuantKind::Q4_0 => Kernels {
+            one: |w, x| portable::rows::<1>(QuantKind::Q4_0, w, [x])[0],
+            two: |w, x| portable::rows::<2>(QuantKind::Q4_0, w, x),
+        },
+        QuantKind::Q4_1 => Kernels {
+            one: |w, x| portable::rows::<1>(QuantKind::Q4_1, w, [x])[0],
+            two: |w, x| portable::rows::<2>(QuantKind::Q4_1, w, x),
+        },
+        QuantKind::Q8_0 => Kernels {
+            one: |w, x| portable::rows::<1>(QuantKind::Q8_0, w, [x])[0],
+            two: |w, x| portable::rows::<2>(QuantKind::Q8_0, w, x),
+        },
+    }
+}
+
+/// The kernels in plain Rust: the reference the vector ones are tested against.
+mod portable {
+    use super::{BLOCK, QuantKind, dequantize_block};
+
+    /// One weight row (blocks of `kind`) against `R` activation rows.
+    pub(super) fn rows<const R: usize>(kind: QuantKind, w: &[u8], x: [&[f32]; R]) -> [f32; R] {
+        let mut sums = [0.0; R];
+        let mut widened = [0.0f32; BLOCK];
+        for (b, block) in w.chunks_exact(kind.block_bytes()).enumerate() {
+            dequantize_block(kind, block, &mut widened);
+            for (sum, x) in sums.iter_mut().zip(x) {
+                *sum += widened
+                    .iter()
+                    .zip(&x[b * BLOCK..(b + 1) * BLOCK])
+                    .map(|(w, x)| w * x)
+                    .sum::<f32>();
+            }
+        }
+        sums
+    }
+}
+
+/// AVX2 kernels: a block widened to four vectors of eight f32, then fused multiply-adds with
+/// each activation row into four accumulators (independent chains, so the adds overlap).
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use std::arch::x86_64::*;
+
+    use super::BLOCK;
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn f16(bytes: &[u8]) -> f32 {
+        let bits = i32::from(u16::from_le_bytes([bytes[0], bytes[1]]));
+        _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits)))
+    }
+
+    /// Eight bytes (unsigned) as eight f32.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn widen_u8(bytes: __m128i) -> __m256 {
+        _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(bytes))
+    }
+
+    /// Eight bytes (signed) as eight f32.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn widen_i8(bytes: __m128i) -> __m256 {
+        _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes))
+    }
+
+    /// A 4-bit block's 32 nibbles (low nibbles are values 0..16) as f32 `q · d + offset`.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn nibbles(qs: &[u8], d: f32, offset: f32) -> [__m256; 4] {
+        assert!(qs.len() >= 16);
+        // SAFETY: 16 readable bytes (asserted); unaligned load.
+        let packed = unsafe { _mm_loadu_si128(qs.as_ptr().cast()) };
+        let mask = _mm_set1_epi8(0x0f);
+        let low = _mm_and_si128(packed, mask);
+        let high = _mm_and_si128(_mm_srli_epi16(packed, 4), mask);
+        let (d, offset) = (_mm256_set1_ps(d), _mm256_set1_ps(offset));
+        [
+            _mm256_fmadd_ps(widen_u8(low), d, offset),
+            _mm256_fmadd_ps(widen_u8(_mm_srli_si128(low, 8)), d, offset),
+            _mm256_fmadd_ps(widen_u8(high), d, offset),
+            _mm256_fmadd_ps(widen_u8(_mm_srli_si128(high, 8)), d, offset),
+        ]
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn q4_0_block(block: &[u8]) -> [__m256; 4] {
+        let d = f16(&block[0..2]);
+        nibbles(&block[2..18], d, -8.0 * d)
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn q4_1_block(block: &[u8]) -> [__m256; 4] {
+        nibbles(&block[4..20], f16(&block[0..2]), f16(&block[2..4]))
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn q8_0_block(block: &[u8]) -> [__m256; 4] {
+        assert!(block.len() >= 34);
+        let d = _mm256_set1_ps(f16(&block[0..2]));
+        // SAFETY: 32 readable bytes after the scale (asserted); unaligned loads.
+        let (first, second) = unsafe {
+            (
+                _mm_loadu_si128(block[2..].as_ptr().cast()),
+                _mm_loadu_si128(block[18..].as_ptr().cast()),
+            )
+        };
+        [
+            _mm256_mul_ps(widen_i8(first), d),
+            _mm256_mul_ps(widen_i8(_mm_srli_si128(first, 8)), d),
+            _mm256_mul_ps(widen_i8(second), d),
+            _mm256_mul_ps(widen_i8(_mm_srli_si128(second, 8)), d),
+        ]
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn hsum(v: __m256) -> f32 {
+        let sum = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+        let sum = _mm_add_ps(sum, _mm_movehl_ps(sum, sum));
+        let sum = _mm_add_ss(sum, _mm_movehdup_ps(sum));
+        _mm_cvtss_f32(sum)
+    }
+
+    /// A block type: its size and how it widens.
+    trait Block {
+        const BYTES: usize;
+
+        /// # Safety
+        ///
+        /// The CPU must have AVX2, FMA and F16C.
+        unsafe fn widen(block: &[u8]) -> [__m256; 4];
+    }
+
+    macro_rules! block {
+        ($name:ident, $bytes:literal, $widen:ident) => {
+            struct $name;
+
+            impl Block for $name {
+                const BYTES: usize = $bytes;
+
+                #[inline]
+                #[target_feature(enable = "avx2,fma,f16c")]
+                unsafe fn widen(block: &[u8]) -> [__m256; 4] {
+                    $widen(block)
+                }
+            }
+        };
+    }
+    block!(Q4_0, 18, q4_0_block);
+    block!(Q4_1, 20, q4_1_block);
+    block!(Q8_0, 34, q8_0_block);
+
+    /// One weight row of `B` blocks against `R` activation rows.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn rows<B: Block, const R: usize>(w: &[u8], x: [&[f32]; R]) -> [f32; R] {
+        let mut acc = [[_mm256_setzero_ps(); 4]; R];
+        for (b, block) in w.chunks_exact(B::BYTES).enumerate() {
+            // SAFETY: this function runs only with the features `widen` needs.
+            let weights = unsafe { B::widen(block) };
+            for (acc, x) in acc.iter_mut().zip(&x) {
+                let x = &x[b * BLOCK..(b + 1) * BLOCK];
+                for (lane, (acc, weights)) in acc.iter_mut().zip(&weights).enumerate() {
+                    // SAFETY: 8 readable floats at 8·lane of a 32-float slice.
+                    let values = unsafe { _mm256_loadu_ps(x.as_ptr().add(8 * lane)) };
+                    *acc = _mm256_fmadd_ps(*weights, values, *acc);
+                }
+            }
+        }
+        acc.map(|[a, b, c, d]| hsum(_mm256_add_ps(_mm256_add_ps(a, b), _mm256_add_ps(c, d))))
+    }
+
+    // Safe entry points: `kernels_for` hands these out only when `isa()` found AVX2, FMA and
+    // F16C.
+    macro_rules! entry {
+        ($one:ident, $two:ident, $block:ident) => {
+            pub(super) fn $one(w: &[u8], x: &[f32]) -> f32 {
+                // SAFETY: see above.
+                unsafe { rows::<$block, 1>(w, [x])[0] }
+            }
+
+            pub(super) fn $two(w: &[u8], x: [&[f32]; 2]) -> [f32; 2] {
+                // SAFETY: see above.
+                unsafe { rows::<$block, 2>(w, x) }
+            }
+        };
+    }
+    entry!(q4_0_one, q4_0_two, Q4_0);
+    entry!(q4_1_one, q4_1_two, Q4_1);
+    entry!(q8_0_one, q8_0_two, Q8_0);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A deterministic pseudo-random stream in [-1, 1).
+    fn values(seed: u64, n: usize) -> Vec<f32> {
+        let mut state = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        (0..n)
+            .map(|_| {
+                state = state
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                ((state >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+            })
+            .collect()
+    }
+
+    /// GGML's reference quantizers, for building test matrices.
+    fn quantize(kind: QuantKind, values: &[f32]) -> Vec<u8> {
+        let mut out = Vec::new();
+        for block in values.chunks(BLOCK) {
+            let max = block.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+            match kind {
+                QuantKind::Q8_0 => {
+                    let d = max / 127.0;
+                    out.extend(half::f16::from_f32(d).to_le_bytes());
+                    out.extend(
+                        block
+                            .iter()
+                            .map(|v| (if d > 0.0 { v / d } else { 0.0 }).round() as i8 as u8),
+                    );
+                }
+                QuantKind::Q4_0 => {
+                    // The value of largest magnitude maps to −8.
+                    let extreme = block
+                        .iter()
+                        .copied()
+                        .fold(0.0f32, |m, v| if v.abs() > m.abs() { v } else { m });
+                    let d = extreme / -8.0;
+                    let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+                    out.extend(half::f16::from_f32(d).to_le_bytes());
+                    let q = |v: f32| ((v * id + 8.5) as u8).min(15);
+                    out.extend((0..16).map(|i| q(block[i]) | (q(block[i + 16]) << 4)));
+                }
+                QuantKind::Q4_1 => {
+                    let min = block.iter().copied().fold(f32::INFINITY, f32::min);
+                    let max = block.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                    let d = (max - min) / 15.0;
+                    let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+                    out.extend(half::f16::from_f32(d).to_le_bytes());
+                    out.extend(half::f16::from_f32(min).to_le_bytes());
+                    let q = |v: f32| (((v - min) * id + 0.5) as u8).min(15);
+                    out.extend((0..16).map(|i| q(block[i]) | (q(block[i + 16]) << 4)));
+                }
+            }
+        }
+        out
+    }
+
+    const KINDS: [QuantKind; 3] = [QuantKind::Q4_0, QuantKind::Q4_1, QuantKind::Q8_0];
+
+    #[test]
+    fn every_kernel_gives_the_widened_product() {
+        // Odd row counts and several tiles: the one-row and two-row kernels, tile edges.
+        let (outputs, cols) = (37, 576);
+        for rows in [1, 2, 5, 19, 40] {
+            let x = values(rows as u64, rows * cols);
+            for kind in KINDS {
+                let matrix =
+                    QuantMatrix::new(kind, outputs, cols, quantize(kind, &values(7, outputs * cols))).expect("matrix");
+                let widened = matrix.dequantize();
+                let got = matrix.matmul(&x, rows);
+                for r in 0..rows {
+                    for o in 0..outputs {
+                        let want: f32 = (0..cols).map(|k| x[r * cols + k] * widened[o * cols + k]).sum();
+                        let value = got[r * outputs + o];
+                        assert!(
+                            (value - want).abs() <= 1e-4 * want.abs().max(1.0),
+                            "{kind:?}, {rows} rows, ({r}, {o}): {value} vs {want} on {:?}",
+                            isa()
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn the_portable_kernels_agree_with_the_vector_ones() {
+        let cols = 256;
+        let (x0, x1) = (values(1, cols), values(2, cols));
+        for kind in KINDS {
+            let w = quantize(kind, &values(3, cols));
+            let portable = kernels_for(kind, Isa::Portable);
+            let here = kernels(kind);
+            let [a, b] = (here.two)(&w, [&x0, &x1]);
+            let [pa, pb] = (portable.two)(&w, [&x0, &x1]);
+            let one = (here.one)(&w, &x0);
+            for (got, want) in [(a, pa), (b, pb), (one, pa)] {
+                assert!(
+                    (got - want).abs() <= 1e-4 * want.abs().max(1.0),
+                    "{kind:?}: {got} vs {want}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn widening_matches_the_block_definitions() {
+        let q4_1: Vec<u8> = [
+            half::f16::from_f32(0.5).to_le_bytes(),
+            half::f16::from_f32(-1.0).to_le_bytes(),
+        ]
+        .concat()
+        .into_iter()
+        .chain((0..16).map(|i| (i as u8) | (15 - i as u8) << 4))
+        .collect();
+        let matrix = QuantMatrix::new(QuantKind::Q4_1, 1, 32, q4_1).expect("matrix");
+        let values = matrix.dequantize();
+        assert_eq!(values[0], -1.0);
+        assert_eq!(values[3], 0.5);
+        assert_eq!(values[16], 6.5);
+    }
+
+    #[test]
+    fn wrong_shapes_are_refused() {
+        assert!(matches!(
+            QuantMatrix::new(QuantKind::Q8_0, 1, 33, vec![0; 34]),
+            Err(QuantError::Columns { cols: 33 })
+        ));
+        assert!(matches!(
+            QuantMatrix::new(QuantKind::Q8_0, 2, 32, vec![0; 34]),
+            Err(QuantError::Length { wanted: 68, .. })
+        ));
+    }
+}
