@@ -234,6 +234,106 @@ fn engine(label: &str, model: Model, prompt: &[u32], roofline_steps: f64) {
     );
 }
 
+/// The anchors on the same GGUF file and threads: candle 0.11's quantized Llama (`candle`
+/// rows) and llama.cpp's `llama-bench` where one is built (`llama.cpp` rows), 512-token
+/// prefill and batch-1 decode after a 128-token context, as our rows measure them.
+fn anchors(gguf: &Path, threads: usize) {
+    match candle(gguf) {
+        Ok((prefill, decode)) => {
+            println!("| candle 0.11 (same GGUF) | prefill (512 tokens) | {prefill:.0} tok/s | | |");
+            println!("| candle 0.11 (same GGUF) | decode, batch 1 | {decode:.0} tok/s | | |");
+        }
+        Err(err) => println!("| candle 0.11 (same GGUF) | skipped: {err} | | | |"),
+    }
+    match llama_cpp(gguf, threads) {
+        Ok((prefill, decode)) => {
+            println!("| llama.cpp (same GGUF) | prefill (512 tokens) | {prefill:.0} tok/s | | |");
+            println!("| llama.cpp (same GGUF) | decode, batch 1 | {decode:.0} tok/s | | |");
+        }
+        Err(reason) => println!("| llama.cpp (same GGUF) | skipped: {reason} | | | |"),
+    }
+}
+
+/// candle's prefill and batch-1 decode tokens per second on `gguf`.
+fn candle(gguf: &Path) -> candle_core::Result<(f64, f64)> {
+    use candle_core::quantized::gguf_file;
+    use candle_core::{Device, Tensor};
+    use candle_transformers::models::quantized_llama::ModelWeights;
+
+    let device = Device::Cpu;
+    let mut file = std::fs::File::open(gguf)?;
+    let content = gguf_file::Content::read(&mut file)?;
+    let vocab = content
+        .metadata
+        .get("llama.vocab_size")
+        .and_then(|value| value.to_u32().ok())
+        .unwrap_or(32_000);
+    let mut model = ModelWeights::from_gguf(content, &mut file, &device)?;
+    let tokens: Vec<u32> = (0..512u32).map(|i| (i * 7 + 3) % vocab).collect();
+    let prompt = Tensor::new(&tokens[..], &device)?.unsqueeze(0)?;
+    // At position 0 the model replaces its cache, so every run is a fresh prefill.
+    let mut failure = None;
+    let prefill = rate(Duration::from_secs(3), || {
+        if let Err(err) = model.forward(&prompt, 0).map(black_box) {
+            failure = Some(err);
+        }
+    }) * tokens.len() as f64;
+    if let Some(err) = failure {
+        return Err(err);
+    }
+    let context = 128;
+    let steps = 60;
+    let (mut decoded, mut spent) = (0usize, Duration::ZERO);
+    while spent < Duration::from_secs(3) {
+        model.forward(&Tensor::new(&tokens[..context], &device)?.unsqueeze(0)?, 0)?;
+        let start = Instant::now();
+        for step in 0..steps {
+            let next = Tensor::new(&[5u32], &device)?.unsqueeze(0)?;
+            black_box(model.forward(&next, context + step)?);
+        }
+        spent += start.elapsed();
+        decoded += steps;
+    }
+    Ok((prefill, decoded as f64 / spent.as_secs_f64()))
+}
+
+/// llama.cpp's `llama-bench` (named by `SWITCHYARD_LLAMA_BENCH`; `scripts/build-llama-cpp.sh`
+/// builds one from the `llama-cpp-python` source distribution) on `threads` threads: a 512-token
+/// prefill, and 128 tokens generated after a 128-token context (`-d 128`), as our rows measure.
+fn llama_cpp(gguf: &Path, threads: usize) -> Result<(f64, f64), String> {
+    let Some(binary) = std::env::var_os("SWITCHYARD_LLAMA_BENCH") else {
+        return Err("set SWITCHYARD_LLAMA_BENCH=$(scripts/build-llama-cpp.sh) to include it".into());
+    };
+    let run = |test: &[&str]| -> Result<f64, String> {
+        let output = std::process::Command::new(&binary)
+            .arg("-m")
+            .arg(gguf)
+            .args(test)
+            .args(["-r", "3", "-o", "jsonl", "-t", &threads.to_string()])
+            .output()
+            .map_err(|err| format!("{}: {err}", Path::new(&binary).display()))?;
+        if !output.status.success() {
+            return Err(format!(
+                "llama-bench failed ({}): {}",
+                output.status,
+                String::from_utf8_lossy(&output.stderr)
+                    .lines()
+                    .last()
+                    .unwrap_or_default()
+            ));
+        }
+        // One JSON object per test; `avg_ts` is its tokens per second.
+        String::from_utf8_lossy(&output.stdout)
+            .lines()
+            .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+            .find_map(|test| test["avg_ts"].as_f64())
+            .ok_or_else(|| "no result in llama-bench's output".into())
+    };
+    let prefill = run(&["-p", "512", "-n", "0"])?;
+    let decode = run(&["-p", "0", "-n", "128", "-d", "128"])?;
+    Ok((prefill, decode))
+}
+
 fn main() {
     if let Some(gguf) = std::env::var_os(RESIDENT_PROBE) {
         resident_probe(Path::new(&gguf));
@@ -279,6 +379,7 @@ fn main() {
         let widened = model.widened();
         measure("SmolLM2-135M (Q4_1 GGUF, kept quantized)", model, 512, bandwidth);
         measure("SmolLM2-135M (Q4_1 GGUF, widened to f32)", widened, 512, bandwidth);
+        anchors(gguf, threads);
         println!(
             "\nSmolLM2-135M: GGUF file {:.1} MB; resident memory after loading it in a fresh process: {:.1} MB kept quantized ({:.2}× the file), {:.1} MB widened to f32 ({:.2}×); kernels: {:?}",
             file_bytes as f64 / 1e6,
@@ -289,6 +390,12 @@ fn main() {
             switchyard_llm::quant::isa(),
         );
     } else {
+        println!(
+            "| candle 0.11 | skipped: set SWITCHYARD_SMOLLM2_GGUF=$(scripts/fetch-smollm2.sh) to include it | | | |"
+        );
+        println!(
+            "| llama.cpp | skipped: set SWITCHYARD_SMOLLM2_GGUF=$(scripts/fetch-smollm2.sh) to include it | | | |"
+        );
         println!("\n(SmolLM2-135M skipped: set SWITCHYARD_SMOLLM2_GGUF=$(scripts/fetch-smollm2.sh) to include it)");
     }
 }
