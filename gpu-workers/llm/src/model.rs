@@ -9,8 +9,9 @@
 //! which is what decoding needs: against `matrixmultiply`, which packs the weight matrix on every
 //! call, batch-1 decode of a 110M model went from 11 to 42 tokens/s on two cores. Weights stored
 //! as GGML blocks (Q4_0, Q4_1, Q8_0 in a GGUF file) stay quantized ([`Matrix::Quantized`]), and
-//! their products go through [`crate::quant`] (8-bit activations, integer dot products); every
-//! other weight is widened to f32 at load, and all other arithmetic is f32.
+//! their products go through [`crate::quant`] (activations quantized per block to 16 bits,
+//! integer dot products) or, for many rows, through `gemm` on tiles widened in cache; every other
+//! weight is widened to f32 at load, and all other arithmetic is f32.
 
 use std::path::Path;
 

@@ -357,9 +357,10 @@ fn q8_0_weights_load_within_their_rounding() {
 
 #[test]
 fn quantized_weights_stay_quantized_and_multiply_within_a_stated_tolerance() {
-    // The quantized path (blocks widened in registers, f32 activations) against the same
-    // blocks widened to f32 at load and multiplied by `gemm`: only the summation order
-    // differs. Stated tolerance: 1e-5 of the largest logit.
+    // The quantized path (activations quantized per block to 16 bits, integer block dot
+    // products; from 16 rows on, widened tiles and `gemm`) against the same blocks widened to
+    // f32 at load. Stated tolerance: 1e-3 of the largest logit (measured ~6e-5 through the
+    // block kernels, 0 through the tiles).
     for (store, name) in [(Store::Q8_0, "q8_0"), (Store::Q4_1, "q4_1")] {
         let dir = plain_rope_copy();
         let gguf = dir.path().join(format!("tiny-{name}.gguf"));
@@ -384,7 +385,7 @@ fn quantized_weights_stay_quantized_and_multiply_within_a_stated_tolerance() {
                 prompt.len()
             );
             assert!(
-                difference <= 1e-5 * scale,
+                difference <= 1e-3 * scale,
                 "{name}, {} tokens: max |Δ| {difference} against logits up to {scale}",
                 prompt.len()
             );
