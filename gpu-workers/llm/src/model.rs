@@ -101,8 +101,8 @@ impl Matrix {
 }
 
 /// From this many activation rows on, a quantized product widens tiles of weights and uses
-/// `gemm` (measured on SmolLM2, two cores: the block kernels make 140 tok/s at decode batch 8
-/// against 106 this way, and 144 at batch 32 against 215–257; prefill 165 against 433).
+/// `gemm`, which is compute-efficient where the block kernels are not (measured on SmolLM2, two
+/// cores: prefill 165 tok/s through block kernels, 433 through tiles; BENCHMARKS.md).
 const GEMM_ROWS: usize = 16;
 
 /// Weight rows widened at a time for a many-row product: 64 rows of a 1,536-wide matrix are
