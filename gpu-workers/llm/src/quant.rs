@@ -64,7 +64,7 @@ impl std::fmt::Debug for QuantMatrix {
 /// Why blocks cannot form a matrix.
 #[derive(Debug, thiserror::Error)]
 pub enum QuantError {
-    /// The row length is not a whole number of blocks.
+    /// The row length is not a whole, non-zero number of blocks.
     #[error("{cols} columns do not fill {BLOCK}-value blocks")]
     Columns {
         /// The row length.
@@ -93,7 +93,7 @@ impl QuantMatrix {
     ///
     /// [`QuantError`] when `cols` is not a multiple of 32 or `data` has the wrong length.
     pub fn new(kind: QuantKind, rows: usize, cols: usize, data: Vec<u8>) -> Result<QuantMatrix, QuantError> {
-        if !cols.is_multiple_of(BLOCK) {
+        if cols == 0 || !cols.is_multiple_of(BLOCK) {
             return Err(QuantError::Columns { cols });
         }
         let wanted = rows * (cols / BLOCK) * kind.block_bytes();
@@ -719,6 +719,10 @@ mod tests {
         assert!(matches!(
             QuantMatrix::new(QuantKind::Q8_0, 1, 33, vec![0; 34]),
             Err(QuantError::Columns { cols: 33 })
+        ));
+        assert!(matches!(
+            QuantMatrix::new(QuantKind::Q4_1, 4, 0, Vec::new()),
+            Err(QuantError::Columns { cols: 0 })
         ));
         assert!(matches!(
             QuantMatrix::new(QuantKind::Q8_0, 2, 32, vec![0; 34]),
