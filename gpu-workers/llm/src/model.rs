@@ -64,7 +64,6 @@ impl Matrix {
     }
 
     /// Every value as f32 (borrowed when already f32): for backends that upload f32.
-    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     pub(crate) fn to_f32(&self) -> std::borrow::Cow<'_, [f32]> {
         match self {
             Matrix::F32(values) => std::borrow::Cow::Borrowed(values),
@@ -80,24 +79,36 @@ impl Matrix {
     /// `x · Wᵀ` for `x` of `[rows, cols]`, with `W` of `[outputs, cols]`: `[rows, outputs]`.
     fn product(&self, x: &[f32], rows: usize, cols: usize, outputs: usize) -> Vec<f32> {
         match self {
-            Matrix::F32(weight) => {
-                let mut y = vec![0.0; rows * outputs];
-                gemm(
-                    rows,
-                    cols,
-                    outputs,
-                    Strided::new(x, cols as isize, 1),
-                    // Wᵀ: element (k, n) of the [cols, outputs] view is W[n][k].
-                    Strided::new(weight, 1, cols as isize),
-                    &mut y,
-                    outputs,
-                );
-                y
-            }
+            Matrix::F32(weight) => times_transposed(x, rows, cols, weight, outputs, parallelism(rows, outputs, cols)),
             Matrix::Quantized(matrix) if rows < GEMM_ROWS => matrix.matmul(x, rows),
             Matrix::Quantized(matrix) => widened_tiles_product(matrix, x, rows),
         }
     }
+}
+
+/// `x · Wᵀ` through `gemm` for `x` of `[rows, cols]` and a row-major `weight` of `[outputs,
+/// cols]`, on `threads`: `[rows, outputs]`.
+fn times_transposed(
+    x: &[f32],
+    rows: usize,
+    cols: usize,
+    weight: &[f32],
+    outputs: usize,
+    threads: gemm::Parallelism,
+) -> Vec<f32> {
+    let mut y = vec![0.0; rows * outputs];
+    gemm_with(
+        rows,
+        cols,
+        outputs,
+        Strided::new(x, cols as isize, 1),
+        // Wᵀ: element (k, n) of the [cols, outputs] view is W[n][k].
+        Strided::new(weight, 1, cols as isize),
+        &mut y,
+        outputs,
+        threads,
+    );
+    y
 }
 
 /// From this many activation rows on, a quantized product widens tiles of weights and uses
@@ -120,18 +131,7 @@ fn widened_tiles_product(matrix: &QuantMatrix, x: &[f32], rows: usize) -> Vec<f3
             let start = tile * WIDENED_TILE;
             let count = WIDENED_TILE.min(outputs - start);
             let weight = matrix.dequantize_rows(start, count);
-            let mut y = vec![0.0; rows * count];
-            gemm_with(
-                rows,
-                cols,
-                count,
-                Strided::new(x, cols as isize, 1),
-                Strided::new(&weight, 1, cols as isize),
-                &mut y,
-                count,
-                gemm::Parallelism::None,
-            );
-            y
+            times_transposed(x, rows, cols, &weight, count, gemm::Parallelism::None)
         })
         .collect();
     let mut y = vec![0.0; rows * outputs];

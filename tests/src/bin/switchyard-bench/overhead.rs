@@ -259,17 +259,12 @@ pub async fn overhead(args: OverheadArgs) -> anyhow::Result<()> {
                 }
                 Some((d50, d99)) => (format!("{:.2}×", p50 / d50), format!("{:.2}×", p99 / d99)),
             };
-            let cpu = measured.cpu_per_request_us();
-            if target == Target::Nginx {
-                nginx_cpu = cpu;
-            }
+            let (cpu, vs_nginx) = cpu_cells(target, &measured, &mut nginx_cpu);
             println!(
-                "| {concurrency} | {} | {} | {:.0} | {p50:.3} | {p99:.3} | {r50} | {r99} | {} | {} |",
+                "| {concurrency} | {} | {} | {:.0} | {p50:.3} | {p99:.3} | {r50} | {r99} | {cpu} | {vs_nginx} |",
                 target.name(),
                 measured.ttfb_ms.len(),
                 measured.rps(),
-                cpu.map_or("—".into(), |us| format!("{us:.0}")),
-                ratio(cpu, nginx_cpu),
             );
         }
     }
@@ -301,16 +296,11 @@ pub async fn overhead(args: OverheadArgs) -> anyhow::Result<()> {
             }
             Some(direct) => rps / direct,
         };
-        let cpu = measured.cpu_per_request_us();
-        if target == Target::Nginx {
-            nginx_cpu = cpu;
-        }
+        let (cpu, vs_nginx) = cpu_cells(target, &measured, &mut nginx_cpu);
         println!(
-            "| {} | {} | {rps:.0} | {vs_direct:.2}× | {} | {} |",
+            "| {} | {} | {rps:.0} | {vs_direct:.2}× | {cpu} | {vs_nginx} |",
             target.name(),
             measured.ttfb_ms.len(),
-            cpu.map_or("—".into(), |us| format!("{us:.0}")),
-            ratio(cpu, nginx_cpu),
         );
     }
     if let Some(nginx) = &setup.nginx {
@@ -322,12 +312,18 @@ pub async fn overhead(args: OverheadArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// `value / baseline` as a table cell.
-fn ratio(value: Option<f64>, baseline: Option<f64>) -> String {
-    match (value, baseline) {
+/// The proxy-CPU cells of a row: µs per request, and the ratio to nginx's in the same table
+/// (`nginx_cpu` remembers nginx's, which is measured first).
+fn cpu_cells(target: Target, measured: &Measured, nginx_cpu: &mut Option<f64>) -> (String, String) {
+    let cpu = measured.cpu_per_request_us();
+    if target == Target::Nginx {
+        *nginx_cpu = cpu;
+    }
+    let ratio = match (cpu, *nginx_cpu) {
         (Some(value), Some(baseline)) if baseline > 0.0 => format!("{:.2}×", value / baseline),
         _ => "—".into(),
-    }
+    };
+    (cpu.map_or("—".into(), |us| format!("{us:.0}")), ratio)
 }
 
 fn percentile(sorted: &[f64], q: f64) -> f64 {
