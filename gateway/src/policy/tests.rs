@@ -613,3 +613,90 @@ fn fair_share_reads_whose_each_item_is_through_the_host() {
     let (batches, _) = switch.form_batches(&queue, &budget);
     assert_eq!(batches[0].items, vec![0, 1]);
 }
+
+/// A deterministic stream of table values for the differential tests: often one of a few
+/// small values (so that workers tie), else anything below `bound`.
+struct Draws(u64);
+
+impl Draws {
+    fn next(&mut self) -> u64 {
+        // splitmix64
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut x = self.0;
+        x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        x ^ (x >> 31)
+    }
+
+    fn below(&mut self, bound: u32) -> u32 {
+        (self.next() % u64::from(bound.max(1))) as u32
+    }
+
+    fn value(&mut self, bound: u32) -> u32 {
+        if self.below(2) == 0 {
+            self.below(4)
+        } else {
+            self.below(bound)
+        }
+    }
+}
+
+/// A random table of `n` workers as the gateway sends them: mostly LLMs, mixed block sizes,
+/// loads that tie and loads that overflow.
+fn random_table(draws: &mut Draws, n: usize) -> WorkerTable {
+    let mut table = table::synthetic(n);
+    let mut column = |column: Columns, draw: &mut dyn FnMut(&mut Draws) -> u32| {
+        let values: Vec<u32> = (0..n).map(|_| draw(draws)).collect();
+        set(&mut table, column, &values);
+    };
+    column(Columns::ROLES, &mut |d| u32::from(d.below(10) == 0));
+    column(Columns::BLOCK_SIZE, &mut |d| [16, 32, 64, 48][d.below(4) as usize]);
+    column(Columns::OVERLAP_DEVICE_BLOCKS, &mut |d| d.value(20));
+    column(Columns::OVERLAP_HOST_BLOCKS, &mut |d| d.value(8));
+    column(Columns::PREFILL_TOKENS, &mut |d| d.value(20_000));
+    column(Columns::ACTIVE_BLOCKS, &mut |d| d.value(600));
+    column(Columns::CAPACITY_BLOCKS, &mut |d| [0, 400, 16_384][d.below(3) as usize]);
+    column(Columns::ACTIVE_REQUESTS, &mut |d| d.value(40));
+    column(Columns::NODE, &mut |d| d.below(3));
+    column(Columns::QUEUED_US, &mut |d| d.value(50_000));
+    column(Columns::ENCODE_US, &mut |d| d.value(20_000));
+    table
+}
+
+#[test]
+fn shortlisted_routers_decide_as_their_exact_costs_do() {
+    // The built-ins that rank a shortlist of f32 estimates (the SDK's `shortlist`) against the
+    // same component told to compute every cost exactly (`shortlist = false`): the decision,
+    // its encoders and its fallbacks must be the same, on tables with ties and overflows.
+    let runtime = runtime();
+    for name in ["kv-aware", "predicted-ttft", "modality-aware"] {
+        let wasm = built_in_router(name).expect("built in");
+        let fast = runtime.load_router(name, wasm, toml::Table::new()).expect("loads");
+        let mut exact_config = toml::Table::new();
+        exact_config.insert("shortlist".into(), toml::Value::Boolean(false));
+        let exact = runtime.load_router(name, wasm, exact_config).expect("loads");
+        let columns = fast.columns() | table::fallback_columns();
+        let (mut fast, mut exact) = (
+            fast.instantiate().expect("instance"),
+            exact.instantiate().expect("instance"),
+        );
+        let mut draws = Draws(11);
+        for round in 0..400u64 {
+            let n = 1 + draws.below(300) as usize;
+            let workers = random_table(&mut draws, n).select(columns);
+            let prompt_tokens = 1 + draws.below(8000);
+            let request = table::RequestInfo {
+                request_id: round,
+                prompt_tokens,
+                prompt_blocks: prompt_tokens.div_ceil(64),
+                max_tokens: 1 + draws.below(512),
+                ttft_target_ms: [0.0, 50.0, 500.0][draws.below(3) as usize],
+                media_tokens: [0, 0, 576][draws.below(3) as usize],
+                ..table::synthetic_request()
+            };
+            let fast = fast.route(&request, &workers).map_err(|err| err.to_string());
+            let exact = exact.route(&request, &workers).map_err(|err| err.to_string());
+            assert_eq!(fast, exact, "{name}, round {round}, {n} workers");
+        }
+    }
+}

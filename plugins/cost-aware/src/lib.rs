@@ -61,14 +61,19 @@ const MIN_SAMPLES: u32 = 3;
 /// load, so the ratio of gaps keeps mostly the hardware's difference, and what is left of the
 /// load makes a busy worker look slower — which turns traffic away from it, the stable way.
 fn slowness(workers: &WorkerTable, predictions: &[(usize, model::Prediction)]) -> Vec<f64> {
-    let measured = switchyard_policy_sdk::measured::timings();
+    // Sorted by id (stably: the first timing of an id counts, as a scan would find it) so that
+    // each worker's is a binary search, not a scan: a scan per worker was quadratic.
+    let mut measured = switchyard_policy_sdk::measured::timings();
+    measured.retain(|timing| timing.itl_us > 0 && timing.samples >= MIN_SAMPLES);
+    measured.sort_by_key(|timing| timing.id);
     let gaps: Vec<Option<f64>> = predictions
         .iter()
         .map(|(i, _)| {
-            let id = workers.ids.get(*i).copied();
+            let id = workers.ids.get(*i).copied()?;
+            let first = measured.partition_point(|timing| timing.id < id);
             measured
-                .iter()
-                .find(|timing| Some(timing.id) == id && timing.itl_us > 0 && timing.samples >= MIN_SAMPLES)
+                .get(first)
+                .filter(|timing| timing.id == id)
                 .map(|timing| f64::from(timing.itl_us))
         })
         .collect();
@@ -94,8 +99,9 @@ impl Router for CostAware {
         .union(Columns::CAPACITY_BLOCKS);
 
     fn route(req: &RequestInfo, workers: &WorkerTable) -> Result<Decision, PolicyError> {
-        let model = Model::from_config();
-        let margin = switchyard_policy_sdk::config::get_f64("target_margin", 0.8);
+        let model = Model::configured();
+        static MARGIN: switchyard_policy_sdk::config::Derived<f64> = switchyard_policy_sdk::config::Derived::new();
+        let margin = MARGIN.get_or_init(|| switchyard_policy_sdk::config::get_f64("target_margin", 0.8));
         let predictions: Vec<(usize, model::Prediction)> = workers
             .llm_indices()
             .map(|i| (i, model.predict(req, workers, i)))
@@ -107,7 +113,7 @@ impl Router for CostAware {
         let target = f64::from(req.ttft_target_ms);
         // (usable, meets the target, cost per token or scaled cost, scaled cost, tie, index);
         // a worker the request would overflow is usable only when every worker would.
-        let mut ranked: Vec<(bool, bool, f64, f64, u64, usize)> = predictions
+        let ranked: Vec<Entry> = predictions
             .iter()
             .zip(&speeds)
             .map(|((i, prediction), speed)| {
@@ -126,26 +132,51 @@ impl Router for CostAware {
                 (usable, meets, if meets { price } else { cost }, cost, tie, *i)
             })
             .collect();
-        // Usable first; meeting workers first, cheapest first; then the rest, by scaled
-        // predicted cost. Prices equal within 1e-6 are ranked by predicted cost, then by the
-        // request's hash.
-        ranked.sort_by(|a, b| {
-            b.0.cmp(&a.0)
-                .then_with(|| b.1.cmp(&a.1))
-                .then_with(|| {
-                    if (a.2 - b.2).abs() <= 1e-6 * a.2.abs().max(b.2.abs()).max(1.0) {
-                        core::cmp::Ordering::Equal
-                    } else {
-                        a.2.total_cmp(&b.2)
-                    }
-                })
-                .then_with(|| a.3.total_cmp(&b.3))
-                .then_with(|| a.4.cmp(&b.4))
-        });
+        let ranked = best(ranked, 1 + FALLBACKS);
         let mut decision = Decision::to(ranked[0].5);
         decision.fallbacks = ranked.iter().skip(1).take(FALLBACKS).map(|r| r.5 as u32).collect();
         Ok(decision)
     }
+}
+
+/// One worker as ranked: (usable, meets the target, cost per token or scaled cost, scaled
+/// cost, tie-break hash, index).
+type Entry = (bool, bool, f64, f64, u64, usize);
+
+/// Usable first; meeting workers first, cheapest first; then the rest, by scaled predicted
+/// cost. Prices equal within 1e-6 are ranked by predicted cost, then by the request's hash.
+fn order(a: &Entry, b: &Entry) -> core::cmp::Ordering {
+    b.0.cmp(&a.0)
+        .then_with(|| b.1.cmp(&a.1))
+        .then_with(|| {
+            if (a.2 - b.2).abs() <= 1e-6 * a.2.abs().max(b.2.abs()).max(1.0) {
+                core::cmp::Ordering::Equal
+            } else {
+                a.2.total_cmp(&b.2)
+            }
+        })
+        .then_with(|| a.3.total_cmp(&b.3))
+        .then_with(|| a.4.cmp(&b.4))
+}
+
+/// The first `count` of `entries` (in table order) in [`order`], ties in table order, as a
+/// stable sort would put them: kept in order as the workers go by, not a sort of all of them
+/// (which cost more than the predictions at a thousand workers).
+fn best(entries: Vec<Entry>, count: usize) -> Vec<Entry> {
+    let mut best: Vec<Entry> = Vec::with_capacity(count + 1);
+    for entry in entries {
+        if best.len() == count
+            && best
+                .last()
+                .is_some_and(|last| order(&entry, last) != core::cmp::Ordering::Less)
+        {
+            continue;
+        }
+        let at = best.partition_point(|kept| order(kept, &entry) != core::cmp::Ordering::Greater);
+        best.insert(at, entry);
+        best.truncate(count);
+    }
+    best
 }
 
 switchyard_policy_sdk::router!(CostAware);
@@ -195,6 +226,31 @@ mod tests {
         assert_eq!(route(1000.0), 1, "a loose target the spot worker meets");
         assert_eq!(route(80.0), 0, "a target only the reserved worker meets (64 ms)");
         assert_eq!(route(1.0), 0, "a target nobody meets: the fastest");
+    }
+
+    #[test]
+    fn the_best_few_are_a_stable_sorts_first() {
+        let mut state = 3u64;
+        let mut draw = |bound: u64| {
+            state = model::mix(state);
+            state % bound
+        };
+        for _ in 0..2000 {
+            let n = 1 + draw(40) as usize;
+            let entries: Vec<Entry> = (0..n)
+                .map(|i| {
+                    let usable = draw(6) != 0;
+                    let meets = usable && draw(2) == 0;
+                    let price = [0.4, 1.0, 2.5][draw(3) as usize];
+                    let cost = [10.0, 20.0, 20.0 + 1e-9][draw(3) as usize];
+                    (usable, meets, if meets { price } else { cost }, cost, draw(3), i)
+                })
+                .collect();
+            let mut sorted = entries.clone();
+            sorted.sort_by(order);
+            let count = 1 + draw(3) as usize;
+            assert_eq!(best(entries, count), sorted[..count.min(n)]);
+        }
     }
 
     #[test]

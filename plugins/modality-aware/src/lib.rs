@@ -17,7 +17,7 @@
 //! request with both images and audio a little: their encoders run in parallel. The pair with
 //! the lowest estimate wins: its worker, its encoder per role, and the next two workers as
 //! fallbacks (the host places media itself on a fallback). A text-only request routes exactly
-//! as `predicted-ttft` does. Settings: `hidden` (default 4096), `same_node_gbps` (600),
+//! as `predicted-ttft` does, with its shortlist (config key `shortlist`). Settings: `hidden` (default 4096), `same_node_gbps` (600),
 //! `cross_node_gbps` (50), and every `predicted-ttft` key.
 
 #![cfg_attr(not(test), no_std)]
@@ -38,27 +38,61 @@ pub struct ModalityAware;
 /// How many next-best workers the decision names as fallbacks.
 const FALLBACKS: usize = 2;
 
-/// Milliseconds to move the request's media features from encoder `e` to LLM worker `i`.
-fn transfer_ms(req: &RequestInfo, workers: &WorkerTable, e: usize, i: usize) -> f64 {
-    let hidden = config::get_f64("hidden", 4096.0).max(0.0);
-    let same_node = workers.node[e] != 0 && workers.node[e] == workers.node[i];
-    let gbps = if same_node {
-        config::get_f64("same_node_gbps", 600.0)
-    } else {
-        config::get_f64("cross_node_gbps", 50.0)
-    };
-    let bytes = f64::from(req.media_tokens) * hidden * 2.0;
-    bytes / (gbps.max(1e-9) * 1e9) * 1000.0
+/// How the request's media features move: their size and the two link speeds, read once per
+/// call (not once per worker and encoder pair).
+struct Transfer {
+    /// Bytes of the request's features (f16).
+    bytes: f64,
+    same_node_gbps: f64,
+    cross_node_gbps: f64,
 }
 
-/// The encoder of `media_role` with the lowest encode + transfer time to worker `i`, and that time.
-fn best_encoder(req: &RequestInfo, workers: &WorkerTable, media_role: u32, i: usize) -> Option<(usize, f64)> {
+impl Transfer {
+    fn new(req: &RequestInfo) -> Transfer {
+        let hidden = config::get_f64("hidden", 4096.0).max(0.0);
+        Transfer {
+            bytes: f64::from(req.media_tokens) * hidden * 2.0,
+            same_node_gbps: config::get_f64("same_node_gbps", 600.0),
+            cross_node_gbps: config::get_f64("cross_node_gbps", 50.0),
+        }
+    }
+
+    /// Milliseconds to move the features from encoder `e` to LLM worker `i`.
+    fn ms(&self, workers: &WorkerTable, e: usize, i: usize) -> f64 {
+        let same_node = workers.node[e] != 0 && workers.node[e] == workers.node[i];
+        let gbps = if same_node {
+            self.same_node_gbps
+        } else {
+            self.cross_node_gbps
+        };
+        self.bytes / (gbps.max(1e-9) * 1e9) * 1000.0
+    }
+}
+
+/// The encoders of one media role: index and encode time in ms (queue plus this request's
+/// items), in table order.
+fn encoders_of(workers: &WorkerTable, media_role: u32) -> Vec<(usize, f64)> {
     (0..workers.len())
         .filter(|&e| workers.roles[e] == media_role)
         .map(|e| {
-            let encode = (f64::from(workers.queued_us[e]) + f64::from(workers.encode_us[e])) / 1000.0;
-            (e, encode + transfer_ms(req, workers, e, i))
+            (
+                e,
+                (f64::from(workers.queued_us[e]) + f64::from(workers.encode_us[e])) / 1000.0,
+            )
         })
+        .collect()
+}
+
+/// Among `encoders`, the one with the lowest encode + transfer time to worker `i`, and that time.
+fn best_encoder(
+    transfer: &Transfer,
+    workers: &WorkerTable,
+    encoders: &[(usize, f64)],
+    i: usize,
+) -> Option<(usize, f64)> {
+    encoders
+        .iter()
+        .map(|&(e, encode)| (e, encode + transfer.ms(workers, e, i)))
         .min_by(|a, b| a.1.total_cmp(&b.1).then(a.0.cmp(&b.0)))
 }
 
@@ -76,20 +110,46 @@ impl Router for ModalityAware {
         .union(Columns::ENCODE_US);
 
     fn route(req: &RequestInfo, workers: &WorkerTable) -> Result<Decision, PolicyError> {
-        let model = Model::from_config();
+        let model = Model::configured();
         let media_roles: Vec<u32> = [role::VISION, role::AUDIO]
             .into_iter()
             .filter(|r| req.media_tokens > 0 && workers.roles.contains(r))
             .collect();
+        // Text alone is `predicted-ttft`'s decision, and its shortlist decides it the same way.
+        if media_roles.is_empty()
+            && model.shortlisted
+            && let Some(shortlist) = model::shortlist(&model, req, workers)
+        {
+            let mut ranked: Vec<(bool, f64, usize, Vec<u32>)> = shortlist
+                .candidates
+                .iter()
+                .map(|&i| {
+                    let prediction = model.predict(req, workers, i as usize);
+                    (prediction.overflows, prediction.cost, i as usize, Vec::new())
+                })
+                .collect();
+            if let Some(pick) = model::rank(&mut ranked, req.request_id)
+                && model::shortlist_decides(&ranked, shortlist.certain_below, FALLBACKS)
+            {
+                let mut decision = Decision::to(ranked[pick].2);
+                decision.fallbacks = model::fallbacks(&ranked, pick, FALLBACKS);
+                return Ok(decision);
+            }
+        }
         // (overflows, estimated cost, worker, encoders); ranked and tie-broken as predicted-ttft.
+        let transfer = Transfer::new(req);
+        let encoders_by_role: Vec<Vec<(usize, f64)>> = media_roles
+            .iter()
+            .map(|&media_role| encoders_of(workers, media_role))
+            .collect();
         let mut ranked: Vec<(bool, f64, usize, Vec<u32>)> = workers
             .llm_indices()
             .map(|i| {
                 let prediction = model.predict(req, workers, i);
                 let mut cost = prediction.cost;
                 let mut encoders = Vec::new();
-                for &media_role in &media_roles {
-                    if let Some((e, ms)) = best_encoder(req, workers, media_role, i) {
+                for role_encoders in &encoders_by_role {
+                    if let Some((e, ms)) = best_encoder(&transfer, workers, role_encoders, i) {
                         cost += ms;
                         encoders.push(e as u32);
                     }
@@ -149,8 +209,8 @@ mod tests {
         assert_eq!(decision.encoders, vec![3]);
         let view = table.view();
         let request = media_request(5760);
-        let cross = transfer_ms(&request, &view, 3, 0);
-        let same = transfer_ms(&request, &view, 3, 1);
+        let cross = Transfer::new(&request).ms(&view, 3, 0);
+        let same = Transfer::new(&request).ms(&view, 3, 1);
         assert!((cross - 5760.0 * 4096.0 * 2.0 / 50e9 * 1000.0).abs() < 1e-9, "{cross}");
         assert!(same < cross / 10.0, "{same} {cross}");
         assert_eq!(

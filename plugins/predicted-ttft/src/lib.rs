@@ -90,20 +90,38 @@ impl Router for PredictedTtft {
         .union(Columns::CAPACITY_BLOCKS);
 
     fn route(req: &RequestInfo, workers: &WorkerTable) -> Result<Decision, PolicyError> {
-        let model = Model::from_config();
-        let mut ranked: Vec<(bool, f64, usize, ())> = workers
-            .llm_indices()
-            .map(|i| {
-                let prediction = model.predict(req, workers, i);
-                (prediction.overflows, prediction.cost, i, ())
-            })
-            .collect();
-        let pick =
-            model::rank(&mut ranked, req.request_id).ok_or_else(|| PolicyError::new("no LLM worker in the table"))?;
-        let mut decision = Decision::to(ranked[pick].2);
-        decision.fallbacks = model::fallbacks(&ranked, pick, FALLBACKS);
-        Ok(decision)
+        let model = Model::configured();
+        let rank = |workers_to_rank: &mut dyn Iterator<Item = usize>| {
+            let mut ranked: Vec<(bool, f64, usize, ())> = workers_to_rank
+                .map(|i| {
+                    let prediction = model.predict(req, workers, i);
+                    (prediction.overflows, prediction.cost, i, ())
+                })
+                .collect();
+            let pick = model::rank(&mut ranked, req.request_id);
+            (ranked, pick)
+        };
+        if model.shortlisted
+            && let Some(shortlist) = model::shortlist(&model, req, workers)
+        {
+            let (ranked, pick) = rank(&mut shortlist.candidates.iter().map(|&i| i as usize));
+            if let Some(pick) = pick
+                && model::shortlist_decides(&ranked, shortlist.certain_below, FALLBACKS)
+            {
+                return Ok(decide(&ranked, pick));
+            }
+        }
+        let (ranked, pick) = rank(&mut workers.llm_indices());
+        let pick = pick.ok_or_else(|| PolicyError::new("no LLM worker in the table"))?;
+        Ok(decide(&ranked, pick))
     }
+}
+
+/// The decision for `ranked[pick]`, with the next best as fallbacks.
+fn decide(ranked: &[(bool, f64, usize, ())], pick: usize) -> Decision {
+    let mut decision = Decision::to(ranked[pick].2);
+    decision.fallbacks = model::fallbacks(ranked, pick, FALLBACKS);
+    decision
 }
 
 switchyard_policy_sdk::router!(PredictedTtft);
@@ -330,6 +348,79 @@ mod tests {
             picks.insert(first.worker);
         }
         assert_eq!(picks.len(), 4, "equal workers are all used: {picks:?}");
+    }
+
+    /// A small deterministic generator for the differential test.
+    struct Draws(u64);
+
+    impl Draws {
+        fn below(&mut self, bound: u32) -> u32 {
+            self.0 = model::mix(self.0);
+            (self.0 % u64::from(bound.max(1))) as u32
+        }
+
+        /// A value from a few small ones (so that workers tie), else anything below `bound`.
+        fn value(&mut self, bound: u32) -> u32 {
+            if self.below(2) == 0 {
+                self.below(3)
+            } else {
+                self.below(bound)
+            }
+        }
+    }
+
+    #[test]
+    fn the_shortlist_decides_as_every_exact_cost_does() {
+        let mut draws = Draws(5);
+        let mut decided = 0;
+        for round in 0..3000u64 {
+            let n = 1 + draws.below(60) as usize;
+            let mut table = testing::table(n);
+            for i in 0..n {
+                table.roles[i] = if draws.below(10) == 0 { 1 } else { 0 };
+                table.block_size[i] = [16, 32, 64, 48][draws.below(4) as usize];
+                table.overlap_device_blocks[i] = draws.value(40);
+                table.overlap_host_blocks[i] = draws.value(8);
+                table.prefill_tokens[i] = draws.value(30_000);
+                table.active_requests[i] = draws.value(300);
+                table.active_blocks[i] = draws.value(2_000);
+                table.capacity_blocks[i] = [0, 1_000, 2_000, 16_384][draws.below(4) as usize];
+            }
+            let mut request = testing::request(round, 1 + draws.below(20_000));
+            request.max_tokens = draws.below(1024);
+            // Now and then other weights, some outside what the estimates take.
+            let settings: &[(&str, &str)] = match draws.below(4) {
+                0 => &[("interference_weight", "0.5"), ("memory_threshold", "0.5")],
+                1 => &[("impact_weight", "0"), ("decode_a", "3"), ("step_tokens", "2048")],
+                2 => &[("prefill_a", "-1e-7")],
+                _ => &[],
+            };
+            for (key, value) in settings {
+                testing::set_config(key, value);
+            }
+            testing::set_config("shortlist", "true");
+            let fast = testing::route::<PredictedTtft>(&request, &table).map(|d| (d.worker, d.fallbacks));
+            testing::set_config("shortlist", "false");
+            let exact = testing::route::<PredictedTtft>(&request, &table).map(|d| (d.worker, d.fallbacks));
+            assert_eq!(fast.ok(), exact.ok(), "round {round}, settings {settings:?}");
+            let model = Model::from_config();
+            if let Some(shortlist) = model::shortlist(&model, &request, &table.view()) {
+                let mut ranked: Vec<(bool, f64, usize, ())> = shortlist
+                    .candidates
+                    .iter()
+                    .map(|&i| {
+                        let prediction = model.predict(&request, &table.view(), i as usize);
+                        (prediction.overflows, prediction.cost, i as usize, ())
+                    })
+                    .collect();
+                model::rank(&mut ranked, request.request_id);
+                decided += usize::from(model::shortlist_decides(&ranked, shortlist.certain_below, FALLBACKS));
+            }
+            for (key, _) in settings {
+                testing::set_config(key, "nan-means-default");
+            }
+        }
+        assert!(decided > 1500, "the shortlist decided {decided} of 3000");
     }
 
     #[test]

@@ -3,7 +3,11 @@
 //! of its own so that `modality-aware` includes the very same model (`#[path]`) without linking
 //! this crate's exported router.
 
-use switchyard_policy_sdk::{RequestInfo, WorkerTable, config};
+use alloc::vec::Vec;
+
+use switchyard_policy_sdk::lanes::{F64x2, U32x4};
+use switchyard_policy_sdk::shortlist::{Least3, at_most_f64};
+use switchyard_policy_sdk::{RequestInfo, WorkerTable, config, role, scratch};
 
 /// The performance model and the weights of the cost, from the policy's config.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -28,6 +32,9 @@ pub struct Model {
     pub memory_weight: f64,
     /// Weight of the engine time the request's own uncached tokens take from later requests.
     pub impact_weight: f64,
+    /// Whether to rank a [`shortlist`] (config key `shortlist`, default true) rather than every
+    /// worker's exact cost; the answer is the same (see [`shortlist`]).
+    pub shortlisted: bool,
 }
 
 impl Default for Model {
@@ -44,6 +51,7 @@ impl Default for Model {
             memory_threshold: 0.95,
             memory_weight: 1.0,
             impact_weight: 4.0,
+            shortlisted: true,
         }
     }
 }
@@ -74,6 +82,12 @@ fn at(column: &[u32], i: usize) -> f64 {
 }
 
 impl Model {
+    /// The model of the policy's config, read once per instance ([`Model::from_config`]).
+    pub fn configured() -> Model {
+        static MODEL: config::Derived<Model> = config::Derived::new();
+        MODEL.get_or_init(Model::from_config)
+    }
+
     /// The model with every coefficient read from the policy's config, defaulting to
     /// [`Model::default`].
     pub fn from_config() -> Model {
@@ -99,6 +113,7 @@ impl Model {
             memory_threshold: get("memory_threshold", defaults.memory_threshold),
             memory_weight: get("memory_weight", defaults.memory_weight),
             impact_weight: get("impact_weight", defaults.impact_weight),
+            shortlisted: config::get_bool("shortlist", defaults.shortlisted),
         }
     }
 
@@ -168,6 +183,316 @@ impl Model {
             overflows: reported > 0.0 && blocks > reported,
         }
     }
+}
+
+/// How far an estimate of [`Model::estimates`] may be from [`Model::predict`]'s cost: a
+/// relative part and an absolute part in milliseconds. Both compute the same formula in `f64`,
+/// the estimate with reciprocals instead of divisions and in another order, which moves a
+/// result by a few units in the last place (2⁻⁵² relative) of its largest term; these bounds
+/// leave a margin of ~2²² over that.
+const ESTIMATE_RELATIVE: f64 = 1.0 / (1u64 << 30) as f64;
+const ESTIMATE_ABSOLUTE_MS: f64 = 1.0 / (1u64 << 24) as f64;
+
+/// What [`shortlist`] found: the workers whose exact ranking decides, and the cost below which
+/// a worker's place in that ranking is certain.
+pub struct Shortlist {
+    /// Indices, ascending: every worker whose estimate is within the bound of the third least.
+    pub candidates: Vec<u32>,
+    /// Every worker not on the list has an exact cost at least this (or would overflow), so
+    /// the candidates below it come first in the full ranking, in the same order.
+    pub certain_below: f64,
+}
+
+impl Model {
+    /// Whether [`Model::estimates`]' bound holds for these settings: every number finite, the
+    /// prefill polynomial's coefficients and every weight non-negative (then every term of the
+    /// cost is a sum of non-negative products, whose rounding stays relative to the cost; the
+    /// decode polynomial may have any sign, its value is clamped to at least 1 ms).
+    pub fn estimable(&self) -> bool {
+        let finite = self.prefill.iter().chain(&self.decode).all(|value| value.is_finite())
+            && [
+                self.step_tokens,
+                self.host_credit,
+                self.decode_weight,
+                self.interference_weight,
+                self.default_capacity_blocks,
+                self.memory_threshold,
+                self.memory_weight,
+                self.impact_weight,
+            ]
+            .iter()
+            .all(|value| value.is_finite() && *value >= 0.0);
+        finite && self.prefill.iter().all(|value| *value >= 0.0) && self.default_capacity_blocks > 0.0
+    }
+
+    /// [`Model::predict`]'s cost for every worker in table order, two workers per Wasm SIMD
+    /// instruction, `+∞` for workers that are not LLMs or that the request would overflow;
+    /// and the three least. `None` when a column is short or the settings are not
+    /// [`Model::estimable`].
+    pub fn estimates(&self, req: &RequestInfo, workers: &WorkerTable) -> Option<(Vec<f64>, [f64; 3])> {
+        if !self.estimable() {
+            return None;
+        }
+        let n = workers.len();
+        let columns = [
+            workers.roles.get(..n)?,
+            workers.block_size.get(..n)?,
+            workers.overlap_device_blocks.get(..n)?,
+            workers.overlap_host_blocks.get(..n)?,
+            workers.prefill_tokens.get(..n)?,
+            workers.active_requests.get(..n)?,
+            workers.active_blocks.get(..n)?,
+            workers.capacity_blocks.get(..n)?,
+        ];
+        let lanes = Lanes::new(self, req);
+        let mut keys: Vec<f64> = scratch::vec(n + 3);
+        keys.resize(n.div_ceil(4) * 4, 0.0);
+        let (out, _) = keys.as_chunks_mut::<2>();
+        let [
+            roles,
+            block_size,
+            device,
+            host,
+            queued,
+            decoders,
+            active_blocks,
+            capacity,
+        ] = columns.map(|column| column.as_chunks::<4>().0);
+        let mut least = Least3::new();
+        // Written out column by column (see `kv-aware`: arrays of vectors built in the loop
+        // are not kept in registers).
+        for q in 0..n / 4 {
+            let four = Four {
+                roles: U32x4::load(&roles[q]),
+                block_size: U32x4::load(&block_size[q]),
+                device: U32x4::load(&device[q]),
+                host: U32x4::load(&host[q]),
+                queued: U32x4::load(&queued[q]),
+                decoders: U32x4::load(&decoders[q]),
+                active_blocks: U32x4::load(&active_blocks[q]),
+                capacity: U32x4::load(&capacity[q]),
+            };
+            let (low, high) = lanes.four(&four);
+            least.take(low);
+            least.take(high);
+            if let Some(out) = out.get_mut(2 * q) {
+                low.store(out);
+            }
+            if let Some(out) = out.get_mut(2 * q + 1) {
+                high.store(out);
+            }
+        }
+        // The last workers that do not fill four lanes, padded with workers that are not LLMs.
+        let done = n / 4 * 4;
+        if done < n {
+            let mut padded = [[0u32; 4]; 8];
+            for (padded, column) in padded.iter_mut().zip(columns) {
+                padded[..n - done].copy_from_slice(&column[done..]);
+            }
+            padded[0][n - done..].fill(u32::MAX);
+            let [
+                roles,
+                block_size,
+                device,
+                host,
+                queued,
+                decoders,
+                active_blocks,
+                capacity,
+            ] = padded.each_ref().map(U32x4::load);
+            let four = Four {
+                roles,
+                block_size,
+                device,
+                host,
+                queued,
+                decoders,
+                active_blocks,
+                capacity,
+            };
+            let (low, high) = lanes.four(&four);
+            least.take(low);
+            least.take(high);
+            if let Some(out) = out.get_mut(done / 2) {
+                low.store(out);
+            }
+            if let Some(out) = out.get_mut(done / 2 + 1) {
+                high.store(out);
+            }
+        }
+        keys.truncate(n);
+        Some((keys, least.finish()))
+    }
+}
+
+/// Four workers' columns, as [`Lanes::four`] reads them.
+struct Four {
+    roles: U32x4,
+    block_size: U32x4,
+    device: U32x4,
+    host: U32x4,
+    queued: U32x4,
+    decoders: U32x4,
+    active_blocks: U32x4,
+    capacity: U32x4,
+}
+
+/// The model's constants and the request's numbers, in both lanes.
+struct Lanes {
+    prefill: [F64x2; 3],
+    decode: [F64x2; 3],
+    step_tokens: F64x2,
+    step_floor: F64x2,
+    host_credit: F64x2,
+    default_capacity: F64x2,
+    memory_threshold: F64x2,
+    decode_cost: F64x2,
+    interference_weight: f64,
+    memory_weight: F64x2,
+    impact_weight: F64x2,
+    prompt: F64x2,
+    prompt_blocks: F64x2,
+}
+
+impl Lanes {
+    fn new(model: &Model, req: &RequestInfo) -> Lanes {
+        Lanes {
+            prefill: model.prefill.map(F64x2::splat),
+            decode: model.decode.map(F64x2::splat),
+            step_tokens: F64x2::splat(model.step_tokens),
+            step_floor: F64x2::splat(model.step_tokens / 8.0),
+            host_credit: F64x2::splat(model.host_credit),
+            default_capacity: F64x2::splat(model.default_capacity_blocks),
+            memory_threshold: F64x2::splat(model.memory_threshold),
+            decode_cost: F64x2::splat(model.decode_weight * f64::from(req.max_tokens)),
+            interference_weight: model.interference_weight,
+            memory_weight: F64x2::splat(model.memory_weight),
+            impact_weight: F64x2::splat(model.impact_weight),
+            prompt: F64x2::splat(f64::from(req.prompt_tokens)),
+            prompt_blocks: F64x2::splat(f64::from(req.prompt_blocks)),
+        }
+    }
+
+    /// `prefill_ms(tokens)`.
+    #[inline(always)]
+    fn prefill_ms(&self, tokens: F64x2) -> F64x2 {
+        let [a, b, c] = self.prefill;
+        (a * tokens + b) * tokens + c
+    }
+
+    /// The estimates of four workers, as two pairs.
+    #[inline(always)]
+    fn four(&self, four: &Four) -> (F64x2, F64x2) {
+        let one = U32x4::splat(1);
+        let block_size = four.block_size.max(one);
+        (
+            self.two([
+                four.roles.low_to_f64(),
+                block_size.low_to_f64(),
+                four.device.low_to_f64(),
+                four.host.low_to_f64(),
+                four.queued.low_to_f64(),
+                four.decoders.low_to_f64(),
+                four.active_blocks.low_to_f64(),
+                four.capacity.low_to_f64(),
+            ]),
+            self.two([
+                four.roles.high_to_f64(),
+                block_size.high_to_f64(),
+                four.device.high_to_f64(),
+                four.host.high_to_f64(),
+                four.queued.high_to_f64(),
+                four.decoders.high_to_f64(),
+                four.active_blocks.high_to_f64(),
+                four.capacity.high_to_f64(),
+            ]),
+        )
+    }
+
+    /// [`Model::predict`]'s cost for two workers, `+∞` where not an LLM or overflowing.
+    #[inline(always)]
+    fn two(
+        &self,
+        [
+            roles,
+            block_size,
+            device,
+            host,
+            queued,
+            decoders,
+            active_blocks,
+            reported,
+        ]: [F64x2; 8],
+    ) -> F64x2 {
+        let zero = F64x2::splat(0.0);
+        let one = F64x2::splat(1.0);
+        let new_tokens = (self.prompt - block_size * (device + self.host_credit * host)).max(zero);
+        let per_step = (self.step_tokens - decoders).max(self.step_floor);
+        let per_step_inverse = one / per_step;
+        let work = queued + new_tokens;
+        let ttft = (work * per_step_inverse).max(one) * self.prefill_ms(work.min(per_step) + decoders);
+        let blocks = active_blocks + (self.prompt_blocks - device).max(zero);
+        let known = reported.gt(zero);
+        let capacity = known.select(reported, self.default_capacity);
+        let usage = (blocks / capacity).max(zero).min(one);
+        let [a, b, c] = self.decode;
+        let decode_step = ((a * usage + b) * usage + c).max(one);
+        let full_step = self.prefill_ms(per_step + decoders);
+        let over = (blocks - self.memory_threshold * capacity).max(zero);
+        let steps = new_tokens * per_step_inverse;
+        let mut cost = ttft
+            + self.decode_cost * decode_step
+            + self.memory_weight * (over * block_size * per_step_inverse * full_step)
+            + self.impact_weight * (steps * full_step);
+        if self.interference_weight != 0.0 {
+            let own_steps = new_tokens.gt(zero).select(steps.max(one), zero);
+            let delay = (self.prefill_ms(new_tokens.min(per_step) + decoders) - decode_step).max(zero);
+            cost = cost + F64x2::splat(self.interference_weight) * (decoders * own_steps * delay);
+        }
+        let overflows = known & blocks.gt(reported);
+        let excluded = overflows | !roles.eq(F64x2::splat(f64::from(role::LLM)));
+        excluded.select(F64x2::splat(f64::INFINITY), cost)
+    }
+}
+
+/// The workers whose exact ranking decides `predicted-ttft`'s answer (and its fallbacks), from
+/// [`Model::estimates`]: those within the bound of the third least estimate. `None` when the
+/// estimates are not available or no worker is an LLM that fits (the exact ranking orders
+/// overflowing workers itself).
+pub fn shortlist(model: &Model, req: &RequestInfo, workers: &WorkerTable) -> Option<Shortlist> {
+    let (keys, [least, _, third]) = model.estimates(req, workers)?;
+    if !least.is_finite() {
+        return None;
+    }
+    // Estimates are within `err(x) = REL·x + ABS` of the exact costs (all non-negative). A
+    // worker off the list has an estimate above `limit`, so an exact cost above
+    // `limit·(1 − REL) − ABS`; the three least estimates' workers have exact costs at most
+    // `third·(1 + REL) + ABS`, below that. With fewer than three fitting LLM workers, the
+    // list holds them all (and the rest, overflowing, are not certain to rank after them).
+    let limit = if third.is_finite() {
+        third * (1.0 + 4.0 * ESTIMATE_RELATIVE) + 4.0 * ESTIMATE_ABSOLUTE_MS
+    } else {
+        f64::MAX
+    };
+    Some(Shortlist {
+        candidates: at_most_f64(&keys, limit),
+        certain_below: limit * (1.0 - ESTIMATE_RELATIVE) - ESTIMATE_ABSOLUTE_MS,
+    })
+}
+
+/// `ranked` after [`rank`] on a [`Shortlist`]'s candidates: whether the pick and the next
+/// `fallbacks` are those the full ranking gives, i.e. the whole tied group and every position
+/// up to `fallbacks` are candidates whose place is certain.
+pub fn shortlist_decides<T>(ranked: &[(bool, f64, usize, T)], certain_below: f64, fallbacks: usize) -> bool {
+    let Some(first) = ranked.first() else {
+        return false;
+    };
+    let (overflows, min) = (first.0, first.1);
+    let limit = min + TIE_TOLERANCE * min.abs();
+    let tied = ranked.iter().take_while(|r| r.0 == overflows && r.1 <= limit).count();
+    let needed = tied.max(1 + fallbacks);
+    let certain = ranked.iter().take_while(|r| !r.0 && r.1 < certain_below).count();
+    certain >= needed
 }
 
 /// A well-mixed 64-bit hash (splitmix64) for tie-breaks, as in `kv-aware`.

@@ -73,6 +73,9 @@ pub use router_world::switchyard::policy::types::{
 mod table;
 pub use table::WorkerTable;
 
+pub mod lanes;
+pub mod shortlist;
+
 /// Writing to the host's log.
 pub mod log {
     pub use crate::router_world::switchyard::policy::log::Level;
@@ -131,12 +134,73 @@ pub mod config {
             .unwrap_or(default);
     }
 
+    /// The value of `key` as a boolean (a TOML boolean, or a number: 0 is false), or
+    /// `default`. Remembered per instance, as numbers are.
+    pub fn get_bool(key: &str, default: bool) -> bool {
+        let parse = |value: Option<String>| {
+            value.and_then(|value| match value.trim() {
+                "true" => Some(1.0),
+                "false" => Some(0.0),
+                number => number.parse::<f64>().ok(),
+            })
+        };
+        #[cfg(target_arch = "wasm32")]
+        let number = cache::number(key, || parse(get(key)));
+        #[cfg(not(target_arch = "wasm32"))]
+        let number = parse(crate::testing::config_value(key));
+        number.map(|number| number != 0.0).unwrap_or(default)
+    }
+
+    /// A value a policy derives from its settings once per instance (its cost model, say),
+    /// held in a `static`: reading a dozen keys on every call costs more than routing a small
+    /// table. Natively (in tests, which change settings between calls) it is derived afresh
+    /// on every read.
+    ///
+    /// ```ignore
+    /// static MODEL: config::Derived<Model> = config::Derived::new();
+    /// let model = MODEL.get_or_init(Model::from_config);
+    /// ```
+    pub struct Derived<T>(core::cell::UnsafeCell<Option<T>>);
+
+    // SAFETY: a component instance runs single-threaded; natively the cell is never written.
+    unsafe impl<T> Sync for Derived<T> {}
+
+    impl<T: Copy> Derived<T> {
+        /// Nothing derived yet.
+        pub const fn new() -> Derived<T> {
+            Derived(core::cell::UnsafeCell::new(None))
+        }
+
+        /// The value, derived by `derive` on the instance's first read.
+        pub fn get_or_init(&self, derive: impl FnOnce() -> T) -> T {
+            #[cfg(target_arch = "wasm32")]
+            {
+                // SAFETY: single-threaded (see `Sync` above); each access copies the value in
+                // or out, so no reference outlives its statement (nor spans `derive`).
+                if let Some(value) = unsafe { *self.0.get() } {
+                    return value;
+                }
+                let value = derive();
+                unsafe { *self.0.get() = Some(value) };
+                value
+            }
+            #[cfg(not(target_arch = "wasm32"))]
+            derive()
+        }
+    }
+
+    impl<T: Copy> Default for Derived<T> {
+        fn default() -> Derived<T> {
+            Derived::new()
+        }
+    }
+
     #[cfg(target_arch = "wasm32")]
     mod cache {
         use core::cell::UnsafeCell;
 
         /// Keys remembered per instance; more are fetched from the host each time.
-        const ENTRIES: usize = 16;
+        const ENTRIES: usize = 24;
         /// Longest key remembered, in bytes.
         const MAX_KEY: usize = 48;
 
