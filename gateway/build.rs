@@ -11,7 +11,7 @@ use std::path::PathBuf;
 /// also its folder in `plugins/`; file stem of its component, the name with `-` changed to `_`
 /// as cargo writes it). The SDK is built as their dependency; `plugins/template/` is a package
 /// of its own, built by nobody here.
-const BUILT_INS: [(&str, &str); 13] = [
+const BUILT_INS: [(&str, &str); 16] = [
     ("round-robin", "round_robin"),
     ("least-load", "least_load"),
     ("kv-aware", "kv_aware"),
@@ -25,6 +25,9 @@ const BUILT_INS: [(&str, &str); 13] = [
     ("cost-aware", "cost_aware"),
     ("load-based", "load_based"),
     ("sla-based", "sla_based"),
+    ("peer-sglang", "peer_sglang"),
+    ("peer-llm-d", "peer_llm_d"),
+    ("peer-aibrix", "peer_aibrix"),
 ];
 
 fn main() {

@@ -632,7 +632,8 @@ impl Gateway {
 }
 
 /// The component of built-in router `name` (`round-robin`, `least-load`, `kv-aware`,
-/// `predicted-ttft`, `modality-aware`, `cost-aware`), as embedded in this binary.
+/// `predicted-ttft`, `modality-aware`, `cost-aware`, and the peers' `peer-llm-d`,
+/// `peer-sglang`, `peer-aibrix`), as embedded in this binary.
 pub fn built_in_policy(name: &str) -> Option<&'static [u8]> {
     policy::built_in_router(name).ok()
 }

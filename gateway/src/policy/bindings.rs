@@ -22,6 +22,7 @@ mod batcher {
             "switchyard:policy/clock": super::current::switchyard::policy::clock,
             "switchyard:policy/tenancy": super::current::switchyard::policy::tenancy,
             "switchyard:policy/measured": super::current::switchyard::policy::measured,
+            "switchyard:policy/prompt": super::current::switchyard::policy::prompt,
         },
     });
 }
@@ -37,6 +38,7 @@ mod planner {
             "switchyard:policy/clock": super::current::switchyard::policy::clock,
             "switchyard:policy/tenancy": super::current::switchyard::policy::tenancy,
             "switchyard:policy/measured": super::current::switchyard::policy::measured,
+            "switchyard:policy/prompt": super::current::switchyard::policy::prompt,
         },
     });
 }

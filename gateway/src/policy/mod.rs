@@ -117,6 +117,9 @@ pub fn built_in_router(name: &str) -> Result<&'static [u8], PolicyError> {
         "predicted-ttft" => Ok(include_bytes!(concat!(env!("OUT_DIR"), "/predicted_ttft.wasm"))),
         "modality-aware" => Ok(include_bytes!(concat!(env!("OUT_DIR"), "/modality_aware.wasm"))),
         "cost-aware" => Ok(include_bytes!(concat!(env!("OUT_DIR"), "/cost_aware.wasm"))),
+        "peer-sglang" => Ok(include_bytes!(concat!(env!("OUT_DIR"), "/peer_sglang.wasm"))),
+        "peer-llm-d" => Ok(include_bytes!(concat!(env!("OUT_DIR"), "/peer_llm_d.wasm"))),
+        "peer-aibrix" => Ok(include_bytes!(concat!(env!("OUT_DIR"), "/peer_aibrix.wasm"))),
         other => Err(PolicyError::UnknownBuiltIn(other.to_string())),
     }
 }

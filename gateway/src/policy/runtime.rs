@@ -24,13 +24,14 @@ use crate::policy::host::HostState;
 use crate::policy::{PolicyError, table};
 
 /// Interfaces a policy may import (any version of our package's host world).
-const ALLOWED_IMPORTS: [&str; 7] = [
+const ALLOWED_IMPORTS: [&str; 8] = [
     "switchyard:policy/log@",
     "switchyard:policy/config@",
     "switchyard:policy/clock@",
     "switchyard:policy/types@",
     "switchyard:policy/tenancy@",
     "switchyard:policy/measured@",
+    "switchyard:policy/prompt@",
     "switchyard:policy/planning@",
 ];
 

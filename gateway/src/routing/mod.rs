@@ -122,8 +122,10 @@ impl Router {
             affinity: request.affinity,
             ttft_target_ms: request.ttft_target_ms,
         };
-        let (pick, routed) = self.policy.route(&info, |columns| {
-            table::build(&candidates, &overlaps, &loads, request.encoders, columns)
+        let (pick, routed) = crate::policy::host::with_prompt(&request.prompt.hashes, || {
+            self.policy.route(&info, |columns| {
+                table::build(&candidates, &overlaps, &loads, request.encoders, columns)
+            })
         });
         let pick = pick?;
         // Indices past the LLM workers name encoder rows (checked to be encoders by the runtime).

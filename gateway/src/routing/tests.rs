@@ -190,3 +190,21 @@ fn affinity_is_zero_without_a_rollout_key() {
         "no rollout, no key"
     );
 }
+
+#[test]
+fn a_router_with_its_own_prefix_index_reads_the_prompt_through_the_host() {
+    // `peer-sglang` remembers where it sent each prompt from the `prompt` import's block
+    // hashes, not from KV events (there are none here): the prompt it saw goes back to the same
+    // worker, another prompt to the worker with the smallest record.
+    let Fixture { router, .. } = fixture(4, "peer-sglang");
+    let first = prompt(8, 3);
+    let other = prompt(8, 11);
+    let name = |id: u64, prompt: &PromptBlocks| {
+        let choice = router.choose(&request(prompt, id), &[]).expect("a worker");
+        assert!(choice.lease.routed().generation().is_some(), "decided by the policy");
+        choice.lease.worker().name.clone()
+    };
+    let went = name(1, &first);
+    assert_ne!(name(2, &other), went, "a new prompt goes to an empty record");
+    assert_eq!(name(3, &first), went, "a prompt seen before follows its blocks");
+}

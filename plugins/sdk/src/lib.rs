@@ -74,6 +74,7 @@ mod table;
 pub use table::WorkerTable;
 
 pub mod lanes;
+pub mod prefix_index;
 pub mod shortlist;
 
 /// Writing to the host's log.
@@ -102,6 +103,90 @@ pub mod measured {
         return crate::router_world::switchyard::policy::measured::timings();
         #[cfg(not(target_arch = "wasm32"))]
         return crate::testing::timings();
+    }
+}
+
+/// The prompt of the request being routed, for routers that keep their own record of where
+/// prompts went (an approximate prefix index) instead of reading the overlap columns.
+pub mod prompt {
+    use alloc::vec::Vec;
+
+    /// The sequence hashes of the prompt's full KV blocks, in order: hash `i` covers the first
+    /// `i + 1` blocks, so two prompts share their first `k` hashes exactly when they share
+    /// their first `k` blocks. Empty outside a `route` call. Copied from the host each call:
+    /// read it once.
+    pub fn block_hashes() -> Vec<u64> {
+        #[cfg(target_arch = "wasm32")]
+        return crate::router_world::switchyard::policy::prompt::block_hashes();
+        #[cfg(not(target_arch = "wasm32"))]
+        return crate::testing::prompt();
+    }
+}
+
+/// State a policy keeps between calls of one instance (a record of its own decisions, say).
+///
+/// The contract promises no state: the gateway may drop an instance and make a new one at any
+/// time, and each of its threads calls its own instance. What a policy keeps here is therefore
+/// a cache of what that instance has seen, never something it relies on. Natively (in tests,
+/// which run in parallel) each thread has its own value.
+pub mod state {
+    /// A value kept in a `static` for the instance's lifetime, made by `init` at first use.
+    pub struct Kept<T> {
+        #[cfg(target_arch = "wasm32")]
+        cell: core::cell::UnsafeCell<Option<T>>,
+        #[cfg(not(target_arch = "wasm32"))]
+        per_thread: std::sync::Mutex<alloc::vec::Vec<(std::thread::ThreadId, T)>>,
+    }
+
+    // SAFETY: a component instance runs single-threaded, and `with` hands out the one `&mut`
+    // for the length of its closure only (which cannot reach `with` again: see there).
+    #[cfg(target_arch = "wasm32")]
+    unsafe impl<T> Sync for Kept<T> {}
+
+    impl<T> Kept<T> {
+        /// Nothing kept yet.
+        pub const fn new() -> Kept<T> {
+            Kept {
+                #[cfg(target_arch = "wasm32")]
+                cell: core::cell::UnsafeCell::new(None),
+                #[cfg(not(target_arch = "wasm32"))]
+                per_thread: std::sync::Mutex::new(alloc::vec::Vec::new()),
+            }
+        }
+
+        /// Runs `use_it` on the value, made by `init` the first time. `use_it` must not call
+        /// `with` on the same `Kept` (it would panic natively and is undefined in a component).
+        pub fn with<R>(&self, init: impl FnOnce() -> T, use_it: impl FnOnce(&mut T) -> R) -> R {
+            #[cfg(target_arch = "wasm32")]
+            {
+                // SAFETY: single-threaded (see `Sync` above); the reference lives for this
+                // block only and `use_it` does not re-enter (documented above).
+                let value = unsafe { &mut *self.cell.get() };
+                use_it(value.get_or_insert_with(init))
+            }
+            #[cfg(not(target_arch = "wasm32"))]
+            {
+                let mut kept = self
+                    .per_thread
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+                let me = std::thread::current().id();
+                let slot = match kept.iter().position(|(thread, _)| *thread == me) {
+                    Some(slot) => slot,
+                    None => {
+                        kept.push((me, init()));
+                        kept.len() - 1
+                    }
+                };
+                use_it(&mut kept[slot].1)
+            }
+        }
+    }
+
+    impl<T> Default for Kept<T> {
+        fn default() -> Kept<T> {
+            Kept::new()
+        }
     }
 }
 
@@ -313,6 +398,16 @@ pub mod testing {
     std::thread_local! {
         static CONFIG: RefCell<HashMap<String, String>> = RefCell::new(HashMap::new());
         static TIMINGS: RefCell<Vec<crate::measured::WorkerTiming>> = const { RefCell::new(Vec::new()) };
+        static PROMPT: RefCell<Vec<u64>> = const { RefCell::new(Vec::new()) };
+    }
+
+    /// Sets what [`crate::prompt::block_hashes`] answers.
+    pub fn set_prompt(hashes: Vec<u64>) {
+        PROMPT.with(|current| *current.borrow_mut() = hashes);
+    }
+
+    pub(crate) fn prompt() -> Vec<u64> {
+        PROMPT.with(|current| current.borrow().clone())
     }
 
     /// Sets what [`crate::measured::timings`] answers.
