@@ -103,10 +103,12 @@ impl Router for PeerAibrix {
         let limit = mean + settings.std_dev_factor * libm_sqrt(variance);
         let hashes = prompt::block_hashes();
         let block_size = f64::from(workers.block_size[first].max(1));
-        let capacity = (settings.index_capacity_tokens / block_size).max(1.0) as usize;
+        let capacity =
+            ((settings.index_capacity_tokens / block_size).max(1.0) as usize).min(PrefixIndex::MEMORY_BLOCKS);
         let pick = INDEX.with(
             || PrefixIndex::shared(capacity),
             |index| {
+                index.set_capacity(capacity);
                 let matches = index.matches(&hashes);
                 let blocks = hashes.len().max(1) as u32;
                 // (match percent, running, tie, pod) of the pods that may match.
@@ -189,6 +191,30 @@ mod tests {
         for x in [0.0, 1e-9, 0.25, 2.0, 5.33, 1e12] {
             let root = libm_sqrt(x);
             assert!((root * root - x).abs() <= 1e-12 * x.max(1e-300), "{x}: {root}");
+        }
+    }
+}
+
+#[cfg(test)]
+mod stress {
+    use super::*;
+    use switchyard_policy_sdk::testing;
+
+    #[test]
+    fn long_prompts_with_shared_prefixes_never_panic() {
+        let mut table = testing::table(8);
+        let mut state = 1u64;
+        for id in 0..3000u64 {
+            state = mix(state);
+            let conversation = state % 40;
+            let len = 50 + (mix(state) % 400) as u64;
+            let hashes: Vec<u64> = (0..len).map(|b| mix(conversation * 1_000_003 + b)).collect();
+            for i in 0..8 {
+                table.active_requests[i] = (mix(state ^ i as u64) % 30) as u32;
+            }
+            testing::set_prompt(hashes);
+            let request = testing::request(id, 64 * len as u32);
+            testing::route::<PeerAibrix>(&request, &table).expect("a decision");
         }
     }
 }

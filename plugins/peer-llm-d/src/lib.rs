@@ -88,13 +88,16 @@ impl Router for PeerLlmD {
         let block_size = f64::from(workers.block_size[first].max(1));
         let mut hashes = prompt::block_hashes();
         hashes.truncate((settings.max_prefix_tokens / block_size).max(0.0) as usize);
-        let capacity = (settings.lru_capacity_tokens / block_size).max(1.0) as usize;
+        let llm_workers = workers.llm_indices().count();
+        let capacity = ((settings.lru_capacity_tokens / block_size).max(1.0) as usize)
+            .min(PrefixIndex::MEMORY_BLOCKS / llm_workers);
         let (min_queue, max_queue) = workers.llm_indices().fold((u32::MAX, 0), |(min, max), i| {
             (min.min(workers.prefill_tokens[i]), max.max(workers.prefill_tokens[i]))
         });
         let pick = INDEX.with(
             || PrefixIndex::new(capacity),
             |index| {
+                index.set_capacity(capacity);
                 let matches = index.matches(&hashes);
                 let score = |i: usize| {
                     let queue = if max_queue == min_queue {

@@ -25,7 +25,9 @@
 //! characters taken as 2²⁴ tokens, at ~4 characters a token). SGLang takes the first tenant
 //! of the deepest node in its map's order; here ties are broken by a hash of the request id.
 //! SGLang evicts every 120 s; here a worker's oldest blocks go as soon as its tree is over the
-//! bound. The tree lives in the policy instance: one per gateway thread, lost when the
+//! bound, which is also held within the policy sandbox's memory (32 MiB by default:
+//! `PrefixIndex::MEMORY_BLOCKS` blocks over all workers, 1.6 M tokens each of 8 at 64 tokens a
+//! block, where SGLang's 2²⁶ characters would be ~16 M tokens). The tree lives in the policy instance: one per gateway thread, lost when the
 //! instance is replaced (as one SGLang router replica sees only its own traffic).
 
 #![cfg_attr(not(test), no_std)]
@@ -89,10 +91,13 @@ impl Router for PeerSglang {
             && f64::from(max) > settings.balance_rel_threshold * f64::from(min);
         let block_size = workers.block_size[first].max(1);
         let hashes = prompt::block_hashes();
-        let capacity = (settings.max_tree_tokens / f64::from(block_size)).max(1.0) as usize;
+        // SGLang's bound, within what the sandbox's memory holds (shared evenly).
+        let capacity = ((settings.max_tree_tokens / f64::from(block_size)).max(1.0) as usize)
+            .min(PrefixIndex::MEMORY_BLOCKS / llm.len());
         let pick = TREE.with(
             || PrefixIndex::new(capacity),
             |tree| {
+                tree.set_capacity(capacity);
                 let pick = if imbalanced {
                     shortest_queue(&llm, load)
                 } else {

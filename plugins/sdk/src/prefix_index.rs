@@ -18,16 +18,18 @@
 use alloc::collections::{BTreeMap, BTreeSet};
 use alloc::vec::Vec;
 
-/// Where prompts went: block hash → the workers (by id) it was sent to, with per-worker
-/// least-recently-used eviction.
+/// Where prompts went: (block hash, worker id) → when it was last sent there, with
+/// least-recently-used eviction per worker or over all workers.
+///
+/// About 80 bytes an entry (two B-tree entries), so a policy under the gateway's default
+/// 32 MiB sandbox keeps a few hundred thousand blocks: [`PrefixIndex::MEMORY_BLOCKS`].
 #[derive(Debug, Default)]
 pub struct PrefixIndex {
-    /// Each hash's holders: (worker id, when it was last sent there).
-    holders: BTreeMap<u64, Vec<(u32, u64)>>,
-    /// Each worker's entries by age: (worker id, stamp, hash).
-    ages: BTreeSet<(u32, u64, u64)>,
-    /// Every entry by age, when the capacity is for all workers together: (stamp, worker, hash).
-    all_ages: BTreeSet<(u64, u32, u64)>,
+    /// Each (hash, worker) entry and its stamp.
+    holders: BTreeMap<(u64, u32), u64>,
+    /// The entries by age: (worker id, stamp, hash) for per-worker eviction, or (0, stamp,
+    /// hash · worker) ordering for shared eviction (see `shared`).
+    ages: BTreeSet<(u32, u64, u64, u32)>,
     /// Entries per worker.
     counts: BTreeMap<u32, usize>,
     /// Advances once per insert.
@@ -39,6 +41,10 @@ pub struct PrefixIndex {
 }
 
 impl PrefixIndex {
+    /// Blocks an index can hold within a policy's default 32 MiB memory, with room for the
+    /// call's own data: the most a router should configure over all workers.
+    pub const MEMORY_BLOCKS: usize = 200_000;
+
     /// An empty index keeping at most `capacity` blocks per worker.
     pub fn new(capacity: usize) -> PrefixIndex {
         PrefixIndex {
@@ -56,9 +62,14 @@ impl PrefixIndex {
         }
     }
 
+    /// Changes the capacity (entries past it go at the next insert).
+    pub fn set_capacity(&mut self, capacity: usize) {
+        self.capacity = capacity.max(1);
+    }
+
     /// Entries over all workers.
     pub fn len(&self) -> usize {
-        self.counts.values().sum()
+        self.holders.len()
     }
 
     /// Whether the index holds nothing.
@@ -69,21 +80,23 @@ impl PrefixIndex {
     /// For each worker holding the first block of `hashes`, how many leading blocks it holds
     /// (consecutive from the first), in ascending worker id order.
     pub fn matches(&self, hashes: &[u64]) -> Vec<(u32, u32)> {
-        let Some(first) = hashes.first().and_then(|hash| self.holders.get(hash)) else {
+        let holders_of = |hash: u64| {
+            self.holders
+                .range((hash, 0)..=(hash, u32::MAX))
+                .map(|(&(_, worker), _)| worker)
+        };
+        let Some(&first) = hashes.first() else {
             return Vec::new();
         };
-        let mut matched: Vec<(u32, u32)> = first.iter().map(|&(worker, _)| (worker, 1)).collect();
-        matched.sort_unstable();
-        // Workers still matching at block `depth`; each block narrows them down.
+        // Ascending worker ids, from the key order.
+        let mut matched: Vec<(u32, u32)> = holders_of(first).map(|worker| (worker, 1)).collect();
+        // Workers still matching; each block narrows them down.
         let mut live: Vec<usize> = (0..matched.len()).collect();
-        for hash in &hashes[1..] {
-            let Some(holders) = self.holders.get(hash) else {
-                break;
-            };
-            live.retain(|&slot| holders.iter().any(|&(worker, _)| worker == matched[slot].0));
+        for &hash in &hashes[1..] {
             if live.is_empty() {
                 break;
             }
+            live.retain(|&slot| self.holders.contains_key(&(hash, matched[slot].0)));
             for &slot in &live {
                 matched[slot].1 += 1;
             }
@@ -96,58 +109,54 @@ impl PrefixIndex {
         self.counts.get(&worker).copied().unwrap_or(0)
     }
 
+    /// The age key of an entry: per worker, or one order over all.
+    fn age(&self, worker: u32, stamp: u64, hash: u64) -> (u32, u64, u64, u32) {
+        if self.shared {
+            (0, stamp, hash, worker)
+        } else {
+            (worker, stamp, hash, 0)
+        }
+    }
+
     /// Records that `hashes` were sent to `worker` (refreshing the ones it had), then evicts
-    /// that worker's least recently used entries past the capacity.
+    /// the least recently used entries past the capacity.
     pub fn insert(&mut self, hashes: &[u64], worker: u32) {
         for &hash in hashes {
             self.clock += 1;
             let stamp = self.clock;
-            let holders = self.holders.entry(hash).or_default();
-            match holders.iter_mut().find(|(holder, _)| *holder == worker) {
-                Some((_, last)) => {
-                    self.ages.remove(&(worker, *last, hash));
-                    self.all_ages.remove(&(*last, worker, hash));
-                    *last = stamp;
+            match self.holders.insert((hash, worker), stamp) {
+                Some(last) => {
+                    let old = self.age(worker, last, hash);
+                    self.ages.remove(&old);
                 }
-                None => {
-                    holders.push((worker, stamp));
-                    *self.counts.entry(worker).or_default() += 1;
-                }
+                None => *self.counts.entry(worker).or_default() += 1,
             }
-            self.ages.insert((worker, stamp, hash));
-            if self.shared {
-                self.all_ages.insert((stamp, worker, hash));
-            }
+            let age = self.age(worker, stamp, hash);
+            self.ages.insert(age);
         }
-        if self.shared {
-            while self.all_ages.len() > self.capacity {
-                let Some(&(stamp, holder, hash)) = self.all_ages.first() else {
-                    break;
-                };
-                self.evict((holder, stamp, hash));
+        let over = |index: &PrefixIndex| {
+            if index.shared {
+                index.len() > index.capacity
+            } else {
+                index.size(worker) > index.capacity
             }
-            return;
-        }
-        while self.size(worker) > self.capacity {
-            let Some(&oldest) = self.ages.range((worker, 0, 0)..=(worker, u64::MAX, u64::MAX)).next() else {
+        };
+        while over(self) {
+            let scope = if self.shared { 0 } else { worker };
+            let Some(&(_, stamp, hash, holder)) = self
+                .ages
+                .range((scope, 0, 0, 0)..=(scope, u64::MAX, u64::MAX, u32::MAX))
+                .next()
+            else {
                 break;
             };
-            self.evict(oldest);
-        }
-    }
-
-    /// Forgets one (worker, stamp, hash) entry.
-    fn evict(&mut self, (worker, stamp, hash): (u32, u64, u64)) {
-        self.ages.remove(&(worker, stamp, hash));
-        self.all_ages.remove(&(stamp, worker, hash));
-        if let Some(holders) = self.holders.get_mut(&hash) {
-            holders.retain(|(holder, _)| *holder != worker);
-            if holders.is_empty() {
-                self.holders.remove(&hash);
+            let owner = if self.shared { holder } else { worker };
+            let age = self.age(owner, stamp, hash);
+            self.ages.remove(&age);
+            self.holders.remove(&(hash, owner));
+            if let Some(count) = self.counts.get_mut(&owner) {
+                *count = count.saturating_sub(1);
             }
-        }
-        if let Some(count) = self.counts.get_mut(&worker) {
-            *count = count.saturating_sub(1);
         }
     }
 }

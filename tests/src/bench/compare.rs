@@ -133,6 +133,8 @@ pub struct CompareConfig {
     pub audio_encoders: usize,
     /// Multiplies the simulated encoders' measured encode times.
     pub encoder_cost_scale: f64,
+    /// The gateway's `policy.deadline_ms`.
+    pub policy_deadline_ms: u64,
 }
 
 /// The outcome of one policy's runs.
@@ -387,6 +389,7 @@ fn base_config(config: &CompareConfig, policy: &PolicySpec, tls_toml: &str) -> S
          encoder_cost_scale = {encoder_cost:?}\n\
          [policy]\n\
          router = {router:?}\n\
+         deadline_ms = {deadline}\n\
          [policy.config]\n\
          {settings}",
         timeout = config.replay.request_timeout.as_millis(),
@@ -404,6 +407,7 @@ fn base_config(config: &CompareConfig, policy: &PolicySpec, tls_toml: &str) -> S
         audio = config.audio_encoders,
         encoder_cost = config.encoder_cost_scale,
         router = policy.router,
+        deadline = config.policy_deadline_ms.max(1),
         settings = policy.settings,
     )
 }
@@ -852,6 +856,7 @@ mod tests {
             vision_encoders: 1,
             audio_encoders: 1,
             encoder_cost_scale: 1.0,
+            policy_deadline_ms: 1,
         };
         let text = gateway_config(&config, &spec, "").expect("a config");
         let parsed: toml::Table = toml::from_str(&text).expect("the gateway config is TOML");

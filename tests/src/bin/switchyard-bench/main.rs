@@ -252,6 +252,11 @@ struct CompareArgs {
     /// Multiplies the embedded encoders' measured encode times (slower encoders).
     #[arg(long, default_value_t = 1.0)]
     encoder_cost_scale: f64,
+    /// CPU time one policy call may take (the gateway's `policy.deadline_ms`): the peers'
+    /// routers (`peer-*`) update their own prefix index in the call, which on long prompts
+    /// can take more than the default 1 ms.
+    #[arg(long, default_value_t = 1)]
+    policy_deadline_ms: u64,
     /// Spot engines beside --workers: slower and cheaper (a mixed fleet for cost-aware routing).
     #[arg(long, default_value_t = 0)]
     spot_workers: usize,
@@ -434,6 +439,7 @@ async fn compare_command(args: CompareArgs) -> anyhow::Result<()> {
         vision_encoders: args.vision_encoders,
         audio_encoders: args.audio_encoders,
         encoder_cost_scale: args.encoder_cost_scale,
+        policy_deadline_ms: args.policy_deadline_ms,
     };
     let runs = compare::compare(&config).await?;
     print!("{}", compare::render_report(&config, &runs));
