@@ -15,7 +15,7 @@
 //!
 //! Speed: the cost above is computed in `f64` only for a shortlist (the SDK's
 //! [`switchyard_policy_sdk::shortlist`]): an `f32` estimate of every worker's cost, four
-//! workers per Wasm SIMD instruction, is within a bound of the exact cost (see [`estimates`]),
+//! workers per Wasm SIMD instruction, is within a bound of the exact cost (see `estimates`),
 //! so the workers whose estimate is within twice that bound of the least include every worker
 //! the exact cost would pick or tie, and the decision is the exact cost's. Tables the bound
 //! does not cover (inputs of 2²³ or more, a cost near the overflow penalty, a `temperature`)

@@ -61,6 +61,13 @@
 //! −25.74, `decode_b` 54.01, `decode_c` 5.74, `step_tokens` 8192, `host_credit` 0.75,
 //! `decode_weight` 0.05, `interference_weight` 0, `impact_weight` 4, `memory_threshold` 0.95,
 //! `memory_weight` 1, `default_capacity_blocks` 16384.
+//!
+//! Speed: every worker's cost is first estimated in `f64`, two workers per Wasm SIMD
+//! instruction (`Model::estimates`), and only the workers within 2⁻³⁰ (relative) of the third
+//! least estimate are predicted and ranked as above (`model::shortlist`); when the ranking's
+//! tied group or fallbacks reach past the workers whose place is certain, or the settings are
+//! outside what the estimate covers (a negative prefill coefficient or weight), every worker is.
+//! The answer is the same either way; `shortlist = false` ranks every worker always.
 
 #![cfg_attr(not(test), no_std)]
 
