@@ -6,7 +6,10 @@
 //! that traps, so a policy imports nothing but the host world). The bindings come from the
 //! crate's own copy of the contract, `wit/policy.wit` here, byte-identical to the repository's
 //! `wit/policy.wit`, so a policy crate outside the repository builds with nothing but a path or
-//! git dependency on this crate. A policy is:
+//! git dependency on this crate. For routers over thousands of workers it also has
+//! [`lanes`] (four-worker SIMD arithmetic that runs natively in tests), [`shortlist`] (scans
+//! for ranking exact costs only where estimates say they can win), and for routers that keep a
+//! record of their own decisions, [`prefix_index`] and [`state`]. A policy is:
 //!
 //! ```ignore
 //! struct Mine;
