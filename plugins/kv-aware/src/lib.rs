@@ -28,7 +28,9 @@ extern crate alloc;
 use alloc::vec::Vec;
 
 use switchyard_policy_sdk::lanes::{F32x4, U32x4};
-use switchyard_policy_sdk::{Columns, Decision, PolicyError, RequestInfo, Router, WorkerTable, config, role, scratch};
+use switchyard_policy_sdk::{
+    Columns, Decision, PolicyError, RequestInfo, Router, WorkerTable, config, mix, role, scratch,
+};
 
 /// The policy.
 pub struct KvAware;
@@ -123,14 +125,6 @@ fn costs(req: &RequestInfo, workers: &WorkerTable, request_weight: f64) -> Vec<f
         if roles[i] == role::LLM { cost } else { f64::INFINITY }
     }));
     costs
-}
-
-/// A well-mixed 64-bit hash (splitmix64) for tie-breaks and sampling.
-fn mix(mut x: u64) -> u64 {
-    x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    x ^ (x >> 31)
 }
 
 impl Router for KvAware {

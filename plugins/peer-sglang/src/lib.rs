@@ -38,7 +38,7 @@ use alloc::vec::Vec;
 
 use switchyard_policy_sdk::prefix_index::PrefixIndex;
 use switchyard_policy_sdk::state::Kept;
-use switchyard_policy_sdk::{Columns, Decision, PolicyError, RequestInfo, Router, WorkerTable, config, prompt};
+use switchyard_policy_sdk::{Columns, Decision, PolicyError, RequestInfo, Router, WorkerTable, config, mix, prompt};
 
 /// The policy.
 pub struct PeerSglang;
@@ -56,14 +56,6 @@ static SETTINGS: config::Derived<Settings> = config::Derived::new();
 
 /// What this instance sent where.
 static TREE: Kept<PrefixIndex> = Kept::new();
-
-/// A well-mixed 64-bit hash (splitmix64) for tie-breaks.
-fn mix(mut x: u64) -> u64 {
-    x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    x ^ (x >> 31)
-}
 
 impl Router for PeerSglang {
     const COLUMNS: Columns = Columns::ROLES

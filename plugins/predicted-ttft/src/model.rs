@@ -495,13 +495,8 @@ pub fn shortlist_decides<T>(ranked: &[(bool, f64, usize, T)], certain_below: f64
     certain >= needed
 }
 
-/// A well-mixed 64-bit hash (splitmix64) for tie-breaks, as in `kv-aware`.
-pub fn mix(mut x: u64) -> u64 {
-    x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    x ^ (x >> 31)
-}
+/// The SDK's tie-break hash, which `kv-aware` uses too.
+pub use switchyard_policy_sdk::mix;
 
 /// Costs within this fraction of the lowest one count as equal (float noise, not preference).
 const TIE_TOLERANCE: f64 = 1e-9;

@@ -254,6 +254,15 @@ impl Mask4 {
 }
 
 impl Mask4 {
+    /// Whether any lane holds.
+    #[inline(always)]
+    pub fn any(self) -> bool {
+        #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+        return simd::v128_any_true(self.0);
+        #[cfg(not(all(target_arch = "wasm32", target_feature = "simd128")))]
+        return self.0.iter().any(|lane| *lane);
+    }
+
     /// How many lanes hold.
     #[inline(always)]
     pub fn count(self) -> u32 {

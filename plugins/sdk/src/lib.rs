@@ -193,6 +193,15 @@ pub mod state {
     }
 }
 
+/// A well-mixed 64-bit hash (splitmix64's finaliser), for tie-breaks and draws: policies have
+/// no random source, and hashing the request id keeps equal workers evenly used.
+pub fn mix(mut x: u64) -> u64 {
+    x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    x ^ (x >> 31)
+}
+
 /// The policy's own configuration table.
 ///
 /// A version's configuration never changes, so in a component each number is fetched from the
