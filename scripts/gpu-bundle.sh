@@ -1,17 +1,15 @@
 #!/usr/bin/env bash
 # Builds what a GPU machine without Rust needs to check the CUDA backends, into `.gpu/` (ignored
 # by git; carry it with the device tool): the `cuda_backend` and `encoder_cuda` test and the
-# `llm_cuda` and `encoders_cuda` bench binaries (release, stripped) and the fixtures. Then, on
-# the GPU machine, from the repository root:
+# `llm_cuda` and `encoders_cuda` bench binaries, `switchyard-worker` built with `cuda`, and the
+# `native_multimodal` end-to-end test with the gateway and `switchyard-encoder` built with `cuda`
+# (release, stripped, xz-compressed to fit the device tool's 64 MiB; the last three under
+# `.gpu/e2e/`) and the fixtures. Then, on the GPU machine, from the repository root:
 #
-#   export LD_LIBRARY_PATH=$(python3 -c "import nvidia; print(nvidia.__path__[0] + '/cu13/lib')"):$LD_LIBRARY_PATH
-#   SWITCHYARD_FIXTURES_DIR=.gpu/fixtures SWITCHYARD_CUDA_TESTS=gpu .gpu/cuda_backend --test-threads 1
-#   SWITCHYARD_FIXTURES_DIR=.gpu/fixtures SWITCHYARD_CUDA_TESTS=gpu .gpu/encoder_cuda --test-threads 1
-#   SWITCHYARD_FIXTURES_DIR=.gpu/fixtures .gpu/llm_cuda --bench
-#   .gpu/encoders_cuda --bench
+#   bash scripts/gpu-check.sh
 #
-# (libcuda comes with the driver; NVRTC and cuBLAS from the `nvidia-cuda-nvrtc` and
-# `nvidia-cublas` wheels of the machine's Python.)
+# which runs them all, each with a time limit (libcuda comes with the driver; NVRTC and cuBLAS
+# from the CUDA toolkit or the `nvidia-*` wheels of the machine's Python).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 grep -qxF '/.gpu/' .git/info/exclude 2>/dev/null || echo '/.gpu/' >> .git/info/exclude
@@ -24,13 +22,26 @@ encoder_test=$(cargo test --release -p switchyard-workers --features cuda --test
     python3 -c 'import json,sys; print([m["executable"] for m in map(json.loads, sys.stdin) if m.get("executable") and "encoder_cuda" in m["executable"]][-1])')
 encoder_bench=$(cargo bench -p switchyard-encoders --features cuda --bench encoders_cuda --no-run --message-format=json 2>/dev/null |
     python3 -c 'import json,sys; print([m["executable"] for m in map(json.loads, sys.stdin) if m.get("executable") and "encoders_cuda" in m["executable"]][-1])')
+cargo build --release -p switchyard-llm --features cuda --bin switchyard-worker 2>/dev/null
+strip -o .gpu/switchyard-worker target/release/switchyard-worker
+# The end-to-end multimodal test with the encoders and the worker on the GPU: the gateway, the
+# encoder built with `cuda`, and the test.
+cargo build --release -p switchyard --bin switchyard 2>/dev/null
+cargo build --release -p switchyard-workers --features cuda --bin switchyard-encoder 2>/dev/null
+e2e_test=$(cargo test --release -p switchyard-e2e --test native_multimodal --no-run --message-format=json 2>/dev/null |
+    python3 -c 'import json,sys; print([m["executable"] for m in map(json.loads, sys.stdin) if m.get("executable") and "native_multimodal" in m["executable"]][-1])')
+mkdir -p .gpu/e2e
+strip -o .gpu/e2e/switchyard target/release/switchyard
+strip -o .gpu/e2e/switchyard-encoder target/release/switchyard-encoder
+strip -o .gpu/e2e/native_multimodal "$e2e_test"
+xz -T2 -6 .gpu/e2e/* .gpu/cuda_backend .gpu/llm_cuda .gpu/encoder_cuda .gpu/encoders_cuda .gpu/switchyard-worker
 strip -o .gpu/cuda_backend "$test_bin"
 strip -o .gpu/llm_cuda "$bench_bin"
 strip -o .gpu/encoder_cuda "$encoder_test"
 strip -o .gpu/encoders_cuda "$encoder_bench"
 cp -r gpu-workers/llm/tests/fixtures .gpu/fixtures
 mkdir -p .gpu/fixtures/encoders
-for f in tiny-llava tiny-whisper images audio videos; do
+for f in tiny-llava tiny-whisper tiny-whisper-48 images audio videos; do
     cp -r "gpu-workers/tests/fixtures/encoders/$f" .gpu/fixtures/encoders/
 done
 du -sh .gpu

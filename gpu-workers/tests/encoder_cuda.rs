@@ -15,7 +15,7 @@ use std::sync::atomic::Ordering;
 
 use switchyard_encoders::cuda::vision::CudaVision;
 use switchyard_encoders::cuda::whisper::CudaWhisper;
-use switchyard_encoders::cuda::{self, CudaError, Path as RunPath};
+use switchyard_encoders::cuda::{self, AttentionKernel, CudaError, Path as RunPath};
 use switchyard_encoders::image::{ImageProcessor, PixelValues};
 use switchyard_encoders::mel::{LogMel, MelConfig};
 use switchyard_encoders::vit::VisionEncoder;
@@ -111,11 +111,19 @@ fn vision_graph_replay_matches_eager_gpu_and_cpu() {
     let dir = fixture("tiny-llava");
     let encoder = VisionEncoder::load(&dir).expect("loads");
     let processor = ImageProcessor::from_file(&dir.join("preprocessor_config.json")).expect("processor");
-    // 16 feature rows per 32-pixel image; budgets 16, 32, 64 hold 1, 2 and 4 images.
-    let Some(gpu) = on_gpu(CudaVision::new(&encoder, 0, 64)) else {
-        return;
-    };
     let inputs = vision_inputs(&processor);
+    for kernel in [AttentionKernel::Tiled, AttentionKernel::Rows] {
+        // 16 feature rows per 32-pixel image; budgets 16, 32, 64 hold 1, 2 and 4 images.
+        let Some(mut gpu) = on_gpu(CudaVision::new(&encoder, 0, 64)) else {
+            return;
+        };
+        gpu.set_attention_kernel(kernel);
+        println!("{kernel:?} attention");
+        vision_cases(&gpu, &encoder, &inputs);
+    }
+}
+
+fn vision_cases(gpu: &CudaVision, encoder: &VisionEncoder, inputs: &[PixelValues]) {
     let cases: [(&[usize], RunPath); 5] = [
         (&[0, 1, 2, 3], RunPath::Replay),         // fills the 64 budget
         (&[4, 5, 6], RunPath::Replay),            // 3 of 4: the fourth slot is zeroed padding
@@ -154,10 +162,18 @@ fn whisper_graph_replay_matches_eager_gpu_and_cpu() {
             mel.compute(&audio::resample(&waveform, 16_000).expect("resamples").samples)
         })
         .collect();
-    // 1,500 rows per window: budgets 2048 and 3000 hold 1 and 2 windows.
-    let Some(gpu) = on_gpu(CudaWhisper::new(&encoder, 0, 3000)) else {
-        return;
-    };
+    for kernel in [AttentionKernel::Tiled, AttentionKernel::Rows] {
+        // 1,500 rows per window: budgets 2048 and 3000 hold 1 and 2 windows.
+        let Some(mut gpu) = on_gpu(CudaWhisper::new(&encoder, 0, 3000)) else {
+            return;
+        };
+        gpu.set_attention_kernel(kernel);
+        println!("{kernel:?} attention");
+        whisper_cases(&gpu, &encoder, &clips);
+    }
+}
+
+fn whisper_cases(gpu: &CudaWhisper, encoder: &WhisperEncoder, clips: &[Vec<f32>]) {
     for windows in [vec![0usize, 1], vec![1], vec![0, 1, 0]] {
         let mels: Vec<&[f32]> = windows.iter().map(|&i| clips[i].as_slice()).collect();
         let graph = gpu.forward(&mels, true).expect("graph or eager");

@@ -15,10 +15,14 @@ use switchyard_e2e::{Alpn, Client, Gateway, NativeEncoder, NativeWorker, TestCa,
 use switchyard_media::fixtures;
 use switchyard_protocol::encode::parse_merge;
 
+/// An encoder fixture: under `SWITCHYARD_FIXTURES_DIR/encoders` where the test binary runs
+/// away from its source tree (a GPU machine it was copied to), else the source tree's.
 fn fixture(name: &str) -> anyhow::Result<String> {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../gpu-workers/tests/fixtures/encoders")
-        .join(name);
+    let root = match std::env::var_os("SWITCHYARD_FIXTURES_DIR") {
+        Some(dir) => PathBuf::from(dir),
+        None => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../gpu-workers/tests/fixtures"),
+    };
+    let path = root.join("encoders").join(name);
     path.to_str().map(str::to_string).context("fixture path is not UTF-8")
 }
 
@@ -62,7 +66,19 @@ async fn ask(client: &Client, request: &Value) -> anyhow::Result<(String, String
 async fn image_video_and_audio_questions_are_answered_by_native_models() -> anyhow::Result<()> {
     let llava = fixture("tiny-llava")?;
     let whisper = fixture("tiny-whisper-48")?;
-    let common = ["--port", "0", "--served-model-name", "tiny", "--threads", "1"];
+    // `SWITCHYARD_E2E_DEVICE=cuda:0` runs the encoders and the worker on a GPU (binaries built
+    // with `--features cuda`; `scripts/gpu-check.sh` does so); the CPU by default.
+    let device = std::env::var("SWITCHYARD_E2E_DEVICE").unwrap_or_else(|_| "cpu".to_string());
+    let common = [
+        "--port",
+        "0",
+        "--served-model-name",
+        "tiny",
+        "--threads",
+        "1",
+        "--device",
+        device.as_str(),
+    ];
     let vision = NativeEncoder::start(&[&["--model", llava.as_str()][..], &common[..]].concat())?;
     let audio = NativeEncoder::start(&[&["--model", whisper.as_str()][..], &common[..]].concat())?;
     let worker = NativeWorker::start(
@@ -150,5 +166,13 @@ async fn image_video_and_audio_questions_are_answered_by_native_models() -> anyh
         metric_sum(&audio_metrics, "switchyard_encoder_encoded_items_total", &[]) == 1.0,
         "{audio_metrics}"
     );
+    if device != "cpu" {
+        // The forward passes ran on the GPU: the graph cache saw them.
+        for metrics in [&vision_metrics, &audio_metrics] {
+            let passes = metric_sum(metrics, "switchyard_encoder_cuda_graph_replays_total", &[])
+                + metric_sum(metrics, "switchyard_encoder_cuda_eager_passes_total", &[]);
+            anyhow::ensure!(passes >= 1.0, "no GPU forward pass on {device}: {metrics}");
+        }
+    }
     Ok(())
 }

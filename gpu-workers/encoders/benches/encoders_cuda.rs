@@ -6,14 +6,15 @@
 //! them on GPU 0 with graphs up to a budget of 18,432 rows (`switchyard-encoder`'s default
 //! largest), and times each micro-batch size both ways: p50 and p99 over `N` runs (50), and
 //! graph against eager in the same run (seed 003: p99 −31 % to −85 %). Each timing includes the
-//! host-to-device copy in and the copy out. Without a GPU it says so and exits. Figures are
-//! printed, never asserted.
+//! host-to-device copy in and the copy out. Then the tiled attention kernel against the first
+//! one (a block per query row) at a few batch sizes, graphs both. Without a GPU it says so and
+//! exits. Figures are printed, never asserted.
 
 use std::time::Instant;
 
 use switchyard_encoders::cuda::vision::CudaVision;
 use switchyard_encoders::cuda::whisper::CudaWhisper;
-use switchyard_encoders::cuda::{CudaError, Path};
+use switchyard_encoders::cuda::{AttentionKernel, CudaError, Path};
 use switchyard_encoders::image::PixelValues;
 use switchyard_encoders::vit::VisionEncoder;
 use switchyard_encoders::whisper::WhisperEncoder;
@@ -71,7 +72,7 @@ fn main() {
     write_clip_llava(&vision_dir);
     write_whisper_tiny(&audio_dir);
     let vision = VisionEncoder::load(&vision_dir).expect("vision model loads");
-    let gpu = match CudaVision::new(&vision, 0, MAX_BUDGET) {
+    let mut gpu = match CudaVision::new(&vision, 0, MAX_BUDGET) {
         Ok(gpu) => gpu,
         Err(err @ (CudaError::NoDriver | CudaError::NoDevice { .. } | CudaError::NoCublas | CudaError::NoNvrtc)) => {
             println!("no GPU here ({err}): nothing to measure");
@@ -89,6 +90,7 @@ fn main() {
         })
         .collect();
     header("CLIP ViT-B/32 at 224 px + LLaVA projector (49 rows per image)");
+    let mut vision_tiled = Vec::new();
     for batch in [1, 2, 4, 8, 16, 32, 64, 128, 376, 512] {
         let refs: Vec<&PixelValues> = images[..batch].iter().collect();
         let eager = percentiles(runs, || {
@@ -98,21 +100,24 @@ fn main() {
             gpu.encode(&refs).expect("graph");
         });
         row(batch, gpu.path_for(224, 224, batch), eager, graph);
+        vision_tiled.push((batch, graph));
     }
     let whisper = WhisperEncoder::load(&audio_dir).expect("whisper loads");
-    let gpu = CudaWhisper::new(&whisper, 0, MAX_BUDGET).expect("whisper on the GPU");
+    let mut audio = CudaWhisper::new(&whisper, 0, MAX_BUDGET).expect("whisper on the GPU");
     let mels: Vec<Vec<f32>> = (0..16)
         .map(|_| (0..80 * 3000).map(|_| noise.next() * 10.0).collect())
         .collect();
     header("Whisper tiny encoder, 30 s windows (1,500 rows each)");
+    let mut audio_tiled = Vec::new();
     for batch in [1, 2, 4, 8, 12, 16] {
         let refs: Vec<&[f32]> = mels[..batch].iter().map(Vec::as_slice).collect();
         let eager = percentiles(runs, || {
-            gpu.forward(&refs, false).expect("eager");
+            audio.forward(&refs, false).expect("eager");
         });
         let graph = percentiles(runs, || {
-            gpu.forward(&refs, true).expect("graph");
+            audio.forward(&refs, true).expect("graph");
         });
+        audio_tiled.push((batch, graph));
         let path = if batch * 1500 <= MAX_BUDGET {
             Path::Replay
         } else {
@@ -120,11 +125,43 @@ fn main() {
         };
         row(batch, path, eager, graph);
     }
-    let counters = gpu.counters();
+    let counters = audio.counters();
     println!(
         "\nWhisper graph cache: {} captures, {} replays, {} eager runs",
         counters.captures.load(std::sync::atomic::Ordering::Relaxed),
         counters.replays.load(std::sync::atomic::Ordering::Relaxed),
         counters.eager.load(std::sync::atomic::Ordering::Relaxed)
     );
+
+    // The baseline of the attention kernel: the same graphs with the first kernel (one block
+    // per query row, every key read per row).
+    println!("\nAttention kernels, graph path: tiled (the default) against one block per query row");
+    println!("| encoder | micro-batch | rows p50 ms | rows p99 ms | tiled p50 ms | tiled p99 ms | p50 tiled vs rows |");
+    println!("|---|---:|---:|---:|---:|---:|---:|");
+    gpu.set_attention_kernel(AttentionKernel::Rows);
+    audio.set_attention_kernel(AttentionKernel::Rows);
+    let compare = |name: &str, batch: usize, rows: (f64, f64), tiled: (f64, f64)| {
+        println!(
+            "| {name} | {batch} | {:.3} | {:.3} | {:.3} | {:.3} | {:.2}x |",
+            rows.0,
+            rows.1,
+            tiled.0,
+            tiled.1,
+            rows.0 / tiled.0
+        );
+    };
+    for &(batch, tiled) in vision_tiled.iter().filter(|(b, _)| [1, 32, 376].contains(b)) {
+        let refs: Vec<&PixelValues> = images[..batch].iter().collect();
+        let rows = percentiles(runs, || {
+            gpu.encode(&refs).expect("graph");
+        });
+        compare("CLIP ViT-B/32", batch, rows, tiled);
+    }
+    for &(batch, tiled) in audio_tiled.iter().filter(|(b, _)| [1, 4, 12].contains(b)) {
+        let refs: Vec<&[f32]> = mels[..batch].iter().map(Vec::as_slice).collect();
+        let rows = percentiles(runs, || {
+            audio.forward(&refs, true).expect("graph");
+        });
+        compare("Whisper tiny", batch, rows, tiled);
+    }
 }

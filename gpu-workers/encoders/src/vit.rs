@@ -509,6 +509,13 @@ impl Features {
         Features { dim, tokens, data }
     }
 
+    /// Features from the rows of every item, in item order (`tokens[i]` rows each).
+    #[cfg(feature = "cuda")]
+    pub(crate) fn from_rows(dim: usize, tokens: Vec<usize>, data: Vec<f32>) -> Features {
+        debug_assert_eq!(tokens.iter().sum::<usize>() * dim, data.len());
+        Features { dim, tokens, data }
+    }
+
     /// Item `i`'s rows.
     pub fn item(&self, i: usize) -> &[f32] {
         let start: usize = self.tokens[..i].iter().sum::<usize>() * self.dim;

@@ -18,7 +18,7 @@ use cudarc::cublas::{CudaBlas, Gemm, GemmConfig};
 use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, CudaStream, LaunchConfig, PushKernelArg};
 
 use crate::config::ModelConfig;
-use crate::model::Model;
+use crate::model::{MediaRows, Model};
 use switchyard_workers::engine::{Executor, ModelLimits, StepItem};
 
 /// The kernels' CUDA C source.
@@ -131,6 +131,10 @@ struct GpuLayer {
     values: CudaSlice<f32>,
 }
 
+/// Media rows to copy over a step's embedded rows: the index in `x` of their first value, and
+/// the values.
+type MediaCopy<'a> = (usize, &'a [f32]);
+
 /// One sequence's share of a GPU step (what [`StepItem`] carries, without the sampler).
 #[derive(Debug, Clone, Copy)]
 pub struct GpuChunk<'a> {
@@ -142,6 +146,9 @@ pub struct GpuChunk<'a> {
     pub count: usize,
     /// The block table.
     pub blocks: &'a [u32],
+    /// Media feature rows standing in for placeholders among the tokens computed now, at
+    /// offsets from `start` (their ids are outside the vocabulary and are not looked up).
+    pub media: &'a [MediaRows<'a>],
 }
 
 /// The CUDA backend: the model's weights and the paged KV cache in GPU memory.
@@ -294,8 +301,7 @@ impl CudaExecutor {
         ModelLimits {
             vocab_size: Some(self.config.vocab_size),
             max_model_len: Some(self.config.max_position_embeddings),
-            // The CUDA backend has no media path yet: placeholders are refused at submission.
-            media_dim: None,
+            media_dim: Some(self.config.hidden_size),
         }
     }
 
@@ -351,8 +357,9 @@ impl CudaExecutor {
         Ok(())
     }
 
-    /// Uploads a step's token ids, positions, cache slots and block tables.
-    fn prepare(&self, chunks: &[GpuChunk<'_>]) -> Result<StepBuffers, CudaError> {
+    /// Uploads a step's token ids, positions, cache slots and block tables; returns with them
+    /// the media rows to copy over the embedded rows.
+    fn prepare<'c>(&self, chunks: &[GpuChunk<'c>]) -> Result<(StepBuffers, Vec<MediaCopy<'c>>), CudaError> {
         let c = &self.config;
         let rows: usize = chunks.iter().map(|chunk| chunk.count).sum();
         let max_blocks = chunks.iter().map(|chunk| chunk.blocks.len()).max().unwrap_or(1).max(1);
@@ -362,8 +369,25 @@ impl CudaExecutor {
         let mut row_sequence = Vec::with_capacity(rows);
         let mut block_tables = vec![0i32; chunks.len() * max_blocks];
         let mut last_rows = Vec::with_capacity(chunks.len());
+        let mut media = Vec::new();
         for (index, chunk) in chunks.iter().enumerate() {
             let end = chunk.start + chunk.count;
+            // Offsets (from `start`) whose rows come from media features.
+            let mut from_media = vec![false; chunk.count];
+            for span in chunk.media {
+                let len = span.rows.len() / c.hidden_size;
+                if span.rows.len() % c.hidden_size != 0 || len == 0 || span.offset + len > chunk.count {
+                    return Err(CudaError::Unsupported(format!(
+                        "chunk {index}: media rows at offset {} ({} values, hidden size {}) do not fit its {} tokens",
+                        span.offset,
+                        span.rows.len(),
+                        c.hidden_size,
+                        chunk.count
+                    )));
+                }
+                from_media[span.offset..span.offset + len].fill(true);
+                media.push(((ids.len() + span.offset) * c.hidden_size, span.rows));
+            }
             if chunk.count == 0 || end > chunk.tokens.len() {
                 return Err(CudaError::Unsupported(format!(
                     "chunk {index} asks for tokens past its sequence"
@@ -382,12 +406,16 @@ impl CudaExecutor {
             }
             for position in chunk.start..end {
                 let id = chunk.tokens[position];
-                if id as usize >= c.vocab_size {
+                if from_media[position - chunk.start] {
+                    // Any row of the table will do: the media row is copied over it.
+                    ids.push(0);
+                } else if id as usize >= c.vocab_size {
                     return Err(CudaError::Unsupported(format!(
                         "token id {id} is outside the vocabulary"
                     )));
+                } else {
+                    ids.push(id);
                 }
-                ids.push(id);
                 positions.push(position as i32);
                 let block = chunk.blocks[position / self.block_size] as usize;
                 slots.push((block * self.block_size + position % self.block_size) as i32);
@@ -398,7 +426,7 @@ impl CudaExecutor {
         let s = &self.stream;
         let zeros = |n: usize| s.alloc_zeros::<f32>(n.max(1)).map_err(driver);
         let (q, kv) = (c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim);
-        Ok(StepBuffers {
+        let buffers = StepBuffers {
             rows,
             x: zeros(rows * c.hidden_size)?,
             normed: zeros(rows * c.hidden_size)?,
@@ -413,14 +441,15 @@ impl CudaExecutor {
             block_tables: s.clone_htod(&block_tables).map_err(driver)?,
             max_blocks,
             last_rows: s.clone_htod(&last_rows).map_err(driver)?,
-        })
+        };
+        Ok((buffers, media))
     }
 
     /// Runs one step and leaves each chunk's last-position logits on the GPU,
     /// `[chunks, vocab]`.
     fn run(&mut self, chunks: &[GpuChunk<'_>]) -> Result<CudaSlice<f32>, CudaError> {
         let c = &self.config;
-        let mut b = self.prepare(chunks)?;
+        let (mut b, media) = self.prepare(chunks)?;
         let rows = b.rows;
         let (h, q, kv, inter) = (
             c.hidden_size,
@@ -433,6 +462,12 @@ impl CudaExecutor {
         launch.arg(&b.ids).arg(&self.embed).arg(&mut b.x).arg(&hidden);
         // SAFETY: `ids` holds `rows` ids below the vocabulary size (checked in `prepare`).
         unsafe { launch.launch(Self::rows_launch(rows, 256)) }.map_err(driver)?;
+        // Media rows over their placeholders' embedded rows (stream order: after the embedding).
+        for (at, values) in media {
+            self.stream
+                .memcpy_htod(values, &mut b.x.slice_mut(at..at + values.len()))
+                .map_err(driver)?;
+        }
         let (num_heads, num_kv_heads, head_dim) = (c.num_heads as i32, c.num_kv_heads as i32, c.head_dim as i32);
         let (max_blocks, block_size) = (b.max_blocks as i32, self.block_size as i32);
         let scale = 1.0 / (c.head_dim as f32).sqrt();
@@ -525,13 +560,16 @@ impl CudaExecutor {
 
 impl Executor for CudaExecutor {
     fn execute(&mut self, items: &mut [StepItem<'_>]) -> Result<(), String> {
+        let media: Vec<Vec<MediaRows<'_>>> = items.iter().map(crate::engine::chunk_media).collect();
         let chunks: Vec<GpuChunk<'_>> = items
             .iter()
-            .map(|item| GpuChunk {
+            .zip(&media)
+            .map(|(item, media)| GpuChunk {
                 tokens: item.tokens,
                 start: item.start,
                 count: item.count,
                 blocks: item.blocks,
+                media,
             })
             .collect();
         let logits = self.run(&chunks).map_err(|err| err.to_string())?;

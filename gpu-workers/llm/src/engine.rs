@@ -33,6 +33,20 @@ impl CpuExecutor {
     }
 }
 
+/// A step item's share of its sequence's media rows, at offsets within the chunk it computes
+/// (a span split over two prefill chunks gives each its own rows).
+pub(crate) fn chunk_media<'a>(item: &'a StepItem<'_>) -> Vec<MediaRows<'a>> {
+    let range = item.start..item.start + item.count;
+    item.media
+        .iter()
+        .filter_map(|span| span.rows_in(range.clone()))
+        .map(|(from, rows)| MediaRows {
+            offset: from - item.start,
+            rows,
+        })
+        .collect()
+}
+
 impl Executor for CpuExecutor {
     fn execute(&mut self, items: &mut [StepItem<'_>]) -> Result<(), String> {
         let mut sequences: Vec<SequenceKv> = items
@@ -50,21 +64,7 @@ impl Executor for CpuExecutor {
                 tokens: item.new_tokens(),
             })
             .collect();
-        // Each chunk's share of its sequence's media rows, at offsets within the chunk.
-        let media: Vec<Vec<MediaRows<'_>>> = items
-            .iter()
-            .map(|item| {
-                let range = item.start..item.start + item.count;
-                item.media
-                    .iter()
-                    .filter_map(|span| span.rows_in(range.clone()))
-                    .map(|(from, rows)| MediaRows {
-                        offset: from - item.start,
-                        rows,
-                    })
-                    .collect()
-            })
-            .collect();
+        let media: Vec<Vec<MediaRows<'_>>> = items.iter().map(chunk_media).collect();
         let media: Vec<&[MediaRows<'_>]> = media.iter().map(Vec::as_slice).collect();
         let logits = self
             .model

@@ -9,7 +9,7 @@
 use std::path::{Path, PathBuf};
 
 use switchyard_llm::cuda::{self, CudaError, CudaExecutor, GpuChunk};
-use switchyard_llm::{Chunk, Logits, Model, PagedKv, SequenceKv, spawn_cpu_engine};
+use switchyard_llm::{Chunk, Logits, MediaRows, Model, PagedKv, SequenceKv, spawn_cpu_engine};
 use switchyard_workers::engine::{EngineConfig, Output, SamplingParams};
 
 fn required(level: &str) -> bool {
@@ -111,12 +111,14 @@ fn gpu_logits_match_the_cpu_backend() {
                     start: 0,
                     count: 11,
                     blocks: &a_blocks,
+                    media: &[],
                 },
                 GpuChunk {
                     tokens: &PROMPT,
                     start: 0,
                     count: 19,
                     blocks: &b_blocks,
+                    media: &[],
                 },
             ])
             .expect("gpu step");
@@ -145,12 +147,14 @@ fn gpu_logits_match_the_cpu_backend() {
                     start: 11,
                     count: 1,
                     blocks: &a_blocks,
+                    media: &[],
                 },
                 GpuChunk {
                     tokens: &longer,
                     start: 19,
                     count: 1,
                     blocks: &b_blocks,
+                    media: &[],
                 },
             ])
             .expect("gpu step");
@@ -163,6 +167,173 @@ fn gpu_logits_match_the_cpu_backend() {
             assert!(difference < 1e-3, "{name}: max |Δlogit| {difference}");
         }
     }
+}
+
+/// The tiny LLaVA checkpoint (its language model) of the encoder fixtures.
+fn llava() -> Model {
+    let dir = match std::env::var_os("SWITCHYARD_FIXTURES_DIR") {
+        Some(dir) => PathBuf::from(dir).join("encoders/tiny-llava"),
+        None => Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/encoders/tiny-llava"),
+    };
+    Model::load(&dir).expect("tiny LLaVA loads")
+}
+
+fn max_difference(a: &[Vec<f32>], b: &[Vec<f32>]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    a.iter()
+        .zip(b)
+        .flat_map(|(x, y)| x.iter().zip(y).map(|(p, q)| (p - q).abs()))
+        .fold(0.0, f32::max)
+}
+
+#[test]
+fn gpu_merges_media_rows_as_the_cpu_backend_does() {
+    let model = llava();
+    let Some(mut gpu) = gpu(&model, 32) else { return };
+    let hidden = model.config().hidden_size;
+    let vocab = model.config().vocab_size as u32;
+    // Media rows far from any embedding row, so a placeholder left embedded would show.
+    let rows = |len: usize, seed: usize| -> Vec<f32> {
+        (0..len * hidden)
+            .map(|i| (((i * 7919 + seed * 104_729) % 1000) as f32 / 250.0) - 2.0)
+            .collect()
+    };
+    let (image, clip) = (rows(4, 1), rows(5, 2));
+    // Sequence a: text, a 4-row image at 3..7, text; one chunk. Sequence b: a 5-row clip at
+    // 6..11 split over two prefill chunks (8 tokens, then 6). Placeholder ids are outside the
+    // vocabulary, as the worker's are.
+    let mut a_tokens: Vec<u32> = vec![1, 17, 42, vocab + 1, vocab + 1, vocab + 1, vocab + 1, 9, 64, 11];
+    let mut b_tokens: Vec<u32> = vec![
+        1,
+        5,
+        9,
+        31,
+        140,
+        2,
+        vocab + 2,
+        vocab + 2,
+        vocab + 2,
+        vocab + 2,
+        vocab + 2,
+        77,
+        3,
+        8,
+    ];
+    let a_blocks: Vec<u32> = vec![9, 2, 14, 0, 5];
+    let b_blocks: Vec<u32> = vec![20, 21, 7, 30, 31];
+    let a_media = [MediaRows {
+        offset: 3,
+        rows: &image,
+    }];
+    let b_first = [MediaRows {
+        offset: 6,
+        rows: &clip[..2 * hidden],
+    }];
+    let b_second = [MediaRows {
+        offset: 0,
+        rows: &clip[2 * hidden..],
+    }];
+
+    let mut kv = PagedKv::new(model.config(), 4, 32);
+    let mut a = SequenceKv {
+        blocks: a_blocks.clone(),
+        computed: 0,
+    };
+    let mut b = SequenceKv {
+        blocks: b_blocks.clone(),
+        computed: 0,
+    };
+    let mut cpu = model
+        .forward_batch_with_media(
+            &mut kv,
+            &mut [
+                Chunk {
+                    sequence: &mut a,
+                    tokens: &a_tokens,
+                },
+                Chunk {
+                    sequence: &mut b,
+                    tokens: &b_tokens[..8],
+                },
+            ],
+            &[&a_media, &b_first],
+            Logits::Last,
+        )
+        .expect("cpu step");
+    let mut on_gpu = gpu
+        .forward(&[
+            GpuChunk {
+                tokens: &a_tokens,
+                start: 0,
+                count: a_tokens.len(),
+                blocks: &a_blocks,
+                media: &a_media,
+            },
+            GpuChunk {
+                tokens: &b_tokens,
+                start: 0,
+                count: 8,
+                blocks: &b_blocks,
+                media: &b_first,
+            },
+        ])
+        .expect("gpu step");
+    // Then b's second chunk beside a's first decoded token.
+    a_tokens.push(23);
+    cpu.extend(
+        model
+            .forward_batch_with_media(
+                &mut kv,
+                &mut [
+                    Chunk {
+                        sequence: &mut a,
+                        tokens: &a_tokens[10..],
+                    },
+                    Chunk {
+                        sequence: &mut b,
+                        tokens: &b_tokens[8..],
+                    },
+                ],
+                &[&[], &b_second],
+                Logits::Last,
+            )
+            .expect("cpu step"),
+    );
+    on_gpu.extend(
+        gpu.forward(&[
+            GpuChunk {
+                tokens: &a_tokens,
+                start: 10,
+                count: 1,
+                blocks: &a_blocks,
+                media: &[],
+            },
+            GpuChunk {
+                tokens: &b_tokens,
+                start: 8,
+                count: 6,
+                blocks: &b_blocks,
+                media: &b_second,
+            },
+        ])
+        .expect("gpu step"),
+    );
+    let difference = max_difference(&cpu, &on_gpu);
+    println!("media merged on the GPU: max |Δlogit| {difference:e} against the CPU");
+    assert!(difference < 1e-3, "max |Δlogit| {difference}");
+
+    // Rows that do not fit the chunk are refused, naming it.
+    b_tokens.push(4);
+    let err = gpu
+        .forward(&[GpuChunk {
+            tokens: &b_tokens,
+            start: 14,
+            count: 1,
+            blocks: &b_blocks,
+            media: &b_first,
+        }])
+        .expect_err("media past the chunk");
+    assert!(err.to_string().contains("do not fit"), "{err}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

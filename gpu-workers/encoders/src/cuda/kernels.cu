@@ -137,6 +137,92 @@ extern "C" __global__ void attention(const float* qkv, float* out, int len, int 
     }
 }
 
+// Attention in tiles (online softmax, as FlashAttention computes it) for heads of up to
+// ATTENTION_MAX_HEAD_DIM dimensions: one block of 128 threads per (ATTENTION_TILE query rows,
+// head, item), grid (⌈len / tile⌉, heads, items). Each tile of keys and values is read from
+// global memory once per block, not once per query row as `attention` reads it, so long
+// sequences (Whisper's 1,500 rows) stop being bound by those reads. Four threads own each query
+// row: they keep its running max and sum, and a quarter of its output dimensions each. All
+// shared memory is the launch's dynamic share: q and k tiles padded to head_dim + 1 columns
+// (no bank conflicts), the v tile, and the tile of scores.
+// (`tests/kernel_emulation.rs` runs this kernel on the CPU: it cuts it out between the
+// `emulated:` lines.)
+// emulated: begin
+#define ATTENTION_TILE 32
+#define ATTENTION_MAX_HEAD_DIM 96
+extern "C" __global__ void attention_tiled(const float* qkv, float* out, int len, int heads, int head_dim,
+                                           float scale) {
+    extern __shared__ float tile_memory[];
+    const int stride = head_dim + 1;
+    float* q_tile = tile_memory;
+    float* k_tile = q_tile + ATTENTION_TILE * stride;
+    float* v_tile = k_tile + ATTENTION_TILE * stride;
+    float* s_tile = v_tile + ATTENTION_TILE * head_dim;
+    const int head = blockIdx.y, q0 = blockIdx.x * ATTENTION_TILE;
+    const size_t item_start = (size_t)blockIdx.z * len;
+    const int width = heads * head_dim;
+    const size_t row_stride = 3 * (size_t)width;
+    for (int i = threadIdx.x; i < ATTENTION_TILE * head_dim; i += blockDim.x) {
+        const int r = i / head_dim, d = i % head_dim;
+        q_tile[r * stride + d] = q0 + r < len ? qkv[(item_start + q0 + r) * row_stride + head * head_dim + d] : 0.0f;
+    }
+    const int own = threadIdx.x / 4, part = threadIdx.x % 4;
+    float acc[ATTENTION_MAX_HEAD_DIM / 4];
+#pragma unroll
+    for (int k = 0; k < ATTENTION_MAX_HEAD_DIM / 4; ++k) acc[k] = 0.0f;
+    float running_max = NEG_INF, running_sum = 0.0f;
+    for (int k0 = 0; k0 < len; k0 += ATTENTION_TILE) {
+        // The last tile's readers are done (and, the first time, the query tile is stored).
+        __syncthreads();
+        for (int i = threadIdx.x; i < ATTENTION_TILE * head_dim; i += blockDim.x) {
+            const int r = i / head_dim, d = i % head_dim;
+            const bool inside = k0 + r < len;
+            const size_t at = (item_start + k0 + r) * row_stride + head * head_dim + d;
+            k_tile[r * stride + d] = inside ? qkv[at + width] : 0.0f;
+            v_tile[r * head_dim + d] = inside ? qkv[at + 2 * width] : 0.0f;
+        }
+        __syncthreads();
+        {
+            const int r = threadIdx.x % ATTENTION_TILE;
+            for (int c = threadIdx.x / ATTENTION_TILE; c < ATTENTION_TILE; c += blockDim.x / ATTENTION_TILE) {
+                float dot = 0.0f;
+                for (int d = 0; d < head_dim; ++d) dot += q_tile[r * stride + d] * k_tile[c * stride + d];
+                s_tile[r * (ATTENTION_TILE + 1) + c] = k0 + c < len ? dot * scale : NEG_INF;
+            }
+        }
+        __syncthreads();
+        const float* scores = s_tile + own * (ATTENTION_TILE + 1);
+        float tile_max = NEG_INF;
+        for (int c = 0; c < ATTENTION_TILE; ++c) tile_max = fmaxf(tile_max, scores[c]);
+        // Key k0 is inside, so the new max is finite; the first tile's correction is exp(−inf) = 0.
+        const float new_max = fmaxf(running_max, tile_max);
+        const float correction = expf(running_max - new_max);
+        running_sum *= correction;
+#pragma unroll
+        for (int k = 0; k < ATTENTION_MAX_HEAD_DIM / 4; ++k) acc[k] *= correction;
+        for (int c = 0; c < ATTENTION_TILE; ++c) {
+            const float p = expf(scores[c] - new_max);
+            running_sum += p;
+#pragma unroll
+            for (int k = 0; k < ATTENTION_MAX_HEAD_DIM / 4; ++k) {
+                const int d = part + 4 * k;
+                if (d < head_dim) acc[k] += p * v_tile[c * head_dim + d];
+            }
+        }
+        running_max = new_max;
+    }
+    if (q0 + own < len) {
+        const float inverse = 1.0f / running_sum;
+        float* o = out + (item_start + q0 + own) * width + head * head_dim;
+#pragma unroll
+        for (int k = 0; k < ATTENTION_MAX_HEAD_DIM / 4; ++k) {
+            const int d = part + 4 * k;
+            if (d < head_dim) o[d] = acc[k] * inverse;
+        }
+    }
+}
+// emulated: end
+
 // Whisper's convolutions as products: columns[(n·out_len + t), c·3 + k] = x(n, c, t·stride + k − 1)
 // (zero outside), kernel 3, padding 1. `x(n, c, t)` is read at `n·item_stride + c·channel_stride
 // + t·time_stride`, so channel-major spectrograms and time-major rows both fit. One block per row.

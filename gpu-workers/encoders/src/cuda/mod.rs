@@ -5,7 +5,8 @@
 //! cuBLAS), so this module builds on machines without CUDA, and asking for a GPU that is not
 //! there is an error saying which part is missing. The kernels in `kernels.cu` (patch and
 //! convolution im2col, token assembly, LayerNorm, bias with activation, bidirectional
-//! attention, position adds, row selection) are compiled by NVRTC when a model is put on the
+//! attention in tiles with an online softmax, or one query row per block for heads wider than
+//! the tiles take, position adds, row selection) are compiled by NVRTC when a model is put on the
 //! GPU; products are cuBLAS SGEMMs, query/key/value fused into one, residual adds folded into
 //! the output products (β = 1). Weights are f32 and laid out as on the CPU ([`vision`] takes a
 //! loaded [`crate::vit::VisionEncoder`], [`whisper`] a [`crate::whisper::WhisperEncoder`]), so
@@ -14,9 +15,9 @@
 //! [`Graphs`] is the CUDA graph cache of seed 003: per input shape, one forward captured at
 //! each power-of-two token budget up to the largest (which is always one), all on one set of
 //! buffers sized for the largest. A micro-batch takes the smallest budget that holds its items:
-//! the input buffer is zeroed, the items' values copied in, the graph replayed and the items'
-//! outputs copied out. A micro-batch above every budget runs eagerly. Replays and eager runs are
-//! counted for the encoder's metrics.
+//! the items' values are copied in, the padding after them up to the budget zeroed, the graph
+//! replayed and the items' outputs copied out. A micro-batch above every budget runs eagerly.
+//! Replays and eager runs are counted for the encoder's metrics.
 
 pub mod vision;
 pub mod whisper;
@@ -37,7 +38,7 @@ use crate::ops::{Activation, LayerNorm, Linear, PreNormBlock};
 pub const KERNELS: &str = include_str!("kernels.cu");
 
 /// The kernels the forward launches, by their `extern "C"` names.
-pub const KERNEL_NAMES: [&str; 8] = [
+pub const KERNEL_NAMES: [&str; 9] = [
     "im2col_patches",
     "assemble_tokens",
     "layer_norm",
@@ -46,10 +47,19 @@ pub const KERNEL_NAMES: [&str; 8] = [
     "im2col_conv1d",
     "add_positions",
     "keep_last_rows",
+    "attention_tiled",
 ];
 
 /// Most rows one attention sequence may have: its scores sit in 48 KiB of shared memory.
 pub const MAX_SEQUENCE: usize = 12 * 1024;
+
+/// Query rows (and key rows) per tile of `attention_tiled` (`ATTENTION_TILE` in `kernels.cu`).
+const ATTENTION_TILE: usize = 32;
+/// The widest head `attention_tiled` takes (`ATTENTION_MAX_HEAD_DIM` in `kernels.cu`); wider
+/// heads use `attention`.
+const ATTENTION_MAX_HEAD_DIM: usize = 96;
+/// Most blocks in a grid's third dimension (one sequence per block there).
+const MAX_GRID_Z: usize = 65_535;
 
 /// Why an encoder could not be put on the GPU or run there.
 #[derive(Debug, thiserror::Error)]
@@ -132,6 +142,7 @@ struct Kernels {
     im2col_conv1d: CudaFunction,
     add_positions: CudaFunction,
     keep_last_rows: CudaFunction,
+    attention_tiled: CudaFunction,
 }
 
 /// One GPU: a stream of its own (graph capture cannot use the legacy default stream), cuBLAS
@@ -142,6 +153,19 @@ pub(crate) struct Gpu {
     kernels: Kernels,
     /// cuBLAS's workspace, ours so that cuBLAS never allocates (a capture would not allow it).
     _workspace: CudaSlice<u8>,
+    attention_kernel: AttentionKernel,
+}
+
+/// Which attention kernel the forward launches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum AttentionKernel {
+    /// `attention_tiled`: key and value tiles shared by 32 query rows, an online softmax
+    /// (heads of up to 96 dimensions; wider heads fall back to [`AttentionKernel::Rows`]).
+    #[default]
+    Tiled,
+    /// `attention`: one block per query row and head, every key read per row (the first
+    /// kernel; kept for wide heads, and as the baseline the bench compares against).
+    Rows,
 }
 
 /// Bytes of the cuBLAS workspace (what cuBLAS takes by default on recent GPUs).
@@ -213,6 +237,7 @@ impl Gpu {
             im2col_conv1d: load(KERNEL_NAMES[5])?,
             add_positions: load(KERNEL_NAMES[6])?,
             keep_last_rows: load(KERNEL_NAMES[7])?,
+            attention_tiled: load(KERNEL_NAMES[8])?,
         };
         let blas = CudaBlas::new(stream.clone()).map_err(|err| CudaError::Blas(err.to_string()))?;
         let workspace = stream.alloc_zeros::<u8>(CUBLAS_WORKSPACE).map_err(driver)?;
@@ -237,6 +262,7 @@ impl Gpu {
             blas,
             kernels,
             _workspace: workspace,
+            attention_kernel: AttentionKernel::default(),
         })
     }
 
@@ -350,6 +376,23 @@ impl Gpu {
         }
         let (l, h, d) = (int(len)?, int(heads)?, int(head_dim)?);
         let scale = 1.0 / (head_dim as f32).sqrt();
+        let items = rows / len.max(1);
+        let tiled = self.attention_kernel == AttentionKernel::Tiled;
+        if tiled && head_dim <= ATTENTION_MAX_HEAD_DIM && items <= MAX_GRID_Z && len > 0 {
+            let tile = ATTENTION_TILE;
+            let config = LaunchConfig {
+                grid_dim: (len.div_ceil(tile) as u32, heads as u32, items as u32),
+                block_dim: (128, 1, 1),
+                shared_mem_bytes: ((2 * tile * (head_dim + 1) + tile * head_dim + tile * (tile + 1)) * 4) as u32,
+            };
+            let mut launch = self.stream.launch_builder(&self.kernels.attention_tiled);
+            launch.arg(qkv).arg(out).arg(&l).arg(&h).arg(&d).arg(&scale);
+            // SAFETY: as below; the grid covers `items` whole sequences, the block is the 128
+            // threads the kernel assumes, and the shared memory its four tiles (under 48 KiB
+            // for heads of up to ATTENTION_MAX_HEAD_DIM dimensions).
+            unsafe { launch.launch(config) }.map_err(driver)?;
+            return Ok(());
+        }
         let config = LaunchConfig {
             grid_dim: (
                 u32::try_from(rows).map_err(|_| CudaError::Unsupported(format!("{rows} rows")))?,
@@ -602,6 +645,13 @@ pub fn budgets_up_to(max: usize) -> Vec<usize> {
 }
 
 impl<F: Forward> Graphs<F> {
+    /// Drops every captured graph and buffer (after the forward changed).
+    pub(crate) fn clear(&mut self) {
+        if let Ok(entries) = self.entries.get_mut() {
+            entries.clear();
+        }
+    }
+
     pub(crate) fn new(max_budget: usize) -> Graphs<F> {
         Graphs {
             budgets: budgets_up_to(max_budget),
@@ -610,84 +660,122 @@ impl<F: Forward> Graphs<F> {
         }
     }
 
-    /// Runs `items` items whose inputs are `input` (`items · input_len` values): by graph
-    /// replay when a budget holds them, else eagerly. Returns their outputs and the path.
+    /// Runs one micro-batch, `inputs[i]` holding item `i`'s `input_len` values. With
+    /// `use_graphs`, by graph replay when a budget holds the items (counted as a replay), else
+    /// eagerly (counted as a miss); without, always eagerly (counted nowhere: the comparison
+    /// path). Both run on the shape's buffers, sized once for the largest budget, as a caching
+    /// allocator would serve them, so graph and eager differ only in how the work is launched;
+    /// a micro-batch above every budget gets buffers of its own for the call. Each item is
+    /// copied straight from its slice into the input buffer (no gathering on the host), and a
+    /// replay zeroes only the padding after them. Returns the items' outputs, in order, and
+    /// the path.
     pub(crate) fn run(
         &self,
         model: &F,
         gpu: &Gpu,
         key: F::Key,
-        input: &[f32],
-        items: usize,
+        inputs: &[&[f32]],
+        use_graphs: bool,
     ) -> Result<(Vec<f32>, Path), CudaError> {
+        let items = inputs.len();
         let per_item = model.tokens_per_item(key).max(1);
-        let budget = self.budgets.iter().copied().find(|&b| b / per_item >= items);
-        let Some(budget) = budget else {
-            self.counters.eager.fetch_add(1, Ordering::Relaxed);
-            return Ok((Self::eager(model, gpu, key, input, items)?, Path::Eager));
-        };
-        let capacity = budget / per_item;
+        let largest = self.budgets.last().copied().unwrap_or(1) / per_item;
+        if items > largest {
+            if use_graphs {
+                self.counters.eager.fetch_add(1, Ordering::Relaxed);
+            }
+            let mut buffers = model.alloc(gpu, key, items)?;
+            let output = forward_on(model, gpu, &mut buffers, key, inputs, None)?;
+            return Ok((output, Path::Eager));
+        }
         let mut entries = self
             .entries
             .lock()
             .map_err(|_| CudaError::Driver("the graph cache lock is poisoned".into()))?;
         let entry = match entries.entry(key) {
             std::collections::hash_map::Entry::Occupied(entry) => entry.into_mut(),
-            std::collections::hash_map::Entry::Vacant(slot) => {
+            std::collections::hash_map::Entry::Vacant(slot) => slot.insert(Entry {
                 // One set of buffers per shape, sized for the largest budget: every graph of
-                // the shape is captured on it.
-                let largest = self.budgets.last().copied().unwrap_or(budget) / per_item;
-                let buffers = model.alloc(gpu, key, largest.max(capacity))?;
-                slot.insert(Entry {
-                    buffers,
-                    graphs: Vec::new(),
-                })
-            }
+                // the shape is captured on it, and eager runs use it too.
+                buffers: model.alloc(gpu, key, largest)?,
+                graphs: Vec::new(),
+            }),
         };
-        if !entry.graphs.iter().any(|(c, _)| *c == capacity) {
-            let captured = capture(model, gpu, &mut entry.buffers, key, capacity);
-            if captured.is_some() {
-                self.counters.captures.fetch_add(1, Ordering::Relaxed);
+        let budget = if use_graphs {
+            self.budgets.iter().copied().find(|&b| b / per_item >= items)
+        } else {
+            None
+        };
+        let graph = match budget {
+            Some(budget) => {
+                let capacity = budget / per_item;
+                if !entry.graphs.iter().any(|(c, _)| *c == capacity) {
+                    let captured = capture(model, gpu, &mut entry.buffers, key, capacity);
+                    if captured.is_some() {
+                        self.counters.captures.fetch_add(1, Ordering::Relaxed);
+                    }
+                    entry.graphs.push((capacity, captured));
+                }
+                entry
+                    .graphs
+                    .iter()
+                    .find(|(c, _)| *c == capacity)
+                    .and_then(|(c, g)| g.as_ref().map(|Captured(graph)| (*c, graph)))
             }
-            entry.graphs.push((capacity, captured));
+            None => None,
+        };
+        let path = if graph.is_some() { Path::Replay } else { Path::Eager };
+        if use_graphs {
+            let counter = match path {
+                Path::Replay => &self.counters.replays,
+                Path::Eager => &self.counters.eager,
+            };
+            counter.fetch_add(1, Ordering::Relaxed);
         }
-        let graph = entry
-            .graphs
-            .iter()
-            .find(|(c, _)| *c == capacity)
-            .and_then(|(_, g)| g.as_ref());
-        let Some(Captured(graph)) = graph else {
-            drop(entries);
-            self.counters.eager.fetch_add(1, Ordering::Relaxed);
-            return Ok((Self::eager(model, gpu, key, input, items)?, Path::Eager));
-        };
-        let stream = &gpu.stream;
-        let buffer = F::input(&mut entry.buffers);
-        stream.memset_zeros(buffer).map_err(driver)?;
-        stream
-            .memcpy_htod(input, &mut buffer.slice_mut(0..input.len()))
-            .map_err(driver)?;
-        graph.launch().map_err(driver)?;
-        let out_len = items * model.output_len(key);
-        let output = stream
-            .clone_dtoh(&F::output(&entry.buffers).slice(0..out_len))
-            .map_err(driver)?;
-        self.counters.replays.fetch_add(1, Ordering::Relaxed);
-        Ok((output, Path::Replay))
+        let output = forward_on(model, gpu, &mut entry.buffers, key, inputs, graph)?;
+        Ok((output, path))
     }
+}
 
-    /// The forward without a graph, on buffers of exactly `items` items.
-    pub(crate) fn eager(model: &F, gpu: &Gpu, key: F::Key, input: &[f32], items: usize) -> Result<Vec<f32>, CudaError> {
-        let mut buffers = model.alloc(gpu, key, items)?;
-        gpu.stream
-            .memcpy_htod(input, &mut F::input(&mut buffers).slice_mut(0..input.len()))
+/// Copies `inputs` into `buffers`, runs the forward (replaying `graph`, captured at its
+/// capacity in items, after zeroing the padding up to that capacity; else eagerly over the
+/// items alone) and copies the items' outputs back.
+fn forward_on<F: Forward>(
+    model: &F,
+    gpu: &Gpu,
+    buffers: &mut F::Buffers,
+    key: F::Key,
+    inputs: &[&[f32]],
+    graph: Option<(usize, &CudaGraph)>,
+) -> Result<Vec<f32>, CudaError> {
+    let stream = &gpu.stream;
+    let per = model.input_len(key);
+    let buffer = F::input(buffers);
+    for (i, input) in inputs.iter().enumerate() {
+        if input.len() != per {
+            return Err(CudaError::Unsupported(format!(
+                "item {i} has {} input values, the forward takes {per}",
+                input.len()
+            )));
+        }
+        stream
+            .memcpy_htod(*input, &mut buffer.slice_mut(i * per..(i + 1) * per))
             .map_err(driver)?;
-        model.enqueue(gpu, &mut buffers, key, items)?;
-        let out_len = items * model.output_len(key);
-        gpu.stream
-            .clone_dtoh(&F::output(&buffers).slice(0..out_len))
-            .map_err(driver)
     }
+    match graph {
+        Some((capacity, graph)) => {
+            let (used, padded) = (inputs.len() * per, capacity * per);
+            if padded > used {
+                stream
+                    .memset_zeros(&mut buffer.slice_mut(used..padded))
+                    .map_err(driver)?;
+            }
+            graph.launch().map_err(driver)?;
+        }
+        None => model.enqueue(gpu, buffers, key, inputs.len())?,
+    }
+    let out_len = inputs.len() * model.output_len(key);
+    stream.clone_dtoh(&F::output(buffers).slice(0..out_len)).map_err(driver)
 }
 
 /// Captures the forward at `capacity` items: one eager run first (cuBLAS and the kernels do

@@ -7,8 +7,8 @@
 use cudarc::driver::{CudaSlice, PushKernelArg};
 
 use super::{
-    BlockScratch, CudaError, Forward, Gpu, GpuBlock, GpuLinear, GpuNorm, GraphCounters, Graphs, Path, driver, int,
-    rows_launch,
+    AttentionKernel, BlockScratch, CudaError, Forward, Gpu, GpuBlock, GpuLinear, GpuNorm, GraphCounters, Graphs, Path,
+    driver, int, rows_launch,
 };
 use crate::EncodeError;
 use crate::image::PixelValues;
@@ -267,6 +267,12 @@ impl CudaVision {
         self.run(images, false)
     }
 
+    /// Chooses the attention kernel (the tiled one by default); captured graphs are dropped.
+    pub fn set_attention_kernel(&mut self, kernel: AttentionKernel) {
+        self.gpu.attention_kernel = kernel;
+        self.graphs.clear();
+    }
+
     /// Graph replays, eager runs and captures so far.
     pub fn counters(&self) -> &GraphCounters {
         &self.graphs.counters
@@ -304,12 +310,16 @@ impl CudaVision {
             let members: Vec<usize> = (0..images.len())
                 .filter(|&i| (images[i].height, images[i].width) == key)
                 .collect();
-            let input: Vec<f32> = members.iter().flat_map(|&i| images[i].data.iter().copied()).collect();
-            let output = if graphs {
-                self.graphs.run(&self.model, &self.gpu, key, &input, members.len())?.0
-            } else {
-                Graphs::eager(&self.model, &self.gpu, key, &input, members.len())?
-            };
+            let inputs: Vec<&[f32]> = members.iter().map(|&i| images[i].data.as_slice()).collect();
+            let (output, _) = self.graphs.run(&self.model, &self.gpu, key, &inputs, graphs)?;
+            if members.len() == images.len() {
+                // One size: the batch's rows are already in item order.
+                return Ok(Features::from_rows(
+                    dim,
+                    vec![self.model.tokens_per_item(key); images.len()],
+                    output,
+                ));
+            }
             let per = self.model.output_len(key);
             for (k, &index) in members.iter().enumerate() {
                 per_item[index] = Some(output[k * per..(k + 1) * per].to_vec());

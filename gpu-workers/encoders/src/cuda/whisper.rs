@@ -6,7 +6,8 @@
 use cudarc::driver::{CudaSlice, PushKernelArg};
 
 use super::{
-    BlockScratch, CudaError, Forward, Gpu, GpuBlock, GpuNorm, GraphCounters, Graphs, driver, int, rows_launch,
+    AttentionKernel, BlockScratch, CudaError, Forward, Gpu, GpuBlock, GpuNorm, GraphCounters, Graphs, driver, int,
+    rows_launch,
 };
 use crate::EncodeError;
 use crate::ops::Activation;
@@ -233,12 +234,7 @@ impl CudaWhisper {
                 .into());
             }
         }
-        let input: Vec<f32> = mels.iter().flat_map(|m| m.iter().copied()).collect();
-        if graphs {
-            Ok(self.graphs.run(&self.model, &self.gpu, (), &input, mels.len())?.0)
-        } else {
-            Graphs::eager(&self.model, &self.gpu, (), &input, mels.len())
-        }
+        Ok(self.graphs.run(&self.model, &self.gpu, (), mels, graphs)?.0)
     }
 
     /// Features for a batch of windows, pooled and cut as [`WhisperEncoder::audio_features`].
@@ -249,6 +245,12 @@ impl CudaWhisper {
     pub fn audio_features(&self, mels: &[&[f32]], seconds: &[f64]) -> Result<Vec<Vec<f32>>, CudaError> {
         let hidden = self.forward(mels, true)?;
         Ok(pool_pairs(&hidden, self.model.len, self.model.d, seconds))
+    }
+
+    /// Chooses the attention kernel (the tiled one by default); captured graphs are dropped.
+    pub fn set_attention_kernel(&mut self, kernel: AttentionKernel) {
+        self.gpu.attention_kernel = kernel;
+        self.graphs.clear();
     }
 
     /// Graph replays, eager runs and captures so far.
