@@ -34,7 +34,6 @@ mkdir -p .gpu/e2e
 strip -o .gpu/e2e/switchyard target/release/switchyard
 strip -o .gpu/e2e/switchyard-encoder target/release/switchyard-encoder
 strip -o .gpu/e2e/native_multimodal "$e2e_test"
-xz -T2 -6 .gpu/e2e/* .gpu/cuda_backend .gpu/llm_cuda .gpu/encoder_cuda .gpu/encoders_cuda .gpu/switchyard-worker
 strip -o .gpu/cuda_backend "$test_bin"
 strip -o .gpu/llm_cuda "$bench_bin"
 strip -o .gpu/encoder_cuda "$encoder_test"
@@ -44,4 +43,5 @@ mkdir -p .gpu/fixtures/encoders
 for f in tiny-llava tiny-whisper tiny-whisper-48 images audio videos; do
     cp -r "gpu-workers/tests/fixtures/encoders/$f" .gpu/fixtures/encoders/
 done
+xz -T2 -6 .gpu/e2e/* .gpu/cuda_backend .gpu/llm_cuda .gpu/encoder_cuda .gpu/encoders_cuda .gpu/switchyard-worker
 du -sh .gpu

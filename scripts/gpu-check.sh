@@ -7,6 +7,7 @@
 # and `switchyard-worker`, the three on `cuda:0`). From the repository root:
 #
 #   bash scripts/gpu-check.sh            # logs under $OUT (the device tool's) or .gpu/out
+#   SKIP="encoders_cuda llm_cuda" bash scripts/gpu-check.sh   # leaves those steps out
 #
 # Each step has its own time limit so that one hang leaves the others' figures. NVRTC and
 # cuBLAS are loaded at run time: the CUDA toolkit's when it has both, else those of the
@@ -47,6 +48,7 @@ export SWITCHYARD_FIXTURES_DIR=.gpu/fixtures SWITCHYARD_CUDA_TESTS=gpu RUST_BACK
 step() {
     local name=$1 limit=$2
     shift 2
+    case " ${SKIP:-} " in *" $name "*) echo "== $name skipped (SKIP)"; return ;; esac
     echo "== $name (limit ${limit}s)"
     local start=$SECONDS
     timeout -k 5 "$limit" "$@" >"$out/$name.log" 2>&1

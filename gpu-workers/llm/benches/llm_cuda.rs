@@ -1,11 +1,14 @@
 //! GPU throughput of the native LLM's CUDA backend against the HBM roofline.
 //!
-//! `cargo bench -p switchyard-workers --features cuda --bench llm_cuda` prints, on GPU 0, for a
+//! `cargo bench -p switchyard-llm --features cuda --bench llm_cuda` prints, on GPU 0, for a
 //! random-weight Llama (8 layers, hidden 768, 398 MB of f32) and (when
 //! `SWITCHYARD_SMOLLM2_GGUF` names it) SmolLM2-135M: prefill tokens/s (8 sequences of 512
-//! tokens in one step) and the greedy decode curve at batch 1 to 256 (each sequence at a
+//! tokens in one step) and the greedy decode curve at batch 1 to 256 (each sequence past a
 //! 128-token context), each step through the engine's executor interface (argmax on the GPU,
-//! one token id back per sequence). The anchor is a device-to-device copy in the same run: a
+//! one token id back per sequence): kernel by kernel (the baseline), then by CUDA graph replay
+//! (the default), in the same run on the same executor (batches of 24 and 100 pay for their
+//! buckets' padding, 32 and 128); then, at the batch sizes that take it, the default decode
+//! attention kernel against the first one on the graphs' steps again. The anchor is a device-to-device copy in the same run: a
 //! decode step must read every weight and every sequence's cached keys and values once, so
 //! `bandwidth / bytes read` steps per second is the roofline; the batch-1 row also says what
 //! fraction of the copy bandwidth the step reached. Without a GPU it says so and exits.
@@ -17,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use common::{decode_bytes, write_random_llama};
 use switchyard_llm::Model;
-use switchyard_llm::cuda::{self, CudaExecutor};
+use switchyard_llm::cuda::{self, AttentionKernel, CudaExecutor};
 use switchyard_workers::engine::{Executor, Sampler, SamplingParams, StepItem};
 
 /// Device-to-device copy bandwidth (read + write), best of 10, 1 GiB each way.
@@ -90,7 +93,8 @@ impl Sequences {
     }
 }
 
-fn measure(label: &str, path: &Path, bandwidth: f64) {
+/// Prints the model's rows of the main table; returns its rows of the attention-kernel table.
+fn measure(label: &str, path: &Path, bandwidth: f64) -> Vec<String> {
     let model = Model::load(path).expect("model loads");
     let config = model.config().clone();
     let weights = decode_bytes(&config);
@@ -111,41 +115,67 @@ fn measure(label: &str, path: &Path, bandwidth: f64) {
         runs += 1;
     }
     let prefill = (runs * batch * length) as f64 / start.elapsed().as_secs_f64();
-    println!("| {label} | prefill, {batch} × {length} tokens | {prefill:.0} tok/s | | |");
+    println!("| {label} | prefill, {batch} × {length} tokens | {prefill:.0} tok/s | | | |");
     drop(executor);
 
     let context: usize = 128;
     let decode_steps: usize = 64;
-    for batch in [1usize, 8, 32, 64, 128, 256] {
-        let blocks_each = (context + decode_steps).div_ceil(block);
+    let mut kernel_rows = Vec::new();
+    for batch in [1usize, 8, 24, 32, 64, 100, 128, 256] {
+        // Room for two runs of steps: eager, then graphs (the attention comparison repeats the
+        // graphs' positions, recomputing the same keys and values).
+        let blocks_each = (context + 2 * decode_steps).div_ceil(block);
         let mut executor = CudaExecutor::new(&model, 0, block, batch * blocks_each).expect("backend");
-        let mut sequences = Sequences::new(batch, context + decode_steps, blocks_each, vocab);
+        let mut sequences = Sequences::new(batch, context + 2 * decode_steps, blocks_each, vocab);
         for first in (0..batch).step_by(32) {
             sequences.step(&mut executor, first..(first + 32).min(batch), 0, context);
         }
-        // Warm up, then time decode steps at positions context..context + decode_steps.
-        sequences.step(&mut executor, 0..batch, context, 1);
-        let start = Instant::now();
-        for position in context + 1..context + decode_steps {
-            sequences.step(&mut executor, 0..batch, position, 1);
+        // Steps per second over `decode_steps - 1` steps from `from`, after one warm-up step
+        // (which captures the bucket's graph when graphs are on).
+        let mut time = |executor: &mut CudaExecutor, from: usize| {
+            sequences.step(executor, 0..batch, from, 1);
+            let start = Instant::now();
+            for position in from + 1..from + decode_steps {
+                sequences.step(executor, 0..batch, position, 1);
+            }
+            (decode_steps - 1) as f64 / start.elapsed().as_secs_f64()
+        };
+        executor.set_decode_graphs(false);
+        let eager = time(&mut executor, context);
+        executor.set_decode_graphs(true);
+        let graphs = time(&mut executor, context + decode_steps);
+        if [1, 8, 32, 64].contains(&batch) {
+            // The graphs' steps again with the first attention kernel (a warp per key).
+            executor.set_attention_kernel(AttentionKernel::ByWarp);
+            let by_warp = time(&mut executor, context + decode_steps);
+            executor.set_attention_kernel(AttentionKernel::ByKey);
+            let b = batch as f64;
+            kernel_rows.push(format!(
+                "| {label} | {batch} | {:.0} tok/s | {:.0} tok/s | {:.2}x |",
+                graphs * b,
+                by_warp * b,
+                graphs / by_warp
+            ));
         }
-        let steps_per_s = (decode_steps - 1) as f64 / start.elapsed().as_secs_f64();
-        let bytes = weights + batch as f64 * (context + decode_steps / 2) as f64 * kv_per_token;
+        let bytes = weights + batch as f64 * (context + decode_steps + decode_steps / 2) as f64 * kv_per_token;
         let roofline = bandwidth / bytes * batch as f64;
-        let tokens_per_s = steps_per_s * batch as f64;
+        let (tokens_per_s, eager_tokens_per_s) = (graphs * batch as f64, eager * batch as f64);
         let share = if batch == 1 {
             format!(
                 " (HBM: {:.1} % of the copy bandwidth)",
-                100.0 * steps_per_s * bytes / bandwidth
+                100.0 * graphs * bytes / bandwidth
             )
         } else {
             String::new()
         };
         println!(
-            "| {label} | decode, batch {batch} | {tokens_per_s:.0} tok/s | {roofline:.0} tok/s | {:.1} %{share} |",
+            "| {label} | decode, batch {batch} (graph bucket {}) | {tokens_per_s:.0} tok/s | {eager_tokens_per_s:.0} tok/s ({:.2}x) | {roofline:.0} tok/s | {:.1} %{share} |",
+            batch.next_power_of_two(),
+            graphs / eager,
             100.0 * tokens_per_s / roofline
         );
     }
+    kernel_rows
 }
 
 fn main() {
@@ -164,12 +194,20 @@ fn main() {
         bandwidth / 1e9
     );
     println!("Roofline: a decode step reads every weight and each sequence's cached keys and values once.\n");
-    println!("| model | phase | measured | HBM roofline | of roofline |");
-    println!("|---|---|---:|---:|---:|");
+    println!("| model | phase | measured | decode without graphs (graphs' speed-up) | HBM roofline | of roofline |");
+    println!("|---|---|---:|---:|---:|---:|");
     let dir = tempfile::tempdir().expect("tempdir");
     write_random_llama(dir.path(), 768, 8, 12, 4, 2048, 32_000);
-    measure("random Llama 8×768 (f32)", dir.path(), bandwidth);
+    let mut kernels = measure("random Llama 8×768 (f32)", dir.path(), bandwidth);
     if let Some(gguf) = std::env::var_os("SWITCHYARD_SMOLLM2_GGUF") {
-        measure("SmolLM2-135M (f32)", Path::new(&gguf), bandwidth);
+        kernels.extend(measure("SmolLM2-135M (f32)", Path::new(&gguf), bandwidth));
+    }
+    println!(
+        "\nDecode with graphs: the attention kernel (a thread per key, the default) against the first (a warp per key)\n"
+    );
+    println!("| model | decode batch | thread per key | warp per key | speed-up |");
+    println!("|---|---:|---:|---:|---:|");
+    for row in kernels {
+        println!("{row}");
     }
 }

@@ -4,18 +4,26 @@
 //! cuBLAS), so this module builds on machines without CUDA and a worker asked for a GPU that
 //! is not there gets an error saying which part is missing. The kernels in `cuda_kernels.cu`
 //! (embedding, RMSNorm, bias, RoPE with the paged-cache write, paged attention with an online
-//! softmax, SiLU-multiply, greedy argmax) are compiled by NVRTC when the backend starts;
+//! softmax — a thread per key for small decode steps, a warp per key otherwise —
+//! SiLU-multiply, greedy argmax) are compiled by NVRTC when the backend starts;
 //! products are cuBLAS SGEMMs, with the query/key/value and gate/up projections fused into one
 //! product each and the residual adds folded into the output products (β = 1). Weights are f32
 //! and laid out as on the CPU, so both backends can be compared value by value. Greedy
 //! sequences take their token from the GPU's argmax (4 bytes back per sequence); others copy
 //! their logits back and sample on the host with their own seeded sampler.
+//!
+//! Decode steps (one new token per sequence, no media, up to [`MAX_DECODE_GRAPH_BATCH`]
+//! sequences) replay CUDA graphs, as vLLM does: one per power-of-two batch bucket, captured at
+//! its first use on buffers allocated once, the batch padded to its bucket with rows that read
+//! and write a cache block of their own. A step is ~10 launches per layer, so at small batches
+//! launching costs more than the work. Prefill and media steps run kernel by kernel on buffers
+//! of their own.
 
 use std::sync::Arc;
 
 use cudarc::cublas::sys::cublasOperation_t;
 use cudarc::cublas::{CudaBlas, Gemm, GemmConfig};
-use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, CudaStream, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaContext, CudaFunction, CudaGraph, CudaSlice, CudaStream, LaunchConfig, PushKernelArg};
 
 use crate::config::ModelConfig;
 use crate::model::{MediaRows, Model};
@@ -25,7 +33,7 @@ use switchyard_workers::engine::{Executor, ModelLimits, StepItem};
 pub const KERNELS: &str = include_str!("cuda_kernels.cu");
 
 /// The kernels the backend launches, by their `extern "C"` names.
-pub const KERNEL_NAMES: [&str; 8] = [
+pub const KERNEL_NAMES: [&str; 9] = [
     "embed",
     "gather_rows",
     "rms_norm",
@@ -34,6 +42,7 @@ pub const KERNEL_NAMES: [&str; 8] = [
     "paged_attention",
     "silu_mul",
     "argmax",
+    "paged_attention_by_key",
 ];
 
 /// Why the CUDA backend could not start or run.
@@ -114,6 +123,7 @@ struct Kernels {
     paged_attention: CudaFunction,
     silu_mul: CudaFunction,
     argmax: CudaFunction,
+    paged_attention_by_key: CudaFunction,
 }
 
 struct GpuLayer {
@@ -166,6 +176,67 @@ pub struct CudaExecutor {
     layers: Vec<GpuLayer>,
     block_size: usize,
     num_blocks: usize,
+    /// cuBLAS's workspace, ours so that cuBLAS never allocates (a capture would not allow it).
+    _workspace: CudaSlice<u8>,
+    /// Decode steps as CUDA graphs, allocated at the first decode step; `None` until then.
+    decode: Option<Box<DecodeGraphs>>,
+    decode_graphs: bool,
+    attention: AttentionKernel,
+    stats: DecodeGraphStats,
+}
+
+/// Most rows of a decode step that [`AttentionKernel::ByKey`] takes. Measured on an H100
+/// (BENCHMARKS.md): a thread per key wins while a step has too few (row, head) blocks to fill
+/// the GPU; with more, and for prefill, a warp per key reads the keys coalesced and wins.
+const BY_KEY_MAX_ROWS: usize = 64;
+
+/// Which paged-attention kernel the steps launch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum AttentionKernel {
+    /// `paged_attention_by_key` for decode steps of up to 64 sequences (every thread scores a
+    /// key of its own and groups of threads sum the values; heads of up to 128 dimensions), and
+    /// `paged_attention` for everything else.
+    #[default]
+    ByKey,
+    /// `paged_attention` for every step: a warp per key in turn (the bench's baseline).
+    ByWarp,
+}
+
+/// Largest batch a decode graph is captured for; larger decode steps run eagerly.
+pub const MAX_DECODE_GRAPH_BATCH: usize = 256;
+
+/// Bytes of the cuBLAS workspace (what cuBLAS takes by default on recent GPUs).
+const CUBLAS_WORKSPACE: usize = 32 << 20;
+
+/// How decode steps ran: graph replays, eager steps (prefill, media, more sequences than
+/// [`MAX_DECODE_GRAPH_BATCH`], graphs off, or a capture that failed) and graphs captured.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DecodeGraphStats {
+    /// Steps answered by replaying a captured graph.
+    pub replays: u64,
+    /// Steps run kernel by kernel.
+    pub eager_steps: u64,
+    /// Graphs captured (one per batch bucket used).
+    pub captures: u64,
+}
+
+/// A captured decode step. cudarc's `CudaGraph` holds raw driver handles and is not `Send`;
+/// this one is launched and dropped only through its executor's `&mut self`, one thread at a
+/// time, as the driver's rules for graph objects ask.
+struct DecodeGraph(CudaGraph);
+
+// SAFETY: see above: never used from two threads at once.
+unsafe impl Send for DecodeGraph {}
+
+/// The decode graphs: one set of step buffers for [`MAX_DECODE_GRAPH_BATCH`] rows, and a graph
+/// per power-of-two batch bucket captured on them. A step of `n` sequences takes the smallest
+/// bucket holding `n`; the rows past `n` are padding that reads and writes a block of its own.
+struct DecodeGraphs {
+    buffers: StepBuffers,
+    /// Block-table stride of every graph: enough blocks for the model's longest sequence.
+    max_blocks: usize,
+    /// `(bucket, graph)`; `None` where capture failed (that bucket then runs eagerly).
+    graphs: Vec<(usize, Option<DecodeGraph>)>,
 }
 
 impl std::fmt::Debug for CudaExecutor {
@@ -179,9 +250,9 @@ impl std::fmt::Debug for CudaExecutor {
     }
 }
 
-/// Everything one step uploads or allocates, sized by its rows.
+/// Everything one step's kernels read and write on the device: allocated per step when eager,
+/// once (for [`MAX_DECODE_GRAPH_BATCH`] rows) for the decode graphs.
 struct StepBuffers {
-    rows: usize,
     x: CudaSlice<f32>,
     normed: CudaSlice<f32>,
     qkv: CudaSlice<f32>,
@@ -193,8 +264,30 @@ struct StepBuffers {
     slots: CudaSlice<i32>,
     row_sequence: CudaSlice<i32>,
     block_tables: CudaSlice<i32>,
-    max_blocks: usize,
     last_rows: CudaSlice<i32>,
+    kept: CudaSlice<f32>,
+    kept_normed: CudaSlice<f32>,
+    /// `[sequences, vocab]`: each sequence's last-position logits.
+    logits: CudaSlice<f32>,
+}
+
+/// A step's shape: rows computed, sequences (logit rows), block-table stride.
+#[derive(Debug, Clone, Copy)]
+struct StepShape {
+    rows: usize,
+    sequences: usize,
+    max_blocks: usize,
+}
+
+/// A step's inputs on the host, as [`StepBuffers`] receives them.
+struct HostStep<'c> {
+    ids: Vec<u32>,
+    positions: Vec<i32>,
+    slots: Vec<i32>,
+    row_sequence: Vec<i32>,
+    block_tables: Vec<i32>,
+    last_rows: Vec<i32>,
+    media: Vec<MediaCopy<'c>>,
 }
 
 impl CudaExecutor {
@@ -227,10 +320,12 @@ impl CudaExecutor {
         }
         let ptx = compile_kernels()?;
         let context = CudaContext::new(ordinal).map_err(driver)?;
-        // One stream does everything, so cudarc's cross-stream event tracking is not needed.
+        // One stream does everything, so cudarc's cross-stream event tracking is not needed
+        // (and its event records would not belong in a captured graph).
         // SAFETY: no slice is shared between streams in this backend.
         unsafe { context.disable_event_tracking() };
-        let stream = context.default_stream();
+        // A stream of its own: graph capture cannot use the legacy default stream.
+        let stream = context.new_stream().map_err(driver)?;
         let module = context.load_module(ptx).map_err(driver)?;
         let load = |name: &str| module.load_function(name).map_err(driver);
         let kernels = Kernels {
@@ -242,10 +337,29 @@ impl CudaExecutor {
             paged_attention: load(KERNEL_NAMES[5])?,
             silu_mul: load(KERNEL_NAMES[6])?,
             argmax: load(KERNEL_NAMES[7])?,
+            paged_attention_by_key: load(KERNEL_NAMES[8])?,
         };
         let blas = CudaBlas::new(stream.clone()).map_err(|err| CudaError::Blas(err.to_string()))?;
+        let workspace = stream.alloc_zeros::<u8>(CUBLAS_WORKSPACE).map_err(driver)?;
+        {
+            use cudarc::driver::DevicePtr;
+            let (pointer, _synced) = workspace.device_ptr(&stream);
+            // SAFETY: the workspace is device memory of `CUBLAS_WORKSPACE` bytes that lives as
+            // long as the handle (both are fields of the executor), used only on this stream.
+            let status = unsafe {
+                cudarc::cublas::sys::cublasSetWorkspace_v2(
+                    *blas.handle(),
+                    pointer as *mut std::ffi::c_void,
+                    CUBLAS_WORKSPACE,
+                )
+            };
+            if status != cudarc::cublas::sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
+                return Err(CudaError::Blas(format!("cublasSetWorkspace: {status:?}")));
+            }
+        }
         let upload = |values: &[f32]| stream.clone_htod(values).map_err(driver);
-        let kv_rows = num_blocks * block_size * config.num_kv_heads * config.head_dim;
+        // One block more than the engine hands out: the decode graphs' padding rows write there.
+        let kv_rows = (num_blocks + 1) * block_size * config.num_kv_heads * config.head_dim;
         let mut layers = Vec::with_capacity(config.num_layers);
         for layer in model.layers() {
             // Quantized matrices are widened here: the CUDA kernels take f32.
@@ -293,7 +407,33 @@ impl CudaExecutor {
             kernels,
             block_size,
             num_blocks,
+            _workspace: workspace,
+            decode: None,
+            decode_graphs: true,
+            attention: AttentionKernel::default(),
+            stats: DecodeGraphStats::default(),
         })
+    }
+
+    /// Turns the decode graphs on (the default) or off (every step then runs kernel by
+    /// kernel: the bench's baseline); turning them off drops the captured graphs.
+    pub fn set_decode_graphs(&mut self, on: bool) {
+        self.decode_graphs = on;
+        if !on {
+            self.decode = None;
+        }
+    }
+
+    /// Chooses the paged-attention kernel ([`AttentionKernel::ByKey`] by default); captured
+    /// decode graphs are dropped.
+    pub fn set_attention_kernel(&mut self, kernel: AttentionKernel) {
+        self.attention = kernel;
+        self.decode = None;
+    }
+
+    /// How steps ran so far.
+    pub fn decode_graph_stats(&self) -> DecodeGraphStats {
+        self.stats
     }
 
     /// What the model accepts.
@@ -357,19 +497,19 @@ impl CudaExecutor {
         Ok(())
     }
 
-    /// Uploads a step's token ids, positions, cache slots and block tables; returns with them
-    /// the media rows to copy over the embedded rows.
-    fn prepare<'c>(&self, chunks: &[GpuChunk<'c>]) -> Result<(StepBuffers, Vec<MediaCopy<'c>>), CudaError> {
+    /// Checks a step and lays out its inputs, block tables `max_blocks` wide.
+    fn host_step<'c>(&self, chunks: &[GpuChunk<'c>], max_blocks: usize) -> Result<HostStep<'c>, CudaError> {
         let c = &self.config;
         let rows: usize = chunks.iter().map(|chunk| chunk.count).sum();
-        let max_blocks = chunks.iter().map(|chunk| chunk.blocks.len()).max().unwrap_or(1).max(1);
-        let mut ids = Vec::with_capacity(rows);
-        let mut positions = Vec::with_capacity(rows);
-        let mut slots = Vec::with_capacity(rows);
-        let mut row_sequence = Vec::with_capacity(rows);
-        let mut block_tables = vec![0i32; chunks.len() * max_blocks];
-        let mut last_rows = Vec::with_capacity(chunks.len());
-        let mut media = Vec::new();
+        let mut step = HostStep {
+            ids: Vec::with_capacity(rows),
+            positions: Vec::with_capacity(rows),
+            slots: Vec::with_capacity(rows),
+            row_sequence: Vec::with_capacity(rows),
+            block_tables: vec![0i32; chunks.len() * max_blocks],
+            last_rows: Vec::with_capacity(chunks.len()),
+            media: Vec::new(),
+        };
         for (index, chunk) in chunks.iter().enumerate() {
             let end = chunk.start + chunk.count;
             // Offsets (from `start`) whose rows come from media features.
@@ -386,19 +526,20 @@ impl CudaExecutor {
                     )));
                 }
                 from_media[span.offset..span.offset + len].fill(true);
-                media.push(((ids.len() + span.offset) * c.hidden_size, span.rows));
+                step.media
+                    .push(((step.ids.len() + span.offset) * c.hidden_size, span.rows));
             }
             if chunk.count == 0 || end > chunk.tokens.len() {
                 return Err(CudaError::Unsupported(format!(
                     "chunk {index} asks for tokens past its sequence"
                 )));
             }
-            if end > chunk.blocks.len() * self.block_size {
+            if end > chunk.blocks.len() * self.block_size || chunk.blocks.len() > max_blocks {
                 return Err(CudaError::Unsupported(format!(
                     "chunk {index}'s block table does not cover it"
                 )));
             }
-            for (slot, &block) in block_tables[index * max_blocks..].iter_mut().zip(chunk.blocks) {
+            for (slot, &block) in step.block_tables[index * max_blocks..].iter_mut().zip(chunk.blocks) {
                 if block as usize >= self.num_blocks {
                     return Err(CudaError::Unsupported(format!("block {block} is outside the cache")));
                 }
@@ -408,49 +549,81 @@ impl CudaExecutor {
                 let id = chunk.tokens[position];
                 if from_media[position - chunk.start] {
                     // Any row of the table will do: the media row is copied over it.
-                    ids.push(0);
+                    step.ids.push(0);
                 } else if id as usize >= c.vocab_size {
                     return Err(CudaError::Unsupported(format!(
                         "token id {id} is outside the vocabulary"
                     )));
                 } else {
-                    ids.push(id);
+                    step.ids.push(id);
                 }
-                positions.push(position as i32);
+                step.positions.push(position as i32);
                 let block = chunk.blocks[position / self.block_size] as usize;
-                slots.push((block * self.block_size + position % self.block_size) as i32);
-                row_sequence.push(index as i32);
+                step.slots
+                    .push((block * self.block_size + position % self.block_size) as i32);
+                step.row_sequence.push(index as i32);
             }
-            last_rows.push((ids.len() - 1) as i32);
+            step.last_rows.push((step.ids.len() - 1) as i32);
         }
-        let s = &self.stream;
-        let zeros = |n: usize| s.alloc_zeros::<f32>(n.max(1)).map_err(driver);
-        let (q, kv) = (c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim);
-        let buffers = StepBuffers {
-            rows,
-            x: zeros(rows * c.hidden_size)?,
-            normed: zeros(rows * c.hidden_size)?,
-            qkv: zeros(rows * (q + 2 * kv))?,
-            attention: zeros(rows * q)?,
-            gate_up: zeros(rows * 2 * c.intermediate_size)?,
-            activation: zeros(rows * c.intermediate_size)?,
-            ids: s.clone_htod(&ids).map_err(driver)?,
-            positions: s.clone_htod(&positions).map_err(driver)?,
-            slots: s.clone_htod(&slots).map_err(driver)?,
-            row_sequence: s.clone_htod(&row_sequence).map_err(driver)?,
-            block_tables: s.clone_htod(&block_tables).map_err(driver)?,
-            max_blocks,
-            last_rows: s.clone_htod(&last_rows).map_err(driver)?,
-        };
-        Ok((buffers, media))
+        Ok(step)
     }
 
-    /// Runs one step and leaves each chunk's last-position logits on the GPU,
-    /// `[chunks, vocab]`.
-    fn run(&mut self, chunks: &[GpuChunk<'_>]) -> Result<CudaSlice<f32>, CudaError> {
+    /// Device buffers for a step of `shape` (zeroed).
+    fn alloc_step(&self, shape: StepShape) -> Result<StepBuffers, CudaError> {
         let c = &self.config;
-        let (mut b, media) = self.prepare(chunks)?;
-        let rows = b.rows;
+        let s = &self.stream;
+        let floats = |n: usize| s.alloc_zeros::<f32>(n.max(1)).map_err(driver);
+        let ints = |n: usize| s.alloc_zeros::<i32>(n.max(1)).map_err(driver);
+        let (rows, sequences) = (shape.rows, shape.sequences);
+        let (q, kv) = (c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim);
+        Ok(StepBuffers {
+            x: floats(rows * c.hidden_size)?,
+            normed: floats(rows * c.hidden_size)?,
+            qkv: floats(rows * (q + 2 * kv))?,
+            attention: floats(rows * q)?,
+            gate_up: floats(rows * 2 * c.intermediate_size)?,
+            activation: floats(rows * c.intermediate_size)?,
+            ids: s.alloc_zeros::<u32>(rows.max(1)).map_err(driver)?,
+            positions: ints(rows)?,
+            slots: ints(rows)?,
+            row_sequence: ints(rows)?,
+            block_tables: ints(sequences * shape.max_blocks)?,
+            last_rows: ints(sequences)?,
+            kept: floats(sequences * c.hidden_size)?,
+            kept_normed: floats(sequences * c.hidden_size)?,
+            logits: floats(sequences * c.vocab_size)?,
+        })
+    }
+
+    /// Copies a step's inputs into the first elements of `b`'s buffers.
+    fn upload_step(&self, step: &HostStep<'_>, b: &mut StepBuffers) -> Result<(), CudaError> {
+        let s = &self.stream;
+        s.memcpy_htod(&step.ids, &mut b.ids.slice_mut(0..step.ids.len()))
+            .map_err(driver)?;
+        for (host, device) in [
+            (&step.positions, &mut b.positions),
+            (&step.slots, &mut b.slots),
+            (&step.row_sequence, &mut b.row_sequence),
+            (&step.block_tables, &mut b.block_tables),
+            (&step.last_rows, &mut b.last_rows),
+        ] {
+            s.memcpy_htod(host, &mut device.slice_mut(0..host.len()))
+                .map_err(driver)?;
+        }
+        Ok(())
+    }
+
+    /// Enqueues one step's kernels and products over `b` (no allocation, no synchronization, so
+    /// a capture can record it), with `media` copied over the embedded rows; leaves each
+    /// sequence's last-position logits in `b.logits`.
+    fn enqueue_step(
+        &mut self,
+        b: &mut StepBuffers,
+        shape: StepShape,
+        media: &[MediaCopy<'_>],
+    ) -> Result<(), CudaError> {
+        let c = &self.config;
+        let rows = shape.rows;
         let (h, q, kv, inter) = (
             c.hidden_size,
             c.num_heads * c.head_dim,
@@ -460,16 +633,16 @@ impl CudaExecutor {
         let hidden = h as i32;
         let mut launch = self.stream.launch_builder(&self.kernels.embed);
         launch.arg(&b.ids).arg(&self.embed).arg(&mut b.x).arg(&hidden);
-        // SAFETY: `ids` holds `rows` ids below the vocabulary size (checked in `prepare`).
+        // SAFETY: `ids` holds `rows` ids below the vocabulary size (checked in `host_step`).
         unsafe { launch.launch(Self::rows_launch(rows, 256)) }.map_err(driver)?;
         // Media rows over their placeholders' embedded rows (stream order: after the embedding).
-        for (at, values) in media {
+        for &(at, values) in media {
             self.stream
                 .memcpy_htod(values, &mut b.x.slice_mut(at..at + values.len()))
                 .map_err(driver)?;
         }
         let (num_heads, num_kv_heads, head_dim) = (c.num_heads as i32, c.num_kv_heads as i32, c.head_dim as i32);
-        let (max_blocks, block_size) = (b.max_blocks as i32, self.block_size as i32);
+        let (max_blocks, block_size) = (shape.max_blocks as i32, self.block_size as i32);
         let scale = 1.0 / (c.head_dim as f32).sqrt();
         let qkv_width = (q + 2 * kv) as i32;
         let inter_width = inter as i32;
@@ -495,9 +668,19 @@ impl CudaExecutor {
                 .arg(&num_heads)
                 .arg(&num_kv_heads)
                 .arg(&head_dim);
-            // SAFETY: every slot lies inside the cache (block ids checked in `prepare`).
+            // SAFETY: every slot lies inside the cache (block ids checked in `host_step`; the
+            // padding rows' block is the cache's extra one).
             unsafe { launch.launch(Self::rows_launch(rows, 128)) }.map_err(driver)?;
-            let mut launch = self.stream.launch_builder(&self.kernels.paged_attention);
+            let by_key = self.attention == AttentionKernel::ByKey
+                && c.head_dim <= 128
+                && shape.rows == shape.sequences
+                && shape.rows <= BY_KEY_MAX_ROWS;
+            let kernel = if by_key {
+                &self.kernels.paged_attention_by_key
+            } else {
+                &self.kernels.paged_attention
+            };
+            let mut launch = self.stream.launch_builder(kernel);
             launch
                 .arg(&b.qkv)
                 .arg(&layer.keys)
@@ -517,7 +700,7 @@ impl CudaExecutor {
                 block_dim: (128, 1, 1),
                 shared_mem_bytes: 0,
             };
-            // SAFETY: block tables cover every row's positions (checked in `prepare`).
+            // SAFETY: block tables cover every row's positions (checked in `host_step`).
             unsafe { launch.launch(grid) }.map_err(driver)?;
             let layer = &self.layers[index];
             self.linear(&b.attention, &layer.o, &mut b.x, (rows, q, h), true)?;
@@ -529,19 +712,163 @@ impl CudaExecutor {
             unsafe { launch.launch(Self::rows_launch(rows, 256)) }.map_err(driver)?;
             self.linear(&b.activation, &layer.down, &mut b.x, (rows, inter, h), true)?;
         }
-        let kept_rows = chunks.len();
-        let zeros = |n: usize| self.stream.alloc_zeros::<f32>(n).map_err(driver);
-        let mut kept = zeros(kept_rows * h)?;
+        let kept_rows = shape.sequences;
         let mut launch = self.stream.launch_builder(&self.kernels.gather_rows);
-        launch.arg(&b.x).arg(&b.last_rows).arg(&mut kept).arg(&hidden);
+        launch.arg(&b.x).arg(&b.last_rows).arg(&mut b.kept).arg(&hidden);
         // SAFETY: every last row is below `rows`.
         unsafe { launch.launch(Self::rows_launch(kept_rows, 256)) }.map_err(driver)?;
-        let mut kept_normed = zeros(kept_rows * h)?;
-        self.rms_norm(&kept, &self.norm, &mut kept_normed, kept_rows)?;
-        let mut logits = zeros(kept_rows * c.vocab_size)?;
+        self.rms_norm(&b.kept, &self.norm, &mut b.kept_normed, kept_rows)?;
         let head = self.lm_head.as_ref().unwrap_or(&self.embed);
-        self.linear(&kept_normed, head, &mut logits, (kept_rows, h, c.vocab_size), false)?;
+        self.linear(&b.kept_normed, head, &mut b.logits, (kept_rows, h, c.vocab_size), false)?;
+        Ok(())
+    }
+
+    /// The decode-graph bucket for a step: every chunk one new token without media, at most
+    /// [`MAX_DECODE_GRAPH_BATCH`] of them, block tables within the graphs' stride.
+    fn decode_bucket(&self, chunks: &[GpuChunk<'_>]) -> Option<usize> {
+        let decode = chunks
+            .iter()
+            .all(|chunk| chunk.count == 1 && chunk.media.is_empty() && chunk.blocks.len() <= self.decode_max_blocks());
+        if !self.decode_graphs || !decode || chunks.is_empty() || chunks.len() > MAX_DECODE_GRAPH_BATCH {
+            return None;
+        }
+        Some(chunks.len().next_power_of_two())
+    }
+
+    /// The decode graphs' block-table stride: the blocks of the longest sequence the model takes.
+    fn decode_max_blocks(&self) -> usize {
+        self.config
+            .max_position_embeddings
+            .div_ceil(self.block_size)
+            .clamp(1, self.num_blocks.max(1))
+    }
+
+    /// Runs one step and returns each chunk's last-position logits on the GPU, `[chunks,
+    /// vocab]`: a decode step by graph replay where [`CudaExecutor::decode_bucket`] allows,
+    /// anything else kernel by kernel on buffers of its own.
+    fn run(&mut self, chunks: &[GpuChunk<'_>]) -> Result<CudaSlice<f32>, CudaError> {
+        if let Some(bucket) = self.decode_bucket(chunks) {
+            return self.run_decode(chunks, bucket);
+        }
+        let max_blocks = chunks.iter().map(|chunk| chunk.blocks.len()).max().unwrap_or(1).max(1);
+        let step = self.host_step(chunks, max_blocks)?;
+        let shape = StepShape {
+            rows: step.ids.len(),
+            sequences: chunks.len(),
+            max_blocks,
+        };
+        let mut b = self.alloc_step(shape)?;
+        self.upload_step(&step, &mut b)?;
+        self.enqueue_step(&mut b, shape, &step.media)?;
+        self.stats.eager_steps += 1;
+        Ok(b.logits)
+    }
+
+    /// A decode step of `chunks.len()` sequences through the graph of `bucket` (captured at its
+    /// first use): the inputs padded to the bucket, the graph replayed, the real sequences'
+    /// logits copied out of the graph's buffer.
+    fn run_decode(&mut self, chunks: &[GpuChunk<'_>], bucket: usize) -> Result<CudaSlice<f32>, CudaError> {
+        let max_blocks = self.decode_max_blocks();
+        let mut step = self.host_step(chunks, max_blocks)?;
+        // Padding rows: token 0 at position 0 of the cache's extra block, each its own
+        // sequence; what they compute is never read.
+        let scratch_block = self.num_blocks as i32;
+        for row in chunks.len()..bucket {
+            step.ids.push(0);
+            step.positions.push(0);
+            step.slots.push(scratch_block * self.block_size as i32);
+            step.row_sequence.push(row as i32);
+            step.block_tables
+                .extend(std::iter::once(scratch_block).chain(std::iter::repeat_n(0, max_blocks - 1)));
+            step.last_rows.push(row as i32);
+        }
+        let mut decode = match self.decode.take() {
+            Some(decode) => decode,
+            None => Box::new(DecodeGraphs {
+                buffers: self.alloc_step(StepShape {
+                    rows: MAX_DECODE_GRAPH_BATCH,
+                    sequences: MAX_DECODE_GRAPH_BATCH,
+                    max_blocks,
+                })?,
+                max_blocks,
+                graphs: Vec::new(),
+            }),
+        };
+        let result = self.replay_decode(&mut decode, &step, bucket, chunks.len());
+        self.decode = Some(decode);
+        result
+    }
+
+    fn replay_decode(
+        &mut self,
+        decode: &mut DecodeGraphs,
+        step: &HostStep<'_>,
+        bucket: usize,
+        sequences: usize,
+    ) -> Result<CudaSlice<f32>, CudaError> {
+        let shape = StepShape {
+            rows: bucket,
+            sequences: bucket,
+            max_blocks: decode.max_blocks,
+        };
+        self.upload_step(step, &mut decode.buffers)?;
+        if !decode.graphs.iter().any(|(b, _)| *b == bucket) {
+            let graph = match self.capture_decode(&mut decode.buffers, shape) {
+                Ok(Some(graph)) => {
+                    self.stats.captures += 1;
+                    Some(DecodeGraph(graph))
+                }
+                Ok(None) => {
+                    tracing::warn!(bucket, "CUDA graph capture produced no graph; decoding eagerly");
+                    None
+                }
+                Err(err) => {
+                    tracing::warn!(bucket, %err, "CUDA graph capture failed; decoding eagerly");
+                    None
+                }
+            };
+            decode.graphs.push((bucket, graph));
+        }
+        let graph = decode
+            .graphs
+            .iter()
+            .find(|(b, _)| *b == bucket)
+            .and_then(|(_, graph)| graph.as_ref());
+        match graph {
+            Some(DecodeGraph(graph)) => {
+                graph.launch().map_err(driver)?;
+                self.stats.replays += 1;
+            }
+            None => {
+                self.enqueue_step(&mut decode.buffers, shape, &[])?;
+                self.stats.eager_steps += 1;
+            }
+        }
+        let vocab = self.config.vocab_size;
+        let mut logits = self.stream.alloc_zeros::<f32>(sequences * vocab).map_err(driver)?;
+        self.stream
+            .memcpy_dtod(&decode.buffers.logits.slice(0..sequences * vocab), &mut logits)
+            .map_err(driver)?;
         Ok(logits)
+    }
+
+    /// Captures a decode step of `shape` on `b`: one eager step first (cuBLAS picks and loads
+    /// its kernels outside the capture; it computes what the replay will, so the cache writes
+    /// are the same), then the capture.
+    fn capture_decode(&mut self, b: &mut StepBuffers, shape: StepShape) -> Result<Option<CudaGraph>, CudaError> {
+        self.enqueue_step(b, shape, &[])?;
+        self.stream.synchronize().map_err(driver)?;
+        self.stream
+            .begin_capture(cudarc::driver::sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+            .map_err(driver)?;
+        let enqueued = self.enqueue_step(b, shape, &[]);
+        // End the capture whatever happened, so the stream leaves capture mode.
+        let graph = self
+            .stream
+            .end_capture(cudarc::driver::sys::CUgraphInstantiate_flags(0))
+            .map_err(driver);
+        enqueued?;
+        graph
     }
 
     /// Runs one step and returns each chunk's last-position logits (`[vocab]` each). For tests

@@ -174,6 +174,84 @@ extern "C" __global__ void paged_attention(const float* qkv, const float* key_ca
     }
 }
 
+#define KEY_TILE 128
+
+// The same attention as `paged_attention`, laid out for decode steps, where a step has few rows
+// and the kernel above is bound by the latency of its reads: there a warp takes one key at a
+// time (a dependent load and a reduction per key) and 64 threads walk every value in turn.
+// Here each of the 128 threads scores a key of its own (its loads independent of the others'),
+// and the values are summed by `128 / head_dim` groups of threads, each over its share of the
+// tile's keys, their partial sums combined at the end. Grid (rows, num_heads); 128 threads;
+// head_dim ≤ 128.
+extern "C" __global__ void paged_attention_by_key(const float* qkv, const float* key_cache,
+                                                  const float* value_cache, const int* block_tables,
+                                                  const int* row_sequence, const int* positions, float* out,
+                                                  int max_blocks, int block_size, int num_heads, int num_kv_heads,
+                                                  int head_dim, float scale) {
+    __shared__ float scores[KEY_TILE];
+    __shared__ int tile_slots[KEY_TILE];
+    __shared__ float query[128];
+    __shared__ float partial[128];
+    __shared__ float scratch[32];
+    const size_t row = blockIdx.x;
+    const int head = blockIdx.y;
+    const int kv_head = head / (num_heads / num_kv_heads);
+    const int q_width = num_heads * head_dim, kv_width = num_kv_heads * head_dim;
+    const int context = positions[row] + 1;
+    const int* table = block_tables + (size_t)row_sequence[row] * max_blocks;
+    const float* q = qkv + row * (size_t)(q_width + 2 * kv_width) + head * head_dim;
+    for (int d = threadIdx.x; d < head_dim; d += blockDim.x) query[d] = q[d];
+    __syncthreads();
+    // Value dimension `d` of group `g`: the groups split each tile's keys between them.
+    const int groups = blockDim.x / head_dim;
+    const int d = threadIdx.x % head_dim, g = threadIdx.x / head_dim;
+    float running_max = NEG_INF, running_sum = 0.0f, acc = 0.0f;
+    for (int start = 0; start < context; start += KEY_TILE) {
+        const int n = min(KEY_TILE, context - start);
+        const int t = threadIdx.x;
+        float score = NEG_INF;
+        if (t < n) {
+            const int pos = start + t;
+            const int slot = table[pos / block_size] * block_size + pos % block_size;
+            tile_slots[t] = slot;
+            const float* key = key_cache + (size_t)slot * kv_width + kv_head * head_dim;
+            float dot = 0.0f;
+#pragma unroll 8
+            for (int k = 0; k < head_dim; ++k) dot += query[k] * key[k];
+            score = dot * scale;
+        }
+        // Key `start` is inside, so the new max is finite; the first tile's correction is
+        // exp(−inf) = 0.
+        const float tile_max = block_reduce<Max>(score, scratch);
+        const float new_max = fmaxf(running_max, tile_max);
+        const float correction = expf(running_max - new_max);
+        const float p = t < n ? expf(score - new_max) : 0.0f;
+        scores[t] = p;
+        // Its barriers also publish `scores` and `tile_slots` to the value loop.
+        const float tile_sum = block_reduce<Sum>(p, scratch);
+        running_sum = running_sum * correction + tile_sum;
+        acc *= correction;
+        if (g < groups) {
+            float a = 0.0f;
+#pragma unroll 4
+            for (int k = g; k < n; k += groups)
+                a += scores[k] * value_cache[(size_t)tile_slots[k] * kv_width + kv_head * head_dim + d];
+            acc += a;
+        }
+        running_max = new_max;
+        __syncthreads();
+    }
+    partial[threadIdx.x] = g < groups ? acc : 0.0f;
+    __syncthreads();
+    if (g == 0) {
+        float sum = 0.0f;
+        for (int k = 0; k < groups; ++k) sum += partial[k * head_dim + d];
+        out[row * (size_t)q_width + head * head_dim + d] = sum / running_sum;
+    }
+}
+
+// emulated: end (`tests/kernel_emulation.rs` runs the kernels above on the CPU)
+
 // out[r, i] = silu(gate_up[r, i]) · gate_up[r, width + i]; one block per row.
 extern "C" __global__ void silu_mul(const float* gate_up, float* out, int width) {
     const size_t row = blockIdx.x;

@@ -8,7 +8,7 @@
 
 use std::path::{Path, PathBuf};
 
-use switchyard_llm::cuda::{self, CudaError, CudaExecutor, GpuChunk};
+use switchyard_llm::cuda::{self, AttentionKernel, CudaError, CudaExecutor, GpuChunk};
 use switchyard_llm::{Chunk, Logits, MediaRows, Model, PagedKv, SequenceKv, spawn_cpu_engine};
 use switchyard_workers::engine::{EngineConfig, Output, SamplingParams};
 
@@ -334,6 +334,73 @@ fn gpu_merges_media_rows_as_the_cpu_backend_does() {
         }])
         .expect_err("media past the chunk");
     assert!(err.to_string().contains("do not fit"), "{err}");
+}
+
+#[test]
+fn decode_graphs_give_the_eager_steps_logits() {
+    let model = model("tiny-llama");
+    let Some(mut graphs) = gpu(&model, 64) else { return };
+    let Some(mut eager) = gpu(&model, 64) else { return };
+    eager.set_decode_graphs(false);
+    // And kernel by kernel with the first attention kernel (a warp per key): the reference of
+    // the default one (a thread per key).
+    let Some(mut by_warp) = gpu(&model, 64) else { return };
+    by_warp.set_decode_graphs(false);
+    by_warp.set_attention_kernel(AttentionKernel::ByWarp);
+    let vocab = model.config().vocab_size as u32;
+    // Five sequences of 9 prompt tokens; sequence 0 owns block 0, where a padding row writing
+    // to the wrong block would show.
+    let mut tokens: Vec<Vec<u32>> = (0..5)
+        .map(|i| PROMPT.iter().cycle().skip(i * 3).take(9).copied().collect())
+        .collect();
+    let blocks: Vec<Vec<u32>> = (0..5u32).map(|i| (i * 6..i * 6 + 6).collect()).collect();
+    let step = |executor: &mut CudaExecutor, tokens: &[Vec<u32>], members: &[usize], prefill: bool| {
+        let chunks: Vec<GpuChunk<'_>> = members
+            .iter()
+            .map(|&i| GpuChunk {
+                tokens: &tokens[i],
+                start: if prefill { 0 } else { tokens[i].len() - 1 },
+                count: if prefill { tokens[i].len() } else { 1 },
+                blocks: &blocks[i],
+                media: &[],
+            })
+            .collect();
+        executor.forward(&chunks).expect("step")
+    };
+    let all = [0, 1, 2, 3, 4];
+    let prefilled = step(&mut graphs, &tokens, &all, true);
+    assert_eq!(
+        max_difference(&prefilled, &step(&mut eager, &tokens, &all, true)),
+        0.0,
+        "prefill runs eagerly on both"
+    );
+    assert!(max_difference(&prefilled, &step(&mut by_warp, &tokens, &all, true)) < 1e-4);
+    // Buckets 8 (three padding rows), 4, 1, 8 again with new positions, and 2 out of order.
+    let rounds: [&[usize]; 5] = [&all, &[0, 1, 2], &[3], &all, &[4, 0]];
+    for (round, members) in rounds.iter().enumerate() {
+        for &i in *members {
+            tokens[i].push((round as u32 * 7 + i as u32 * 13 + 5) % vocab);
+        }
+        let replayed = step(&mut graphs, &tokens, members, false);
+        let stepped = step(&mut eager, &tokens, members, false);
+        let first_kernel = step(&mut by_warp, &tokens, members, false);
+        let (difference, vs_first) = (
+            max_difference(&replayed, &stepped),
+            max_difference(&replayed, &first_kernel),
+        );
+        println!(
+            "decode round {round} ({} sequences): graph vs eager max |Δlogit| {difference:e}, by key vs by warp {vs_first:e}",
+            members.len()
+        );
+        assert!(difference < 1e-4, "round {round}: max |Δlogit| {difference}");
+        assert!(
+            vs_first < 1e-4,
+            "round {round}: by key vs by warp max |Δlogit| {vs_first}"
+        );
+    }
+    let stats = graphs.decode_graph_stats();
+    assert_eq!((stats.captures, stats.replays), (4, 5), "{stats:?}");
+    assert_eq!(eager.decode_graph_stats().replays, 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
