@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Builds what a GPU machine without Rust needs to check the CUDA backends, into `.gpu/` (ignored
-# by git; carry it with the device tool): the `cuda_backend` and `encoder_cuda` test and the
+# by git; copy it to the GPU machine with the repository): the `cuda_backend` and `encoder_cuda` test and the
 # `llm_cuda` and `encoders_cuda` bench binaries, `switchyard-worker` built with `cuda`, and the
 # `native_multimodal` end-to-end test with the gateway and `switchyard-encoder` built with `cuda`
-# (release, stripped, xz-compressed to fit the device tool's 64 MiB; the last three under
+# (release, stripped, xz-compressed so the bundle stays under 64 MiB; the last three under
 # `.gpu/e2e/`) and the fixtures. Then, on the GPU machine, from the repository root:
 #
 #   bash scripts/gpu-check.sh

@@ -6,7 +6,7 @@
 # as on `--device cpu`, and the end-to-end multimodal test (gateway, two `switchyard-encoder`s
 # and `switchyard-worker`, the three on `cuda:0`). From the repository root:
 #
-#   bash scripts/gpu-check.sh            # logs under $OUT (the device tool's) or .gpu/out
+#   bash scripts/gpu-check.sh            # logs under $OUT if set, else .gpu/out
 #   SKIP="encoders_cuda llm_cuda" bash scripts/gpu-check.sh   # leaves those steps out
 #
 # Each step has its own time limit so that one hang leaves the others' figures. NVRTC and
