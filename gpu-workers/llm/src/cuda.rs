@@ -726,9 +726,10 @@ impl CudaExecutor {
     /// The decode-graph bucket for a step: every chunk one new token without media, at most
     /// [`MAX_DECODE_GRAPH_BATCH`] of them, block tables within the graphs' stride.
     fn decode_bucket(&self, chunks: &[GpuChunk<'_>]) -> Option<usize> {
+        let max_blocks = self.decode_max_blocks();
         let decode = chunks
             .iter()
-            .all(|chunk| chunk.count == 1 && chunk.media.is_empty() && chunk.blocks.len() <= self.decode_max_blocks());
+            .all(|chunk| chunk.count == 1 && chunk.media.is_empty() && chunk.blocks.len() <= max_blocks);
         if !self.decode_graphs || !decode || chunks.is_empty() || chunks.len() > MAX_DECODE_GRAPH_BATCH {
             return None;
         }
