@@ -54,11 +54,11 @@ fuzz_target!(|data: &[u8]| {
             }
         }
     }
-    let mut out = Vec::new();
+    let mut out = Default::default();
     for chain in &chains {
         index.overlaps(chain, &mut out);
         assert!(out.len() <= 3);
-        for overlap in &out {
+        for overlap in out.iter() {
             assert!((overlap.device + overlap.host) as usize <= chain.len());
         }
     }

@@ -47,7 +47,7 @@ fuzz_target!(|data: &[u8]| {
             }
         }
     }
-    let mut out = Vec::new();
+    let mut out = Default::default();
     for chain in &chains {
         index.overlaps(chain, &mut out);
         assert!(out.len() <= 1, "one worker's events, {} workers found", out.len());

@@ -48,7 +48,7 @@ pub use server::tls::TlsError;
 #[doc(hidden)]
 pub mod bench {
     pub use crate::events::applier::MAX_BATCH;
-    pub use crate::kv::index::{IndexSize, KvIndex, Overlap};
+    pub use crate::kv::index::{IndexSize, KvIndex, Overlap, Overlaps};
     pub use crate::policy::runtime::{PolicyRuntime, RuntimeConfig};
     pub use crate::policy::switch::{PolicySwitch, SwitchConfig};
     pub use crate::policy::{built_in_router, table};

@@ -18,6 +18,11 @@
 //! while an event is being applied sees it partly applied, which is no staler than the workers'
 //! caches it mirrors. Counts sit behind a mutex taken once per event.
 //!
+//! Speed: a fleet's nodes do not fit in the CPU's caches, so each block costs a cache miss, and
+//! a lock per block keeps the CPU from overlapping them. So the tables are our own
+//! ([`super::table`]: one 16-byte slot per node, found at an address its hash gives), and while
+//! an event or a lookup works on one block it prefetches the slots of the blocks [`AHEAD`] of it.
+//!
 //! Memory is bounded by what workers hold: a node is freed when its last holder leaves. Each
 //! holding is stored once, in its node (most nodes have one holder, kept inline); dropping a
 //! whole worker (it left, or sent `cleared`) is rare, so it scans the tables instead of keeping
@@ -37,6 +42,8 @@ use parking_lot::{MappedRwLockReadGuard, Mutex, RwLock, RwLockReadGuard};
 use smallvec::SmallVec;
 use switchyard_protocol::block_hash::chain_hash;
 use switchyard_protocol::kv_events::{DumpBlock, KvEvent, StorageTier};
+
+use super::table::{Added, Dropped, NodeTable, SlotsHint, prefetch};
 
 /// A worker's id in the index (the pool's `kv_id`).
 pub type WorkerId = u32;
@@ -79,6 +86,63 @@ pub struct Overlap {
     pub host: u32,
 }
 
+/// Every worker's prefix overlap with a request, as [`KvIndex::overlaps`] finds it: the holders
+/// of the request's first block, and the overlaps of those whose run goes past it.
+///
+/// Kept in that form because the first block of a fleet's prompts (a system prompt, a chat
+/// template's preamble) is often held by every worker: its holders are copied whole, where
+/// writing an [`Overlap`] for each took most of a lookup at 1,000 workers.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Overlaps {
+    /// The first block's holder entries, sorted: every worker with any overlap.
+    first: Vec<u32>,
+    /// The overlaps of more than one block, sorted by worker.
+    deeper: Vec<Overlap>,
+}
+
+impl Overlaps {
+    /// The overlap of `worker`, if it holds the first block.
+    pub fn get(&self, worker: WorkerId) -> Option<Overlap> {
+        if let Ok(i) = self.deeper.binary_search_by_key(&worker, |o| o.worker) {
+            return Some(self.deeper[i]);
+        }
+        tier_of(&self.first, worker).map(|device| Overlap {
+            worker,
+            device: u32::from(device),
+            host: u32::from(!device),
+        })
+    }
+
+    /// Every worker's overlap, sorted by worker.
+    pub fn iter(&self) -> impl Iterator<Item = Overlap> + '_ {
+        let mut deeper = self.deeper.iter().peekable();
+        holdings(&self.first).map(move |(worker, device)| match deeper.next_if(|o| o.worker == worker) {
+            Some(overlap) => *overlap,
+            None => Overlap {
+                worker,
+                device: u32::from(device),
+                host: u32::from(!device),
+            },
+        })
+    }
+
+    /// Workers with any overlap.
+    pub fn len(&self) -> usize {
+        holdings(&self.first).count()
+    }
+
+    /// Whether no worker holds the first block.
+    pub fn is_empty(&self) -> bool {
+        self.first.is_empty()
+    }
+
+    /// Empties the set, keeping its memory.
+    pub fn clear(&mut self) {
+        self.first.clear();
+        self.deeper.clear();
+    }
+}
+
 /// What applying an event found wrong (the event is applied as far as it makes sense).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Anomaly {
@@ -98,11 +162,6 @@ pub struct IndexSize {
     pub workers: usize,
 }
 
-#[derive(Debug, Default)]
-struct Node {
-    holders: SmallVec<[u32; 4]>,
-}
-
 fn holder(worker: WorkerId, tier: StorageTier) -> u32 {
     (worker << 1) | u32::from(tier == StorageTier::Host)
 }
@@ -110,13 +169,17 @@ fn holder(worker: WorkerId, tier: StorageTier) -> u32 {
 /// Number of node tables, each with its own lock.
 pub const SHARDS: usize = 4096;
 
-type Table = HashKeyed<Node>;
+/// How many blocks ahead of the one being worked on an event or a lookup prefetches: enough
+/// misses in flight to hide memory's latency behind the work of that many blocks.
+pub const AHEAD: usize = 4;
 
 /// One node table and its lock, alone on its cache lines so that a writer on one table does
 /// not slow readers of its neighbours.
-#[derive(Debug)]
+#[derive(Debug, Default)]
 #[repr(align(128))]
-struct Shard(RwLock<Table>);
+struct Shard {
+    table: RwLock<NodeTable>,
+}
 
 /// Holdings per worker and in all, and nodes.
 #[derive(Debug, Default)]
@@ -165,6 +228,9 @@ impl Counts {
 #[derive(Debug)]
 pub struct KvIndex {
     shards: Box<[Shard]>,
+    /// Where each shard's slots are, for prefetching: apart from the shards, whose 512 KiB
+    /// would not stay in cache, these 64 KiB do.
+    hints: Box<[SlotsHint]>,
     /// The keyed hash that places a block hash in a shard (and in its table).
     keyed: KeyedState,
     counts: Mutex<Counts>,
@@ -180,21 +246,31 @@ impl KvIndex {
     /// An empty index.
     pub fn new() -> KvIndex {
         KvIndex {
-            shards: (0..SHARDS).map(|_| Shard(RwLock::default())).collect(),
+            shards: (0..SHARDS).map(|_| Shard::default()).collect(),
+            hints: (0..SHARDS).map(|_| SlotsHint::default()).collect(),
             keyed: KeyedState::default(),
             counts: Mutex::default(),
         }
     }
 
-    /// The shard of `hash`: bits 32..44 of its keyed hash, which the tables themselves do not
-    /// use (they index buckets by the low bits and tag them by the top 7).
-    fn shard(&self, hash: u64) -> &RwLock<Table> {
-        let keyed = self.keyed.hash_one(hash);
-        &self.shards[((keyed >> 32) as usize) & (SHARDS - 1)].0
+    /// The keyed hash of block `key` and its shard: bits 32..44 of the keyed hash, which the
+    /// tables themselves do not use (they place a node by the low bits).
+    fn place(&self, key: u64) -> (u64, usize) {
+        let hash = self.keyed.hash_one(key);
+        (hash, ((hash >> 32) as usize) & (SHARDS - 1))
     }
 
-    fn node(&self, hash: u64) -> Option<MappedRwLockReadGuard<'_, Node>> {
-        RwLockReadGuard::try_map(self.shard(hash).read(), |table| table.get(&hash)).ok()
+    /// Starts bringing the node of block `key`, and its shard's lock, into cache.
+    fn prefetch(&self, key: u64) {
+        let (hash, shard) = self.place(key);
+        self.hints[shard].prefetch(hash);
+        prefetch(&self.shards[shard]);
+    }
+
+    /// The holder entries of block `key`, read-locked.
+    fn holders(&self, key: u64) -> Option<MappedRwLockReadGuard<'_, [u32]>> {
+        let (hash, shard) = self.place(key);
+        RwLockReadGuard::try_map(self.shards[shard].table.read(), |table| table.holders(hash, key)).ok()
     }
 
     /// Applies one event of `worker` on `tier`. Returns the anomalies found, if any.
@@ -204,7 +280,13 @@ impl KvIndex {
                 let mut anomaly = None;
                 let mut parent = *parent;
                 let mut added = Change::default();
-                for block in blocks {
+                for block in blocks.iter().take(AHEAD) {
+                    self.prefetch(block.block_hash);
+                }
+                for (i, block) in blocks.iter().enumerate() {
+                    if let Some(ahead) = blocks.get(i + AHEAD) {
+                        self.prefetch(ahead.block_hash);
+                    }
                     if chain_hash(parent, block.tokens_hash) != block.block_hash {
                         anomaly = Some(Anomaly::HashMismatch);
                     }
@@ -216,7 +298,13 @@ impl KvIndex {
             }
             KvEvent::Removed { block_hashes } => {
                 let mut removed = Change::default();
-                for &hash in block_hashes {
+                for &hash in block_hashes.iter().take(AHEAD) {
+                    self.prefetch(hash);
+                }
+                for (i, &hash) in block_hashes.iter().enumerate() {
+                    if let Some(&ahead) = block_hashes.get(i + AHEAD) {
+                        self.prefetch(ahead);
+                    }
                     self.remove(worker, tier, hash, &mut removed);
                 }
                 self.counts.lock().sub(worker, removed);
@@ -246,31 +334,31 @@ impl KvIndex {
     }
 
     /// Adds a holding, counting it (and its node) in `added` if new.
-    fn insert(&self, worker: WorkerId, tier: StorageTier, hash: u64, added: &mut Change) {
-        let mut table = self.shard(hash).write();
-        let holders = &mut table.entry(hash).or_default().holders;
-        let entry = holder(worker, tier);
-        if let Err(position) = holders.binary_search(&entry) {
-            added.nodes += usize::from(holders.is_empty());
-            holders.insert(position, entry);
-            added.holdings += 1;
+    fn insert(&self, worker: WorkerId, tier: StorageTier, key: u64, added: &mut Change) {
+        let (hash, shard) = self.place(key);
+        let mut table = self.shards[shard].table.write();
+        match table.add(&self.keyed, hash, key, holder(worker, tier)) {
+            Added::Nothing => {}
+            Added::Holding => added.holdings += 1,
+            Added::Node => {
+                added.holdings += 1;
+                added.nodes += 1;
+                self.hints[shard].update(&table);
+            }
         }
     }
 
     /// Drops a holding, counting it (and its node, if freed) in `removed`.
-    fn remove(&self, worker: WorkerId, tier: StorageTier, hash: u64, removed: &mut Change) {
-        let mut table = self.shard(hash).write();
-        let Some(node) = table.get_mut(&hash) else {
-            return;
-        };
-        let Ok(position) = node.holders.binary_search(&holder(worker, tier)) else {
-            return;
-        };
-        node.holders.remove(position);
-        removed.holdings += 1;
-        if node.holders.is_empty() {
-            table.remove(&hash);
-            removed.nodes += 1;
+    fn remove(&self, worker: WorkerId, tier: StorageTier, key: u64, removed: &mut Change) {
+        let (hash, shard) = self.place(key);
+        let mut table = self.shards[shard].table.write();
+        match table.remove(&self.keyed, hash, key, holder(worker, tier)) {
+            Dropped::Nothing => {}
+            Dropped::Holding => removed.holdings += 1,
+            Dropped::Node => {
+                removed.holdings += 1;
+                removed.nodes += 1;
+            }
         }
     }
 
@@ -281,90 +369,128 @@ impl KvIndex {
             return;
         }
         let mut removed = Change::default();
-        for shard in &self.shards {
-            let mut table = shard.0.write();
-            table.retain(|_, node| {
-                let before = node.holders.len();
-                node.holders.retain(|entry| *entry >> 1 != worker);
-                removed.holdings += before - node.holders.len();
-                removed.nodes += usize::from(node.holders.is_empty());
-                !node.holders.is_empty()
-            });
-            if table.is_empty() && table.capacity() > 0 {
-                // An emptied table gives its memory back.
-                *table = Table::default();
+        for (shard, hint) in self.shards.iter().zip(&self.hints) {
+            let mut table = shard.table.write();
+            if table.is_empty() {
+                continue;
             }
+            // The table is rebuilt at the size its survivors need: an emptied one gives its
+            // memory back.
+            let (holdings, nodes) = table.retain(&self.keyed, |entry| entry >> 1 != worker);
+            removed.holdings += holdings;
+            removed.nodes += nodes;
+            hint.update(&table);
         }
         self.counts.lock().sub(worker, removed);
     }
 
     /// The overlap of every worker holding at least the first block of `sequence_hashes`
-    /// (a request's sequence hashes, in order), sorted by worker, into `out` (cleared first).
-    pub fn overlaps(&self, sequence_hashes: &[u64], out: &mut Vec<Overlap>) {
+    /// (a request's sequence hashes, in order), into `out` (cleared first).
+    pub fn overlaps(&self, sequence_hashes: &[u64], out: &mut Overlaps) {
         out.clear();
         let Some((&first, rest)) = sequence_hashes.split_first() else {
             return;
         };
-        // `on_device[i]`: worker `out[i]` still extends its device run.
-        let mut on_device: Vec<bool> = Vec::new();
+        for &hash in rest.iter().take(AHEAD) {
+            self.prefetch(hash);
+        }
+        match self.holders(first) {
+            Some(root) => out.first.extend_from_slice(&root),
+            None => return,
+        }
+        let Some((&second, rest)) = rest.split_first() else {
+            return;
+        };
         {
-            let Some(root) = self.node(first) else {
+            let Some(node) = self.holders(second) else {
                 return;
             };
-            for &entry in &root.holders {
-                let worker = entry >> 1;
-                let on_host = entry & 1 == 1;
-                match out.last_mut() {
-                    Some(last) if last.worker == worker => {} // host copy of a device block
-                    _ => {
-                        out.push(Overlap {
-                            worker,
-                            device: u32::from(!on_host),
-                            host: u32::from(on_host),
-                        });
-                        on_device.push(!on_host);
+            // The first block's holders that hold the second too start `deeper`.
+            let mut start = |worker: WorkerId, on_device_first: bool, device: bool| {
+                let mut overlap = Overlap {
+                    worker,
+                    device: u32::from(on_device_first),
+                    host: u32::from(!on_device_first),
+                };
+                extend(&mut overlap, device);
+                out.deeper.push(overlap);
+            };
+            if node.len() * 8 < out.first.len() {
+                for (worker, device) in holdings(&node) {
+                    if let Some(on_device) = tier_of(&out.first, worker) {
+                        start(worker, on_device, device);
+                    }
+                }
+            } else {
+                let mut firsts = holdings(&out.first).peekable();
+                for (worker, device) in holdings(&node) {
+                    while firsts.next_if(|&(w, _)| w < worker).is_some() {}
+                    if let Some((_, on_device)) = firsts.next_if(|&(w, _)| w == worker) {
+                        start(worker, on_device, device);
                     }
                 }
             }
         }
-        let mut alive: Vec<usize> = (0..out.len()).collect();
-        let mut next: Vec<usize> = Vec::with_capacity(alive.len());
-        for hash in rest {
-            let Some(node) = self.node(*hash) else {
+        let deeper = &mut out.deeper;
+        if deeper.is_empty() {
+            return;
+        }
+        // The workers still extending their overlap, as indices into `deeper` (ascending, so
+        // sorted by worker); while `all`, every one is and the list is not built.
+        let mut all = true;
+        let mut alive: SmallVec<[u32; 16]> = SmallVec::new();
+        let mut next: SmallVec<[u32; 16]> = SmallVec::new();
+        for (i, &hash) in rest.iter().enumerate() {
+            if let Some(&ahead) = rest.get(i + AHEAD - 1) {
+                self.prefetch(ahead);
+            }
+            let Some(node) = self.holders(hash) else {
                 break;
             };
             next.clear();
-            let holders = &node.holders;
-            if holders.len() * 8 < alive.len() {
-                // Few holders: find each among the alive workers.
-                let mut entries = holders.iter().peekable();
-                while let Some(&entry) = entries.next() {
-                    let worker = entry >> 1;
-                    // A worker's device entry sorts just before its host entry.
-                    let device = entry & 1 == 0;
-                    if let Some(&&following) = entries.peek()
-                        && following >> 1 == worker
-                    {
-                        entries.next();
+            let (count, at): (usize, &dyn Fn(usize) -> usize) = if all {
+                (deeper.len(), &|k| k)
+            } else {
+                (alive.len(), &|k| alive[k] as usize)
+            };
+            if node.len() * 8 < count {
+                // Few holders among many workers: find each by bisection.
+                for (worker, device) in holdings(&node) {
+                    let (mut low, mut high) = (0, count);
+                    while low < high {
+                        let mid = (low + high) / 2;
+                        if deeper[at(mid)].worker < worker {
+                            low = mid + 1;
+                        } else {
+                            high = mid;
+                        }
                     }
-                    if let Ok(slot) = alive.binary_search_by_key(&worker, |&i| out[i].worker) {
-                        let i = alive[slot];
-                        extend(&mut out[i], &mut on_device[i], device);
-                        next.push(i);
+                    if low < count && deeper[at(low)].worker == worker {
+                        let i = at(low);
+                        extend(&mut deeper[i], device);
+                        next.push(i as u32);
                     }
                 }
             } else {
-                for &i in &alive {
-                    let worker = out[i].worker;
-                    let device = holders.binary_search(&(worker << 1)).is_ok();
-                    let host = holders.binary_search(&((worker << 1) | 1)).is_ok();
-                    if device || host {
-                        extend(&mut out[i], &mut on_device[i], device);
-                        next.push(i);
+                // Comparable lists: one merge of the two sorted sequences.
+                let mut k = 0;
+                for (worker, device) in holdings(&node) {
+                    while k < count && deeper[at(k)].worker < worker {
+                        k += 1;
+                    }
+                    if k == count {
+                        break;
+                    }
+                    let i = at(k);
+                    if deeper[i].worker == worker {
+                        extend(&mut deeper[i], device);
+                        next.push(i as u32);
+                        k += 1;
                     }
                 }
             }
             drop(node);
+            all = false;
             std::mem::swap(&mut alive, &mut next);
             if alive.is_empty() {
                 break;
@@ -389,31 +515,43 @@ impl KvIndex {
 
     /// An estimate of the heap the index occupies, from its maps' capacities.
     pub fn heap_bytes(&self) -> usize {
-        let slot = std::mem::size_of::<(u64, Node)>() + 1;
         let worker = std::mem::size_of::<(WorkerId, usize)>() + 1;
-        let tables: usize = self
-            .shards
-            .iter()
-            .map(|shard| {
-                let table = shard.0.read();
-                table.capacity() * slot
-                    + table
-                        .values()
-                        .filter(|n| n.holders.spilled())
-                        .map(|n| n.holders.capacity() * 4)
-                        .sum::<usize>()
-            })
-            .sum();
-        tables + std::mem::size_of::<Shard>() * SHARDS + self.counts.lock().per_worker.capacity() * worker
+        let tables: usize = self.shards.iter().map(|shard| shard.table.read().heap_bytes()).sum();
+        tables
+            + (std::mem::size_of::<Shard>() + std::mem::size_of::<SlotsHint>()) * SHARDS
+            + self.counts.lock().per_worker.capacity() * worker
     }
 }
 
-/// Extends a worker's overlap by one block it holds on `device` and/or `host`.
-fn extend(overlap: &mut Overlap, on_device: &mut bool, device: bool) {
-    if *on_device && device {
+/// A node's holders as (worker, holds it on device): a worker's device entry sorts just before
+/// its host entry, and a block held on both tiers counts as on device.
+fn holdings(holders: &[u32]) -> impl Iterator<Item = (WorkerId, bool)> + '_ {
+    let mut entries = holders.iter().peekable();
+    std::iter::from_fn(move || {
+        let entry = *entries.next()?;
+        let worker = entry >> 1;
+        if entries.peek().is_some_and(|&&following| following >> 1 == worker) {
+            entries.next();
+        }
+        Some((worker, entry & 1 == 0))
+    })
+}
+
+/// Whether `worker` holds the node of `holders` on device (`Some(true)`), only on host
+/// (`Some(false)`), or not at all.
+fn tier_of(holders: &[u32], worker: WorkerId) -> Option<bool> {
+    match holders.binary_search(&(worker << 1)) {
+        Ok(_) => Some(true),
+        Err(i) => (holders.get(i) == Some(&((worker << 1) | 1))).then_some(false),
+    }
+}
+
+/// Extends a worker's overlap by one block it holds, on `device` or only on host. A worker's
+/// device run goes on until its first host-only block, so it is still going while `host` is 0.
+fn extend(overlap: &mut Overlap, device: bool) {
+    if overlap.host == 0 && device {
         overlap.device += 1;
     } else {
-        *on_device = false;
         overlap.host += 1;
     }
 }
@@ -448,16 +586,21 @@ mod tests {
     /// The size, checked against a scan of the tables.
     fn size(index: &KvIndex) -> IndexSize {
         let size = index.size();
-        let scanned: usize = index.shards.iter().map(|shard| shard.0.read().len()).sum();
+        let scanned: usize = index.shards.iter().map(|shard| shard.table.read().len()).sum();
         assert_eq!(size.nodes, scanned, "counted nodes differ from the tables'");
         size
     }
 
     fn lookup(index: &KvIndex, blocks: &[StoredBlock]) -> Vec<(u32, u32, u32)> {
         let hashes: Vec<u64> = blocks.iter().map(|b| b.block_hash).collect();
-        let mut out = Vec::new();
+        let mut out = Overlaps::default();
         index.overlaps(&hashes, &mut out);
-        out.iter().map(|o| (o.worker, o.device, o.host)).collect()
+        let listed: Vec<(u32, u32, u32)> = out.iter().map(|o| (o.worker, o.device, o.host)).collect();
+        assert_eq!(listed.len(), out.len());
+        for o in out.iter() {
+            assert_eq!(out.get(o.worker), Some(o), "get() and iter() disagree");
+        }
+        listed
     }
 
     #[test]
@@ -623,10 +766,10 @@ mod tests {
             let index = KvIndex::new();
             let seen = std::thread::scope(|s| {
                 let writer = s.spawn(|| index.apply(1, StorageTier::Device, &event));
-                let mut out = Vec::new();
+                let mut out = Overlaps::default();
                 let seen = loop {
                     index.overlaps(&hashes, &mut out);
-                    if let Some(first) = out.first() {
+                    if let Some(first) = out.iter().next() {
                         break first.device as usize;
                     }
                     std::hint::spin_loop();
@@ -657,7 +800,7 @@ mod tests {
         for i in 0..64u64 {
             let crafted = i << 48;
             assert_eq!(a.hash_one(crafted), b.hash_one(crafted));
-            shards.insert(std::ptr::from_ref(index.shard(crafted)));
+            shards.insert(index.place(crafted).1);
         }
         assert!(shards.len() > 32, "crafted hashes crowd into {} shards", shards.len());
     }

@@ -14,6 +14,7 @@
 
 pub mod active;
 pub mod index;
+mod table;
 
 use std::collections::HashMap;
 use std::sync::{Arc, OnceLock};
@@ -40,7 +41,7 @@ pub use active::{Load, ShardedActive};
 /// Shards of the active-sequence tracker (requests on workers of different shards never
 /// share a lock for their per-block work).
 const ACTIVE_SHARDS: usize = 16;
-pub use index::{IndexSize, KvIndex, Overlap, WorkerId};
+pub use index::{IndexSize, KvIndex, Overlaps, WorkerId};
 
 /// How one model's prompts become block hashes.
 #[derive(Debug)]
@@ -393,10 +394,10 @@ impl KvState {
         Ok((settings.encoder.prompt_with_media(request, slots)?, settings))
     }
 
-    /// The overlap of every worker with `hashes`, sorted by worker id.
-    pub fn lookup(&self, hashes: &[u64]) -> Vec<Overlap> {
+    /// The overlap of every worker with `hashes`.
+    pub fn lookup(&self, hashes: &[u64]) -> Overlaps {
         let started = Instant::now();
-        let mut out = Vec::new();
+        let mut out = Overlaps::default();
         self.index.overlaps(hashes, &mut out);
         self.metrics.lookup_seconds.observe(started.elapsed().as_secs_f64());
         out

@@ -10,7 +10,7 @@
 pub use crate::policy::bindings::switchyard::policy::types::{Columns, RequestInfo, WorkerTable};
 
 use crate::config::Role;
-use crate::kv::{Load, Overlap};
+use crate::kv::{Load, Overlaps};
 use crate::workers::Worker;
 
 /// The contract's u32 columns in order (`cost`, bit 10, is apart; 0.2.0's four follow it).
@@ -185,11 +185,11 @@ pub struct EncoderRow {
 
 /// Builds the table for `candidates` (which the caller has already filtered to healthy workers
 /// of the requested model) with `columns` and the fallback's, from each one's prefix
-/// `overlaps` (sorted by worker id, as the index returns them) and live `loads` (aligned with
+/// `overlaps` (as the index returns them) and live `loads` (aligned with
 /// `candidates`), followed by one row per encoder in `encoders`.
 pub fn build(
     candidates: &[std::sync::Arc<Worker>],
-    overlaps: &[Overlap],
+    overlaps: &Overlaps,
     loads: &[Load],
     encoders: &[EncoderRow],
     columns: Columns,
@@ -204,10 +204,7 @@ pub fn build(
         .filter_map(|(k, &column)| table.offset(column).map(|start| (k, start)))
         .collect();
     for (index, worker) in candidates.iter().enumerate() {
-        let overlap = overlaps
-            .binary_search_by_key(&worker.kv_id, |o| o.worker)
-            .ok()
-            .map(|i| overlaps[i]);
+        let overlap = overlaps.get(worker.kv_id);
         let load = loads.get(index).copied().unwrap_or_default();
         // This gateway's in-flight count covers requests the tracker does not (e.g. retries).
         let local = u64::try_from(worker.in_flight().max(0)).unwrap_or(0);

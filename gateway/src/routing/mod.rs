@@ -136,11 +136,7 @@ impl Router {
             .filter_map(|row| request.encoders.get(row))
             .map(|row| row.worker.clone())
             .collect();
-        let overlap_of = |worker: &Worker| {
-            overlaps
-                .binary_search_by_key(&worker.kv_id, |o| o.worker)
-                .map_or(0, |i| overlaps[i].device)
-        };
+        let overlap_of = |worker: &Worker| overlaps.get(worker.kv_id).map_or(0, |o| o.device);
         let chosen = candidates.get(pick.worker as usize)?.clone();
         let fallbacks = pick
             .fallbacks
