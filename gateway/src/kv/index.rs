@@ -343,9 +343,10 @@ impl KvIndex {
             Added::Node => {
                 added.holdings += 1;
                 added.nodes += 1;
-                self.hints[shard].update(&table);
             }
         }
+        // The table may have grown (it grows before it looks for the block).
+        self.hints[shard].update(&table);
     }
 
     /// Drops a holding, counting it (and its node, if freed) in `removed`.
