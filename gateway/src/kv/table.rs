@@ -11,7 +11,8 @@
 //! removal by backward shift (no tombstones, so a probe ends at the first empty slot). A node
 //! with several holders keeps them sorted in a side list (`spills`), which the slot points to.
 //! Holder entries are `worker << 1 | tier`, so worker ids must stay below 2^31 (the pool counts
-//! them up from 0); the one entry that can never occur, `u32::MAX`, marks an empty slot.
+//! them up from 0); the entry of the last one on host, `u32::MAX`, marks an empty slot and is
+//! refused.
 
 use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
@@ -130,7 +131,11 @@ impl NodeTable {
 
     /// Adds holder `entry` to the node `key`, creating the node if new.
     pub(super) fn add(&mut self, keyed: &KeyedState, hash: u64, key: u64, entry: u32) -> Added {
-        debug_assert_ne!(entry, VACANT, "worker ids must stay below 2^31");
+        if entry == VACANT {
+            // Worker 2^31 - 1 on host: never assigned (ids count up from 0), and stored it would
+            // read as an empty slot and break the probes that cross it.
+            return Added::Nothing;
+        }
         if (self.len + 1) * 4 > self.slots.len() * 3 {
             self.grow(keyed);
         }
@@ -476,6 +481,15 @@ mod tests {
             !holders.is_empty()
         });
         checked.check();
+    }
+
+    #[test]
+    fn the_entry_that_marks_empty_slots_is_refused() {
+        let keyed = KeyedState::default();
+        let mut table = NodeTable::default();
+        assert_eq!(table.add(&keyed, keyed.hash_one(7), 7, VACANT), Added::Nothing);
+        assert!(table.is_empty());
+        assert_eq!(table.holders(keyed.hash_one(7), 7), None);
     }
 
     #[test]
