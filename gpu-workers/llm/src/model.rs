@@ -177,6 +177,11 @@ impl Linear {
     /// `x` is `[rows, input]`; returns `[rows, output]`.
     fn forward(&self, x: &[f32], rows: usize) -> Vec<f32> {
         let mut y = self.weight.product(x, rows, self.input, self.output);
+        self.add_bias(&mut y);
+        y
+    }
+
+    fn add_bias(&self, y: &mut [f32]) {
         if let Some(bias) = &self.bias {
             for row in y.chunks_exact_mut(self.output) {
                 for (value, b) in row.iter_mut().zip(bias) {
@@ -184,7 +189,28 @@ impl Linear {
                 }
             }
         }
-        y
+    }
+
+    /// [`Linear::forward`] of each of `linears` on the same `x`: as one parallel product when
+    /// their weights are quantized and the rows few ([`QuantMatrix::matmul_all`]), one by one
+    /// otherwise. The results are the same either way.
+    fn forward_all<const N: usize>(linears: [&Linear; N], x: &[f32], rows: usize) -> [Vec<f32>; N] {
+        let Some(matrices) = linears
+            .iter()
+            .map(|&linear| match &linear.weight {
+                Matrix::Quantized(matrix) if rows < GEMM_ROWS && linear.input == linears[0].input => Some(matrix),
+                _ => None,
+            })
+            .collect::<Option<Vec<_>>>()
+            .and_then(|matrices| <[&QuantMatrix; N]>::try_from(matrices).ok())
+        else {
+            return linears.map(|linear| linear.forward(x, rows));
+        };
+        let mut ys = QuantMatrix::matmul_all(matrices, x, rows);
+        for (y, linear) in ys.iter_mut().zip(linears) {
+            linear.add_bias(y);
+        }
+        ys
     }
 }
 
@@ -661,6 +687,20 @@ impl Model {
         media: &[&[MediaRows<'_>]],
         wanted: Logits,
     ) -> Result<Vec<Vec<f32>>, ForwardError> {
+        // The whole step runs on a worker of rayon's pool: a parallel product started there
+        // splits its work with the pool's other workers by stealing, where one started from
+        // outside the pool hands its work over and sleeps until it is done — two wake-ups
+        // per product, ~210 products a token for SmolLM2.
+        rayon::scope(|_| self.forward_in_pool(kv, chunks, media, wanted))
+    }
+
+    fn forward_in_pool(
+        &self,
+        kv: &mut PagedKv,
+        chunks: &mut [Chunk<'_>],
+        media: &[&[MediaRows<'_>]],
+        wanted: Logits,
+    ) -> Result<Vec<Vec<f32>>, ForwardError> {
         let c = &self.config;
         let h = c.hidden_size;
         let rows: usize = chunks.iter().map(|chunk| chunk.tokens.len()).sum();
@@ -740,8 +780,7 @@ impl Model {
             let attention = self.attention(index, layer, &normed, &positions, kv, chunks);
             add_in_place(&mut x, &layer.o.forward(&attention, rows));
             let normed = rms_norm(&x, &layer.post_attention_norm, c.rms_norm_eps);
-            let mut gate = layer.gate.forward(&normed, rows);
-            let up = layer.up.forward(&normed, rows);
+            let [mut gate, up] = Linear::forward_all([&layer.gate, &layer.up], &normed, rows);
             for (g, u) in gate.iter_mut().zip(&up) {
                 *g = silu(*g) * u;
             }
@@ -793,9 +832,7 @@ impl Model {
         let d = c.head_dim;
         let rows = positions.len();
         let (q_width, kv_width) = (c.num_heads * d, c.num_kv_heads * d);
-        let mut q = layer.q.forward(normed, rows);
-        let mut k = layer.k.forward(normed, rows);
-        let v = layer.v.forward(normed, rows);
+        let [mut q, mut k, v] = Linear::forward_all([&layer.q, &layer.k, &layer.v], normed, rows);
         for (row, &position) in positions.iter().enumerate() {
             rope(&mut q[row * q_width..(row + 1) * q_width], position, &self.inv_freq);
             rope(&mut k[row * kv_width..(row + 1) * kv_width], position, &self.inv_freq);

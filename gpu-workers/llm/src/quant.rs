@@ -170,29 +170,54 @@ impl QuantMatrix {
     ///
     /// If `x` does not hold `rows × cols` values.
     pub fn matmul(&self, x: &[f32], rows: usize) -> Vec<f32> {
-        assert_eq!(x.len(), rows * self.cols, "activation shape");
-        let (outputs, cols) = (self.rows, self.cols);
-        let mut y = vec![0.0; rows * outputs];
+        let [y] = QuantMatrix::matmul_all([self], x, rows);
+        y
+    }
+
+    /// `x · Wᵀ` for each of several matrices of the same width, as one parallel product with
+    /// the activations quantized once: a layer's q, k and v, or its gate and up. Fewer parallel
+    /// regions matter at small batches, where each costs threads waking and waiting about as
+    /// much as its arithmetic. The results are those of [`QuantMatrix::matmul`] on each.
+    ///
+    /// # Panics
+    ///
+    /// If the matrices differ in width, or `x` does not hold `rows × cols` values.
+    pub fn matmul_all<const N: usize>(matrices: [&QuantMatrix; N], x: &[f32], rows: usize) -> [Vec<f32>; N] {
+        let cols = matrices.first().map_or(0, |m| m.cols);
+        assert!(matrices.iter().all(|m| m.cols == cols), "matrices of different widths");
+        assert_eq!(x.len(), rows * cols, "activation shape");
+        let mut ys = matrices.map(|m| vec![0.0; rows * m.rows]);
+        let outputs: usize = matrices.iter().map(|m| m.rows).sum();
         if rows == 0 || outputs == 0 {
-            return y;
+            return ys;
         }
-        let kernels = kernels(self.kind);
-        let row_bytes = self.row_bytes();
         let activations = Q16Rows::quantize(x, rows, cols);
         let x_row = |r: usize| activations.row(r);
-        // Each task: a run of weight rows against every activation row, in tiles of rows that
-        // stay in cache; its results come back as [output][row] and are scattered below.
+        // Each task: a run of one matrix's weight rows against every activation row, in tiles
+        // of rows that stay in cache; its results come back as [output][row] and are scattered
+        // below.
         let work = outputs * rows * (cols / BLOCK);
         let per_task = if work < 1 << 13 {
             outputs
         } else {
             (outputs / (rayon::current_num_threads() * 8)).clamp(8, 256)
         };
-        let columns: Vec<Vec<f32>> = self
-            .data
-            .par_chunks(row_bytes * per_task)
-            .map(|weights| {
-                let count = weights.len() / row_bytes;
+        let tasks: Vec<(usize, usize, usize)> = matrices
+            .iter()
+            .enumerate()
+            .flat_map(|(m, matrix)| {
+                (0..matrix.rows)
+                    .step_by(per_task)
+                    .map(move |start| (m, start, per_task.min(matrix.rows - start)))
+            })
+            .collect();
+        let columns: Vec<Vec<f32>> = tasks
+            .par_iter()
+            .map(|&(m, start, count)| {
+                let matrix = matrices[m];
+                let kernels = kernels(matrix.kind);
+                let row_bytes = matrix.row_bytes();
+                let weights = &matrix.data[start * row_bytes..(start + count) * row_bytes];
                 let mut out = vec![0.0; count * rows];
                 for tile in (0..rows).step_by(ACTIVATION_TILE) {
                     let tile_end = (tile + ACTIVATION_TILE).min(rows);
@@ -211,17 +236,16 @@ impl QuantMatrix {
                 out
             })
             .collect();
-        let mut first = 0;
-        for column in columns {
-            let count = column.len() / rows;
+        for (&(m, start, _), column) in tasks.iter().zip(columns) {
+            let outputs = matrices[m].rows;
+            let y = &mut ys[m];
             for (o, values) in column.chunks_exact(rows).enumerate() {
                 for (r, value) in values.iter().enumerate() {
-                    y[r * outputs + first + o] = *value;
+                    y[r * outputs + start + o] = *value;
                 }
             }
-            first += count;
         }
-        y
+        ys
     }
 }
 
@@ -672,6 +696,28 @@ mod tests {
                         );
                     }
                 }
+            }
+        }
+    }
+
+    #[test]
+    fn products_run_together_equal_products_run_alone() {
+        // Three matrices of different heights and kinds (a layer's q, k and v), large enough
+        // that the work is split into tasks, which must not straddle two matrices.
+        let cols = 576;
+        let matrices: Vec<QuantMatrix> = [(QuantKind::Q4_1, 576), (QuantKind::Q8_0, 192), (QuantKind::Q4_0, 37)]
+            .into_iter()
+            .enumerate()
+            .map(|(seed, (kind, rows))| {
+                QuantMatrix::new(kind, rows, cols, quantize(kind, &values(seed as u64 + 11, rows * cols)))
+                    .expect("matrix")
+            })
+            .collect();
+        for rows in [1, 3, 8] {
+            let x = values(rows as u64 + 100, rows * cols);
+            let together = QuantMatrix::matmul_all([&matrices[0], &matrices[1], &matrices[2]], &x, rows);
+            for (matrix, got) in matrices.iter().zip(&together) {
+                assert_eq!(got, &matrix.matmul(&x, rows), "{:?} at {rows} rows", matrix.kind());
             }
         }
     }
