@@ -86,6 +86,17 @@ pub struct Overlap {
     pub host: u32,
 }
 
+impl Overlap {
+    /// The overlap of a worker holding the first block only, on `device` or only on host.
+    fn first_block(worker: WorkerId, device: bool) -> Overlap {
+        Overlap {
+            worker,
+            device: u32::from(device),
+            host: u32::from(!device),
+        }
+    }
+}
+
 /// Every worker's prefix overlap with a request, as [`KvIndex::overlaps`] finds it: the holders
 /// of the request's first block, and the overlaps of those whose run goes past it.
 ///
@@ -106,11 +117,7 @@ impl Overlaps {
         if let Ok(i) = self.deeper.binary_search_by_key(&worker, |o| o.worker) {
             return Some(self.deeper[i]);
         }
-        tier_of(&self.first, worker).map(|device| Overlap {
-            worker,
-            device: u32::from(device),
-            host: u32::from(!device),
-        })
+        tier_of(&self.first, worker).map(|device| Overlap::first_block(worker, device))
     }
 
     /// Every worker's overlap, sorted by worker.
@@ -118,15 +125,11 @@ impl Overlaps {
         let mut deeper = self.deeper.iter().peekable();
         holdings(&self.first).map(move |(worker, device)| match deeper.next_if(|o| o.worker == worker) {
             Some(overlap) => *overlap,
-            None => Overlap {
-                worker,
-                device: u32::from(device),
-                host: u32::from(!device),
-            },
+            None => Overlap::first_block(worker, device),
         })
     }
 
-    /// Workers with any overlap.
+    /// Workers with any overlap (counted through the first block's holders: O(workers)).
     pub fn len(&self) -> usize {
         holdings(&self.first).count()
     }
@@ -280,33 +283,29 @@ impl KvIndex {
                 let mut anomaly = None;
                 let mut parent = *parent;
                 let mut added = Change::default();
-                for block in blocks.iter().take(AHEAD) {
-                    self.prefetch(block.block_hash);
-                }
-                for (i, block) in blocks.iter().enumerate() {
-                    if let Some(ahead) = blocks.get(i + AHEAD) {
-                        self.prefetch(ahead.block_hash);
-                    }
-                    if chain_hash(parent, block.tokens_hash) != block.block_hash {
-                        anomaly = Some(Anomaly::HashMismatch);
-                    }
-                    self.insert(worker, tier, block.block_hash, &mut added);
-                    parent = Some(block.block_hash);
-                }
+                self.each_prefetched(
+                    blocks,
+                    |block| block.block_hash,
+                    |block| {
+                        if chain_hash(parent, block.tokens_hash) != block.block_hash {
+                            anomaly = Some(Anomaly::HashMismatch);
+                        }
+                        self.insert(worker, tier, block.block_hash, &mut added);
+                        parent = Some(block.block_hash);
+                    },
+                );
                 self.counts.lock().add(worker, added);
                 anomaly
             }
             KvEvent::Removed { block_hashes } => {
                 let mut removed = Change::default();
-                for &hash in block_hashes.iter().take(AHEAD) {
-                    self.prefetch(hash);
-                }
-                for (i, &hash) in block_hashes.iter().enumerate() {
-                    if let Some(&ahead) = block_hashes.get(i + AHEAD) {
-                        self.prefetch(ahead);
-                    }
-                    self.remove(worker, tier, hash, &mut removed);
-                }
+                self.each_prefetched(
+                    block_hashes,
+                    |&hash| hash,
+                    |&hash| {
+                        self.remove(worker, tier, hash, &mut removed);
+                    },
+                );
                 self.counts.lock().sub(worker, removed);
                 None
             }
@@ -323,14 +322,32 @@ impl KvIndex {
         self.remove_worker(worker);
         let mut anomaly = None;
         let mut added = Change::default();
-        for block in blocks {
-            if chain_hash(block.parent, block.tokens_hash) != block.block_hash {
-                anomaly = Some(Anomaly::HashMismatch);
-            }
-            self.insert(worker, block.tier, block.block_hash, &mut added);
-        }
+        self.each_prefetched(
+            blocks,
+            |block| block.block_hash,
+            |block| {
+                if chain_hash(block.parent, block.tokens_hash) != block.block_hash {
+                    anomaly = Some(Anomaly::HashMismatch);
+                }
+                self.insert(worker, block.tier, block.block_hash, &mut added);
+            },
+        );
         self.counts.lock().add(worker, added);
         anomaly
+    }
+
+    /// Calls `f` on each of `items` in order, while prefetching the node of the block
+    /// [`AHEAD`] of it (`key_of` names an item's block).
+    fn each_prefetched<T>(&self, items: &[T], key_of: impl Fn(&T) -> u64, mut f: impl FnMut(&T)) {
+        for item in items.iter().take(AHEAD) {
+            self.prefetch(key_of(item));
+        }
+        for (i, item) in items.iter().enumerate() {
+            if let Some(ahead) = items.get(i + AHEAD) {
+                self.prefetch(key_of(ahead));
+            }
+            f(item);
+        }
     }
 
     /// Adds a holding, counting it (and its node) in `added` if new.
@@ -408,11 +425,7 @@ impl KvIndex {
             };
             // The first block's holders that hold the second too start `deeper`.
             let mut start = |worker: WorkerId, on_device_first: bool, device: bool| {
-                let mut overlap = Overlap {
-                    worker,
-                    device: u32::from(on_device_first),
-                    host: u32::from(!on_device_first),
-                };
+                let mut overlap = Overlap::first_block(worker, on_device_first);
                 extend(&mut overlap, device);
                 out.deeper.push(overlap);
             };
