@@ -14,7 +14,7 @@ command=$(awk '/^## Run the embedded default/ { section = 1 } section && /^```sh
 echo "README command: $command" >&2
 
 out=$(mktemp -d)
-trap 'kill "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true' EXIT
+trap 'kill "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; rm -rf "$out"' EXIT
 setsid bash -c "$command" >"$out/stdout" 2>"$out/stderr" &
 pid=$!
 
