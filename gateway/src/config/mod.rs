@@ -407,6 +407,9 @@ impl AdminTlsConfig {
     }
 }
 
+/// Largest `server.stream_coalesce_us`.
+const MAX_STREAM_COALESCE_US: u64 = 100_000;
+
 /// `[server]`: the client-facing listener and its limits.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -432,6 +435,10 @@ pub struct ServerConfig {
     pub drain_timeout_ms: u64,
     /// Client connections open at once; one more is answered 503 and closed.
     pub max_connections: usize,
+    /// A streamed answer's events that arrive within this many microseconds of its last write
+    /// to the client wait for the window to end and are written together (0: every event at
+    /// once). Only streams faster than this are touched; the first event is never held.
+    pub stream_coalesce_us: u64,
     /// Serve `/metrics` on this listener. Turn it off to serve them only on the admin
     /// listener (`GET /metrics` there, with the admin token), off the public port.
     pub metrics: bool,
@@ -450,6 +457,7 @@ impl Default for ServerConfig {
             tls_handshake_timeout_ms: 10_000,
             drain_timeout_ms: 30_000,
             max_connections: 10_000,
+            stream_coalesce_us: 1_000,
             metrics: true,
         }
     }
@@ -797,6 +805,12 @@ impl Config {
                 "is false, so /metrics would be served nowhere: add an [admin] listener (it serves them) or set it true".into(),
             ));
         }
+        if self.server.stream_coalesce_us > MAX_STREAM_COALESCE_US {
+            return Err(invalid(
+                "server.stream_coalesce_us",
+                format!("must be at most {MAX_STREAM_COALESCE_US} (100 ms): it delays the events it holds"),
+            ));
+        }
         if self.server.max_connections == 0 {
             return Err(invalid("server.max_connections", "must be greater than 0".into()));
         }
@@ -1074,6 +1088,11 @@ impl ServerConfig {
     pub fn drain_timeout(&self) -> Duration {
         Duration::from_millis(self.drain_timeout_ms)
     }
+
+    /// [`ServerConfig::stream_coalesce_us`] as a duration.
+    pub fn stream_coalesce(&self) -> Duration {
+        Duration::from_micros(self.stream_coalesce_us)
+    }
 }
 
 impl WorkerConfig {
@@ -1134,6 +1153,18 @@ mod tests {
         let good = format!("{base}file = \"{}\"\n", path.display());
         assert!(parse(&good).is_ok());
         assert!(parse(&format!("{base}generation_prompt = \"x\"\n")).is_err(), "neither");
+    }
+
+    #[test]
+    fn a_coalescing_window_past_100_ms_is_refused() {
+        let base = "[embedded_mockers]\ncount = 1\n[server]\n";
+        let err = parse(&format!("{base}stream_coalesce_us = 100001\n")).unwrap_err();
+        assert!(
+            matches!(&err, ConfigError::Invalid { key, .. } if key == "server.stream_coalesce_us"),
+            "{err}"
+        );
+        let config = parse(&format!("{base}stream_coalesce_us = 0\n")).expect("0 turns it off");
+        assert!(config.server.stream_coalesce().is_zero());
     }
 
     #[test]

@@ -6,6 +6,7 @@
 //! goes (and holds the lease it gets while the answer streams), reaches the worker with the
 //! `workers` client, and records `metrics`; nothing below it knows about HTTP bodies.
 
+mod coalesce;
 pub(crate) mod conn;
 pub mod relay;
 mod rewind;

@@ -8,8 +8,9 @@
 //! A worker that cannot be reached, answers 5xx, or breaks off before its first body byte is
 //! left for another worker (up to `forwarding.retries` times: the policy's fallbacks first,
 //! then the policy again; see [`crate::routing`]); an unreachable one is also taken out of
-//! rotation at once. Streamed answers are relayed frame by frame as they arrive, with no
-//! buffering; if the worker fails mid-stream the client gets a final SSE error event and a
+//! rotation at once. Streamed answers are relayed as they arrive (a stream whose events come
+//! faster than `server.stream_coalesce_us` apart has them written a window's worth at a time:
+//! see [`super::coalesce`]); if the worker fails mid-stream the client gets a final SSE error event and a
 //! clean end of stream. Whole answers are read to the end first, so a failure becomes a 502.
 
 use std::pin::Pin;
@@ -31,6 +32,7 @@ use switchyard_protocol::encode::{
     LOCAL_ENCODER, MEDIA_PLAN_HEADER, MERGE_HEADER, MediaPlan, PlannedItem, abandon_path, estimate_ms,
 };
 
+use super::coalesce::{Coalescer, Offer};
 use crate::admission;
 use crate::encoders::{self, Verdict};
 use crate::kv::PromptBlocks;
@@ -686,6 +688,7 @@ async fn finish(
             tap,
             charge,
             timing: Some(timing),
+            coalescer: Coalescer::new(state.server.stream_coalesce()),
         };
         body.first = first.map(|first| body.tapped(first)).filter(|first| !first.is_empty());
         let mut response = respond::event_stream(Body::new(body));
@@ -779,6 +782,8 @@ struct RelayBody {
     charge: Option<Charge>,
     /// The stream's chunk times, judged against its targets when it ends.
     timing: Option<StreamTiming>,
+    /// Paces writes to the client (`server.stream_coalesce_us`).
+    coalescer: Coalescer,
 }
 
 /// What a stream's latency and cost are judged by, gathered as its chunks pass.
@@ -894,52 +899,60 @@ impl http_body::Body for RelayBody {
     fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
         let this = self.get_mut();
         if let Some(first) = this.first.take() {
+            this.coalescer.wrote();
             return Poll::Ready(Some(Ok(Frame::data(first))));
         }
         if this.done {
             return Poll::Ready(None);
         }
-        match Pin::new(&mut this.inner).poll_frame(cx) {
-            Poll::Pending => Poll::Pending,
-            Poll::Ready(Some(Ok(frame))) => match frame.into_data() {
-                Ok(data) => {
+        // Read everything upstream has ready (so its pace is measured as it comes), writing at
+        // once what the coalescer lets through, then what it held once its window ends.
+        loop {
+            match Pin::new(&mut this.inner).poll_frame(cx) {
+                Poll::Pending => {
+                    return match this.coalescer.ready(cx) {
+                        Poll::Ready(Some(held)) => Poll::Ready(Some(Ok(Frame::data(held)))),
+                        Poll::Ready(None) | Poll::Pending => Poll::Pending,
+                    };
+                }
+                Poll::Ready(Some(Ok(frame))) => {
+                    // Trailers are not part of the OpenAI stream; skip them.
+                    let Ok(data) = frame.into_data() else { continue };
                     let data = this.tapped(data);
+                    // Empty: all of it waits in the tap for the rest of its event.
                     if data.is_empty() {
-                        // All of it waits in the tap for the rest of its event.
-                        cx.waker().wake_by_ref();
-                        return Poll::Pending;
+                        continue;
                     }
-                    Poll::Ready(Some(Ok(Frame::data(data))))
+                    if let Offer::Write(data) = this.coalescer.offer(data) {
+                        return Poll::Ready(Some(Ok(Frame::data(data))));
+                    }
                 }
-                // Trailers are not part of the OpenAI stream; skip them.
-                Err(_) => {
-                    cx.waker().wake_by_ref();
-                    Poll::Pending
+                Poll::Ready(Some(Err(err))) => {
+                    let worker = this
+                        .lease
+                        .as_ref()
+                        .map(|lease| lease.worker().name.clone())
+                        .unwrap_or_default();
+                    let error = ApiError::new(
+                        StatusCode::BAD_GATEWAY,
+                        "server_error",
+                        "worker_failed_mid_stream",
+                        format!("worker `{worker}` failed mid-stream: {err}"),
+                    );
+                    this.metrics.error(error.code());
+                    this.end();
+                    let last = this.coalescer.finish(error.to_sse_event());
+                    return Poll::Ready(Some(Ok(Frame::data(last))));
                 }
-            },
-            Poll::Ready(Some(Err(err))) => {
-                let worker = this
-                    .lease
-                    .as_ref()
-                    .map(|lease| lease.worker().name.clone())
-                    .unwrap_or_default();
-                let error = ApiError::new(
-                    StatusCode::BAD_GATEWAY,
-                    "server_error",
-                    "worker_failed_mid_stream",
-                    format!("worker `{worker}` failed mid-stream: {err}"),
-                );
-                this.metrics.error(error.code());
-                this.end();
-                Poll::Ready(Some(Ok(Frame::data(error.to_sse_event()))))
-            }
-            Poll::Ready(None) => {
-                let rest = this.tap.as_mut().map(UsageTap::finish).unwrap_or_default();
-                this.end();
-                if rest.is_empty() {
-                    Poll::Ready(None)
-                } else {
-                    Poll::Ready(Some(Ok(Frame::data(rest))))
+                Poll::Ready(None) => {
+                    let rest = this.tap.as_mut().map(UsageTap::finish).unwrap_or_default();
+                    this.end();
+                    let last = this.coalescer.finish(rest);
+                    return if last.is_empty() {
+                        Poll::Ready(None)
+                    } else {
+                        Poll::Ready(Some(Ok(Frame::data(last))))
+                    };
                 }
             }
         }

@@ -51,6 +51,13 @@ pub struct OverheadArgs {
     /// Leave every process on every core (no `taskset`).
     #[arg(long)]
     no_pin: bool,
+    /// Also measure the TLS gateway with `server.stream_coalesce_us = 0` (every event written
+    /// as it arrives), beside the default.
+    #[arg(long)]
+    coalescing_off_too: bool,
+    /// `server.stream_coalesce_us` of the measured gateways (default: the gateway's own).
+    #[arg(long)]
+    stream_coalesce_us: Option<u64>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -59,6 +66,7 @@ enum Target {
     Nginx,
     GatewayPlain,
     GatewayTls,
+    GatewayTlsEager,
 }
 
 impl Target {
@@ -68,6 +76,7 @@ impl Target {
             Target::Nginx => "nginx (TLS 1.3)",
             Target::GatewayPlain => "gateway (plain HTTP)",
             Target::GatewayTls => "gateway (TLS 1.3)",
+            Target::GatewayTlsEager => "gateway (TLS 1.3, coalescing off)",
         }
     }
 }
@@ -77,6 +86,8 @@ struct Setup {
     mocker: SocketAddr,
     plain: Gateway,
     tls: Gateway,
+    /// The TLS gateway with every event written as it arrives.
+    tls_eager: Option<Gateway>,
     nginx: Option<Nginx>,
     ca: TestCa,
 }
@@ -89,6 +100,9 @@ impl Setup {
             targets.push(Target::Nginx);
         }
         targets.extend([Target::GatewayPlain, Target::GatewayTls]);
+        if self.tls_eager.is_some() {
+            targets.push(Target::GatewayTlsEager);
+        }
         targets
     }
 
@@ -102,6 +116,13 @@ impl Setup {
             }
             Target::GatewayPlain => Client::plain(self.plain.addr),
             Target::GatewayTls => Client::tls(self.tls.addr, &self.ca.ca_der, Alpn::Http1, tls13)?,
+            Target::GatewayTlsEager => {
+                let eager = self
+                    .tls_eager
+                    .as_ref()
+                    .context("gateway without coalescing not started")?;
+                Client::tls(eager.addr, &self.ca.ca_der, Alpn::Http1, tls13)?
+            }
         })
     }
 
@@ -112,6 +133,7 @@ impl Setup {
             Target::Nginx => self.nginx.as_ref().map(Nginx::pid),
             Target::GatewayPlain => Some(self.plain.process.id()),
             Target::GatewayTls => Some(self.tls.process.id()),
+            Target::GatewayTlsEager => self.tls_eager.as_ref().map(|gateway| gateway.process.id()),
         }
     }
 }
@@ -119,6 +141,8 @@ impl Setup {
 /// One measurement: samples, wall seconds, and the proxy's CPU seconds over the same window.
 struct Measured {
     ttfb_ms: Vec<f64>,
+    /// Each request's time to its last body byte.
+    last_byte_ms: Vec<f64>,
     seconds: f64,
     proxy_cpu: Option<f64>,
 }
@@ -178,9 +202,24 @@ pub async fn overhead(args: OverheadArgs) -> anyhow::Result<()> {
     let proxy_threads = pinning.as_ref().map_or(cores, |pinning| pinning.proxy.len());
     let workers = format!("[[workers]]\nname = \"mocker\"\nurl = \"http://{mocker_addr}\"\nmodel = \"mock\"\n");
     let limits = format!("[forwarding]\npool_max_idle_per_worker = {}\n", max_concurrency * 2);
-    let plain = Gateway::start(&format!("[server]\nplaintext = true\n{limits}{workers}"))?;
+    let coalesce = args
+        .stream_coalesce_us
+        .map(|us| format!("stream_coalesce_us = {us}\n"))
+        .unwrap_or_default();
+    let plain = Gateway::start(&format!("[server]\nplaintext = true\n{coalesce}{limits}{workers}"))?;
     let ca = TestCa::new()?;
-    let tls = Gateway::start(&format!("mode = \"production\"\n{}\n{limits}{workers}", ca.tls_toml()))?;
+    let tls = Gateway::start(&format!(
+        "mode = \"production\"\n[server]\n{coalesce}{}\n{limits}{workers}",
+        ca.tls_toml()
+    ))?;
+    let tls_eager = if args.coalescing_off_too {
+        Some(Gateway::start(&format!(
+            "mode = \"production\"\n[server]\nstream_coalesce_us = 0\n{}\n{limits}{workers}",
+            ca.tls_toml()
+        ))?)
+    } else {
+        None
+    };
     let nginx = match &nginx_binary {
         Some(binary) => Some(Nginx::start(
             binary,
@@ -198,6 +237,7 @@ pub async fn overhead(args: OverheadArgs) -> anyhow::Result<()> {
         mocker: mocker_addr,
         plain,
         tls,
+        tls_eager,
         nginx,
         _mocker: mocker,
         ca,
@@ -222,9 +262,9 @@ pub async fn overhead(args: OverheadArgs) -> anyhow::Result<()> {
     println!("## Streamed chat completions");
     println!();
     println!(
-        "| concurrency | target | streams | req/s | TTFB p50 ms | TTFB p99 ms | p50 vs direct | p99 vs direct | proxy CPU µs/req | CPU vs nginx |"
+        "| concurrency | target | streams | req/s | TTFB p50 ms | TTFB p99 ms | p50 vs direct | p99 vs direct | last byte p50 ms | proxy CPU µs/req | CPU vs nginx |"
     );
-    println!("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|");
+    println!("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for &concurrency in &args.concurrency {
         let mut direct: Option<(f64, f64)> = None;
         let mut nginx_cpu: Option<f64> = None;
@@ -250,6 +290,8 @@ pub async fn overhead(args: OverheadArgs) -> anyhow::Result<()> {
             )
             .await?;
             measured.ttfb_ms.sort_by(f64::total_cmp);
+            measured.last_byte_ms.sort_by(f64::total_cmp);
+            let last50 = percentile(&measured.last_byte_ms, 0.50);
             let p50 = percentile(&measured.ttfb_ms, 0.50);
             let p99 = percentile(&measured.ttfb_ms, 0.99);
             let (r50, r99) = match direct {
@@ -261,7 +303,7 @@ pub async fn overhead(args: OverheadArgs) -> anyhow::Result<()> {
             };
             let (cpu, vs_nginx) = cpu_cells(target, &measured, &mut nginx_cpu);
             println!(
-                "| {concurrency} | {} | {} | {:.0} | {p50:.3} | {p99:.3} | {r50} | {r99} | {cpu} | {vs_nginx} |",
+                "| {concurrency} | {} | {} | {:.0} | {p50:.3} | {p99:.3} | {r50} | {r99} | {last50:.3} | {cpu} | {vs_nginx} |",
                 target.name(),
                 measured.ttfb_ms.len(),
                 measured.rps(),
@@ -335,13 +377,14 @@ fn percentile(sorted: &[f64], q: f64) -> f64 {
 }
 
 /// `concurrency` connections each send `body` to chat completions back to back for
-/// `duration` (closed loop); returns every request's time to first byte in milliseconds.
+/// `duration` (closed loop); returns every request's time to its first and its last body byte
+/// in milliseconds.
 async fn closed_loop(
     client: &Client,
     concurrency: usize,
     duration: Duration,
     body: Vec<u8>,
-) -> anyhow::Result<Vec<f64>> {
+) -> anyhow::Result<(Vec<f64>, Vec<f64>)> {
     let deadline = Instant::now() + duration;
     let mut tasks = tokio::task::JoinSet::new();
     for _ in 0..concurrency {
@@ -353,12 +396,17 @@ async fn closed_loop(
             while Instant::now() < deadline {
                 let reply = connection.send("POST", "/v1/chat/completions", body.clone()).await?;
                 anyhow::ensure!(reply.status == 200, "status {}", reply.status);
-                samples.push(reply.first_byte_ms().context("empty answer")?);
+                let first = reply.first_byte_ms().context("empty answer")?;
+                let last = reply
+                    .frames
+                    .last()
+                    .map_or(first, |(at, _)| at.duration_since(reply.sent).as_secs_f64() * 1000.0);
+                samples.push((first, last));
             }
             anyhow::Ok(samples)
         });
     }
-    let mut all = Vec::new();
+    let mut all = (Vec::new(), Vec::new());
     while let Some(result) = tasks.join_next().await {
         all.extend(result??);
     }
@@ -402,13 +450,14 @@ async fn measure(
     let pid = setup.proxy_pid(target);
     let cpu_before = pid.map(cpu::seconds);
     let started = Instant::now();
-    let ttfb_ms = closed_loop(client, concurrency, duration, body)
+    let (ttfb_ms, last_byte_ms) = closed_loop(client, concurrency, duration, body)
         .await
         .with_context(|| format!("through {}", target.name()))?;
     let seconds = started.elapsed().as_secs_f64();
     let proxy_cpu = pid.zip(cpu_before).map(|(pid, before)| cpu::seconds(pid) - before);
     Ok(Measured {
         ttfb_ms,
+        last_byte_ms,
         seconds,
         proxy_cpu,
     })
