@@ -79,6 +79,43 @@ async fn cheap_workers_take_what_they_can_meet_and_fast_ones_the_rest() -> anyho
     Ok(())
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_workers_speed_is_measured_while_its_first_stream_runs() -> anyhow::Result<()> {
+    // A router weighing measured speed must not wait for long answers to end: a replay whose
+    // answers ran 30 s left `cost-aware` blind for most of it.
+    let worker = Mockers::start(&["--num-workers", "1", "--speedup", "1"])?;
+    let (gateway, admin) = Gateway::start_with_admin(
+        &format!(
+            "[server]\nplaintext = true\n[[workers]]\nname = \"only\"\nurl = \"http://{}\"\nmodel = \"mock\"\n",
+            worker.addrs[0]
+        ),
+        TOKEN,
+    )?;
+    let client = Client::plain(gateway.addr);
+    let long = tokio::spawn(async move {
+        let mut connection = client.connect().await?;
+        let body = serde_json::to_vec(&chat_body("mock", "a long answer", 4000, true))?;
+        let reply = connection.send("POST", "/v1/chat/completions", body).await?;
+        anyhow::ensure!(reply.status == 200, "{}", String::from_utf8_lossy(&reply.body()));
+        anyhow::Ok(reply.events().len())
+    });
+    let measured = || async {
+        worker_stats(&admin, "only").await["measured_itl_ms"]
+            .as_f64()
+            .is_some_and(|ms| ms > 0.0)
+    };
+    assert!(
+        eventually(Duration::from_secs(20), measured).await,
+        "the worker's speed is measured"
+    );
+    assert!(
+        !long.is_finished(),
+        "measured while the stream still ran, not when it ended"
+    );
+    long.abort();
+    Ok(())
+}
+
 /// What `/admin/stats` says of the worker named `name`.
 async fn worker_stats(admin: &switchyard_e2e::Admin, name: &str) -> serde_json::Value {
     let (_, stats) = admin.call("GET", "/admin/stats", Vec::new()).await.unwrap_or_default();

@@ -672,6 +672,7 @@ async fn finish(
             first_at: None,
             last_at: None,
             gaps_us: Vec::new(),
+            itl_reported: false,
         };
         let (tap, charge) = match accounting {
             Some(Accounting { charge, strip }) => (Some(UsageTap::new(strip)), Some(charge)),
@@ -801,10 +802,15 @@ struct StreamTiming {
     /// Gaps between its chunks (µs; a frame of k chunks after a gap g counts k gaps of g/k),
     /// the first [`MAX_GAPS`] of them.
     gaps_us: Vec<u32>,
+    /// Whether the worker has been told this stream's typical gap.
+    itl_reported: bool,
 }
 
-/// Gaps kept per stream for the worker's typical gap: enough for a stable median.
-const MAX_GAPS: usize = 64;
+/// Gaps kept per stream for the worker's typical gap: enough for a stable median, and few
+/// enough that the worker hears of it within seconds, not when a long answer ends (a router
+/// weighing measured speed is blind until then: the first version reported at the end, and on
+/// a replay whose answers ran 30 s `cost-aware` took slow workers for fast ones for most of it).
+const MAX_GAPS: usize = 16;
 
 impl StreamTiming {
     fn saw(&mut self, data: &[u8]) {
@@ -822,6 +828,9 @@ impl StreamTiming {
             let room = MAX_GAPS - self.gaps_us.len();
             self.gaps_us
                 .extend(std::iter::repeat_n(gap_us, (chunks as usize).min(room)));
+            if self.gaps_us.len() == MAX_GAPS {
+                self.report_itl();
+            }
         }
         self.first_at.get_or_insert(now);
         self.last_at = Some(now);
@@ -840,6 +849,18 @@ impl StreamTiming {
         Some(f64::from(*median) / 1000.0)
     }
 
+    /// Tells the worker this stream's typical gap (the `measured` import of routers that
+    /// weigh a worker's own speed), once.
+    fn report_itl(&mut self) {
+        if self.itl_reported {
+            return;
+        }
+        if let Some(gap_ms) = self.median_gap_ms() {
+            self.worker.observe_itl(gap_ms);
+            self.itl_reported = true;
+        }
+    }
+
     /// Judges the stream, with the usage the worker reported if it did.
     fn judge(mut self, reported: Option<api::Usage>) {
         let itl_ms = match (self.first_at, self.last_at) {
@@ -851,10 +872,8 @@ impl StreamTiming {
         let tokens = reported.map_or(self.prompt_tokens + self.chunks, |usage| {
             u64::from(usage.prompt_tokens) + u64::from(usage.completion_tokens)
         });
-        if let Some(gap_ms) = self.median_gap_ms() {
-            // The worker's own speed, for routers that weigh it (the `measured` import).
-            self.worker.observe_itl(gap_ms);
-        }
+        // A stream shorter than MAX_GAPS gaps reports what it has.
+        self.report_itl();
         let observed = slo::Observed {
             ttft_ms: self.ttft_ms,
             itl_ms,
