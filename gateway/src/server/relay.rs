@@ -10,8 +10,8 @@
 //! then the policy again; see [`crate::routing`]); an unreachable one is also taken out of
 //! rotation at once. Streamed answers are relayed as they arrive (a stream whose events come
 //! faster than `server.stream_coalesce_us` apart has them written a window's worth at a time:
-//! see [`super::coalesce`]); if the worker fails mid-stream the client gets a final SSE error event and a
-//! clean end of stream. Whole answers are read to the end first, so a failure becomes a 502.
+//! see `coalesce.rs`); if the worker fails mid-stream the client gets a final SSE error event
+//! and a clean end of stream. Whole answers are read to the end first, so a failure becomes a 502.
 
 use std::pin::Pin;
 use std::sync::Arc;
