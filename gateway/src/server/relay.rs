@@ -672,7 +672,6 @@ async fn finish(
             first_at: None,
             last_at: None,
             gaps_us: Vec::new(),
-            itl_reported: false,
         };
         let (tap, charge) = match accounting {
             Some(Accounting { charge, strip }) => (Some(UsageTap::new(strip)), Some(charge)),
@@ -802,8 +801,6 @@ struct StreamTiming {
     /// Gaps between its chunks (µs; a frame of k chunks after a gap g counts k gaps of g/k),
     /// the first [`MAX_GAPS`] of them.
     gaps_us: Vec<u32>,
-    /// Whether the worker has been told this stream's typical gap.
-    itl_reported: bool,
 }
 
 /// Gaps kept per stream for the worker's typical gap: enough for a stable median, and few
@@ -828,6 +825,7 @@ impl StreamTiming {
             let room = MAX_GAPS - self.gaps_us.len();
             self.gaps_us
                 .extend(std::iter::repeat_n(gap_us, (chunks as usize).min(room)));
+            // Reached once: gaps are kept only while there are fewer.
             if self.gaps_us.len() == MAX_GAPS {
                 self.report_itl();
             }
@@ -850,14 +848,10 @@ impl StreamTiming {
     }
 
     /// Tells the worker this stream's typical gap (the `measured` import of routers that
-    /// weigh a worker's own speed), once.
+    /// weigh a worker's own speed).
     fn report_itl(&mut self) {
-        if self.itl_reported {
-            return;
-        }
         if let Some(gap_ms) = self.median_gap_ms() {
             self.worker.observe_itl(gap_ms);
-            self.itl_reported = true;
         }
     }
 
@@ -872,8 +866,10 @@ impl StreamTiming {
         let tokens = reported.map_or(self.prompt_tokens + self.chunks, |usage| {
             u64::from(usage.prompt_tokens) + u64::from(usage.completion_tokens)
         });
-        // A stream shorter than MAX_GAPS gaps reports what it has.
-        self.report_itl();
+        // A stream that reached MAX_GAPS gaps reported then; a shorter one reports what it has.
+        if self.gaps_us.len() < MAX_GAPS {
+            self.report_itl();
+        }
         let observed = slo::Observed {
             ttft_ms: self.ttft_ms,
             itl_ms,

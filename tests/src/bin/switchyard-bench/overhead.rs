@@ -208,18 +208,18 @@ pub async fn overhead(args: OverheadArgs) -> anyhow::Result<()> {
         .unwrap_or_default();
     let plain = Gateway::start(&format!("[server]\nplaintext = true\n{coalesce}{limits}{workers}"))?;
     let ca = TestCa::new()?;
-    let tls = Gateway::start(&format!(
-        "mode = \"production\"\n[server]\n{coalesce}{}\n{limits}{workers}",
-        ca.tls_toml()
-    ))?;
-    let tls_eager = if args.coalescing_off_too {
-        Some(Gateway::start(&format!(
-            "mode = \"production\"\n[server]\nstream_coalesce_us = 0\n{}\n{limits}{workers}",
+    // The TLS gateway with `server` keys of its own.
+    let tls_gateway = |server: &str| {
+        Gateway::start(&format!(
+            "mode = \"production\"\n[server]\n{server}{}\n{limits}{workers}",
             ca.tls_toml()
-        ))?)
-    } else {
-        None
+        ))
     };
+    let tls = tls_gateway(&coalesce)?;
+    let tls_eager = args
+        .coalescing_off_too
+        .then(|| tls_gateway("stream_coalesce_us = 0\n"))
+        .transpose()?;
     let nginx = match &nginx_binary {
         Some(binary) => Some(Nginx::start(
             binary,
