@@ -112,9 +112,11 @@ fn times_transposed(
 }
 
 /// From this many activation rows on, a quantized product widens tiles of weights and uses
-/// `gemm`, which is compute-efficient where the block kernels are not (measured on SmolLM2, two
-/// cores: prefill 165 tok/s through block kernels, 433 through tiles; BENCHMARKS.md).
-const GEMM_ROWS: usize = 16;
+/// `gemm`, which is compute-efficient where the block kernels are not. Measured on SmolLM2, two
+/// cores, with the grouped-scale kernels (BENCHMARKS.md): decode at 16 / 32 / 48 / 64 rows made
+/// 263 / 273–281 / 263 / 249 tok/s through block kernels and 142 / 226 / 276 / 311 through
+/// tiles, and a 512-token prefill 318 against 474.
+const GEMM_ROWS: usize = 40;
 
 /// Weight rows widened at a time for a many-row product: 64 rows of a 1,536-wide matrix are
 /// 393 KB of f32, which stays in L2 while `gemm` reads it.
@@ -871,6 +873,21 @@ impl Model {
         let attend = |(out_rows, q_rows, start, blocks): (&mut [f32], &[f32], usize, &[u32])| {
             let n = q_rows.len() / q_width;
             let context = start + n;
+            if n == 1 {
+                // A decode step: read the keys and values where they lie, with no gathering
+                // copy and no `gemm` calls sized for one row.
+                let query = DecodeQuery {
+                    layer: index,
+                    blocks,
+                    context,
+                    heads: c.num_heads,
+                    group,
+                    dim: d,
+                    scale,
+                    values: q_rows,
+                };
+                return kv.attend_one(&query, out_rows);
+            }
             // The sequence's keys and values, gathered from its blocks into [context, kv_width].
             let (keys, values) = kv.gather(index, blocks, context);
             let mut scores = vec![0.0; n * context];
@@ -998,6 +1015,77 @@ impl PagedKv {
         (block * self.block_size + position % self.block_size) * self.kv_width
     }
 
+    /// One query row attending to its sequence's keys and values, read in place from their
+    /// blocks; the weighted sums go to `out`.
+    fn attend_one(&self, query: &DecodeQuery<'_>, out: &mut [f32]) {
+        #[cfg(target_arch = "x86_64")]
+        if is_x86_feature_detected!("avx2") {
+            /// The same loops compiled for AVX2's 8-wide vectors.
+            #[target_feature(enable = "avx2")]
+            fn wide(kv: &PagedKv, query: &DecodeQuery<'_>, out: &mut [f32]) {
+                kv.attend_one_with(query, out);
+            }
+            // SAFETY: the CPU has AVX2 (checked above).
+            return unsafe { wide(self, query, out) };
+        }
+        self.attend_one_with(query, out);
+    }
+
+    /// [`PagedKv::attend_one`]'s loops, inlined into the instruction set of its caller.
+    #[inline(always)]
+    fn attend_one_with(&self, query: &DecodeQuery<'_>, out: &mut [f32]) {
+        let DecodeQuery {
+            layer,
+            blocks,
+            context,
+            heads,
+            group,
+            dim,
+            scale,
+            values: query,
+        } = *query;
+        let (keys, values) = (&self.keys[layer], &self.values[layer]);
+        // [head][position]
+        let mut scores = vec![0.0f32; heads * context];
+        for position in 0..context {
+            let slot = self.slot(blocks, position);
+            let key = &keys[slot..slot + self.kv_width];
+            for head in 0..heads {
+                let kv_head = head / group;
+                scores[head * context + position] = dot(
+                    &query[head * dim..(head + 1) * dim],
+                    &key[kv_head * dim..(kv_head + 1) * dim],
+                ) * scale;
+            }
+        }
+        for row in scores.chunks_exact_mut(context.max(1)) {
+            let max = row.iter().fold(f32::NEG_INFINITY, |m, s| m.max(*s));
+            let mut sum = 0.0;
+            for s in row.iter_mut() {
+                *s = (*s - max).exp();
+                sum += *s;
+            }
+            for s in row.iter_mut() {
+                *s /= sum;
+            }
+        }
+        out[..heads * dim].fill(0.0);
+        for position in 0..context {
+            let slot = self.slot(blocks, position);
+            let value = &values[slot..slot + self.kv_width];
+            for head in 0..heads {
+                let kv_head = head / group;
+                let weight = scores[head * context + position];
+                for (out, v) in out[head * dim..(head + 1) * dim]
+                    .iter_mut()
+                    .zip(&value[kv_head * dim..(kv_head + 1) * dim])
+                {
+                    *out += weight * v;
+                }
+            }
+        }
+    }
+
     /// Layer `layer`'s keys and values of positions `0..context`, contiguous.
     fn gather(&self, layer: usize, blocks: &[u32], context: usize) -> (Vec<f32>, Vec<f32>) {
         let mut keys = Vec::with_capacity(context * self.kv_width);
@@ -1016,6 +1104,37 @@ impl PagedKv {
         }
         (keys, values)
     }
+}
+
+/// One decode step's query row for one sequence and layer: `heads` query heads of `dim` values,
+/// `group` of them sharing each key/value head, attending to positions `0..context` kept in
+/// `blocks`.
+#[derive(Debug, Clone, Copy)]
+struct DecodeQuery<'a> {
+    layer: usize,
+    blocks: &'a [u32],
+    context: usize,
+    heads: usize,
+    group: usize,
+    dim: usize,
+    /// 1/√dim.
+    scale: f32,
+    values: &'a [f32],
+}
+
+/// `a · b`, in eight running sums so that it vectorizes.
+#[inline(always)]
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let mut sums = [0.0f32; 8];
+    let (a_chunks, a_rest) = a.as_chunks::<8>();
+    let (b_chunks, b_rest) = b.as_chunks::<8>();
+    for (a, b) in a_chunks.iter().zip(b_chunks) {
+        for ((sum, a), b) in sums.iter_mut().zip(a).zip(b) {
+            *sum += a * b;
+        }
+    }
+    let rest: f32 = a_rest.iter().zip(b_rest).map(|(a, b)| a * b).sum();
+    sums.iter().sum::<f32>() + rest
 }
 
 /// Rotates every head in `row` (heads of `2 · inv_freq.len()` values) by `position`, in

@@ -1,12 +1,18 @@
-//! Weight matrices kept as GGUF stores them (GGML's Q4_0, Q4_1 and Q8_0 blocks of 32 values),
-//! and their products with activations quantized per block to 16 bits.
+//! Weight matrices kept quantized as GGUF stores them (GGML's Q4_0, Q4_1 and Q8_0 blocks of 32
+//! values), and their products with activations quantized per block to 16 bits.
+//!
+//! The blocks are kept at their size, but regrouped within each row: eight blocks' f16 scales
+//! side by side (then their minimums, for Q4_1), then their values, so that a kernel widens
+//! eight scales with one instruction and scales the activations' eight with another, instead of
+//! a scalar conversion and multiplication per block (see [`QuantMatrix::new`]).
 //!
 //! A product reads each weight block once per batch: 18–34 bytes for 32 weights instead of
 //! 128 as f32, which is what bounds decoding on a CPU. The activations of a row are quantized
 //! once per product, per 32-value block, to 16-bit integers with an f32 scale (and their sum,
 //! for Q4_1's minimum and Q4_0's offset), so each block's dot product is an integer
-//! one: 16-bit multiply-adds (`vpmaddwd`) with AVX2 where the CPU has it (detected at run time),
-//! a portable loop elsewhere, both giving the same integer sums. llama.cpp quantizes the
+//! one: 16-bit multiply-adds (`vpmaddwd`, and `vpdpwssd` with AVX-512 VNNI) where the CPU has
+//! AVX2 (detected at run time, [`Isa`]), a portable loop elsewhere, all giving the same integer
+//! sums. llama.cpp quantizes the
 //! activations to 8 bits; tried here, that moved SmolLM2's logits by up to ~1 (of ~25) against
 //! the widened weights and flipped its greedy answer to a chat question (the f32 path answers
 //! "Paris", 8-bit activations "L'Étoile…"). 16 bits keep the error ~250× smaller and the dot
@@ -32,6 +38,19 @@ pub enum QuantKind {
 }
 
 impl QuantKind {
+    /// f16 values heading a block: its scale, and for Q4_1 its minimum.
+    fn halves(self) -> usize {
+        match self {
+            QuantKind::Q4_1 => 2,
+            QuantKind::Q4_0 | QuantKind::Q8_0 => 1,
+        }
+    }
+
+    /// Bytes of a block's integers.
+    fn payload_bytes(self) -> usize {
+        self.block_bytes() - 2 * self.halves()
+    }
+
     /// Bytes per 32-value block.
     pub fn block_bytes(self) -> usize {
         match self {
@@ -106,7 +125,28 @@ impl QuantMatrix {
                 wanted,
             });
         }
-        Ok(QuantMatrix { kind, rows, cols, data })
+        let mut matrix = QuantMatrix { kind, rows, cols, data };
+        matrix.regroup();
+        Ok(matrix)
+    }
+
+    /// Rewrites each row from GGML's block order into groups of [`GROUP`] blocks: their
+    /// scales, their minimums (Q4_1), their integers (see [`place`]).
+    fn regroup(&mut self) {
+        let (kind, blocks, row_bytes) = (self.kind, self.cols / BLOCK, self.row_bytes());
+        let header = 2 * kind.halves();
+        let mut row = vec![0u8; row_bytes];
+        for stored in self.data.chunks_exact_mut(row_bytes) {
+            row.copy_from_slice(stored);
+            for (b, block) in row.chunks_exact(kind.block_bytes()).enumerate() {
+                let at = place(kind, blocks, b);
+                stored[at.scale..at.scale + 2].copy_from_slice(&block[0..2]);
+                if kind == QuantKind::Q4_1 {
+                    stored[at.minimum..at.minimum + 2].copy_from_slice(&block[2..4]);
+                }
+                stored[at.values..at.values + kind.payload_bytes()].copy_from_slice(&block[header..]);
+            }
+        }
     }
 
     /// The block type.
@@ -140,13 +180,12 @@ impl QuantMatrix {
 
     /// Row `row` widened to f32 into `out` (`cols` values).
     pub fn dequantize_row(&self, row: usize, out: &mut [f32]) {
-        let block_bytes = self.kind.block_bytes();
-        for (block, out) in self
-            .row_data(row)
-            .chunks_exact(block_bytes)
-            .zip(out.as_chunks_mut::<BLOCK>().0)
-        {
-            dequantize_block(self.kind, block, out);
+        let (kind, blocks, data) = (self.kind, self.cols / BLOCK, self.row_data(row));
+        for (b, out) in out.as_chunks_mut::<BLOCK>().0.iter_mut().enumerate().take(blocks) {
+            let (q, d, coefficient) = portable::block(kind, data, blocks, b);
+            for (out, q) in out.iter_mut().zip(q) {
+                *out = q as f32 * d + coefficient;
+            }
         }
     }
 
@@ -183,6 +222,19 @@ impl QuantMatrix {
     ///
     /// If the matrices differ in width, or `x` does not hold `rows × cols` values.
     pub fn matmul_all<const N: usize>(matrices: [&QuantMatrix; N], x: &[f32], rows: usize) -> [Vec<f32>; N] {
+        QuantMatrix::matmul_all_with(isa(), matrices, x, rows)
+    }
+
+    /// [`QuantMatrix::matmul`] through the kernels of `isa`, or `None` where this CPU lacks it
+    /// (see [`Isa::available`]): for comparing the kernels with each other.
+    pub fn matmul_on(&self, isa: Isa, x: &[f32], rows: usize) -> Option<Vec<f32>> {
+        isa.available().then(|| {
+            let [y] = QuantMatrix::matmul_all_with(isa, [self], x, rows);
+            y
+        })
+    }
+
+    fn matmul_all_with<const N: usize>(isa: Isa, matrices: [&QuantMatrix; N], x: &[f32], rows: usize) -> [Vec<f32>; N] {
         let cols = matrices.first().map_or(0, |m| m.cols);
         assert!(matrices.iter().all(|m| m.cols == cols), "matrices of different widths");
         assert_eq!(x.len(), rows * cols, "activation shape");
@@ -192,7 +244,8 @@ impl QuantMatrix {
             return ys;
         }
         let activations = Q16Rows::quantize(x, rows, cols);
-        let x_row = |r: usize| activations.row(r);
+        // Sliced once, not per weight row.
+        let x_rows: Vec<Row<'_>> = (0..rows).map(|r| activations.row(r)).collect();
         // Each task: a run of one matrix's weight rows against every activation row, in tiles
         // of rows that stay in cache; its results come back as [output][row] and are scattered
         // below.
@@ -215,7 +268,7 @@ impl QuantMatrix {
             .par_iter()
             .map(|&(m, start, count)| {
                 let matrix = matrices[m];
-                let kernels = kernels(matrix.kind);
+                let kernels = kernels_for(matrix.kind, isa);
                 let row_bytes = matrix.row_bytes();
                 let weights = &matrix.data[start * row_bytes..(start + count) * row_bytes];
                 let mut out = vec![0.0; count * rows];
@@ -225,11 +278,11 @@ impl QuantMatrix {
                         let out = &mut out[o * rows..(o + 1) * rows];
                         let mut r = tile;
                         while r + 1 < tile_end {
-                            [out[r], out[r + 1]] = (kernels.two)(weight, [x_row(r), x_row(r + 1)]);
+                            [out[r], out[r + 1]] = (kernels.two)(weight, [x_rows[r], x_rows[r + 1]]);
                             r += 2;
                         }
                         if r < tile_end {
-                            out[r] = (kernels.one)(weight, x_row(r));
+                            out[r] = (kernels.one)(weight, x_rows[r]);
                         }
                     }
                 }
@@ -253,7 +306,36 @@ impl QuantMatrix {
 /// weight rows being read.
 const ACTIVATION_TILE: usize = 16;
 
-/// Widens one block of `kind` into 32 values.
+/// Blocks whose scales are kept side by side in a stored row (one 128-bit load of f16 values,
+/// widened to one 256-bit vector of f32). A row's last group may be shorter.
+const GROUP: usize = 8;
+
+/// Where a block's parts lie within its stored row.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Place {
+    /// The f16 scale.
+    scale: usize,
+    /// The f16 minimum (Q4_1 only).
+    minimum: usize,
+    /// The integers.
+    values: usize,
+}
+
+/// Block `b` of a row of `blocks` blocks of `kind`: its group of [`GROUP`] blocks starts where
+/// GGML's layout would start it, and holds the group's scales, then (Q4_1) its minimums, then
+/// its blocks' integers, each in block order, so a row keeps its size.
+fn place(kind: QuantKind, blocks: usize, b: usize) -> Place {
+    let (group, index) = (b / GROUP, b % GROUP);
+    let start = group * GROUP * kind.block_bytes();
+    let size = GROUP.min(blocks - group * GROUP);
+    Place {
+        scale: start + 2 * index,
+        minimum: start + 2 * size + 2 * index,
+        values: start + 2 * kind.halves() * size + index * kind.payload_bytes(),
+    }
+}
+
+/// Widens one block of `kind`, as GGML lays it out, into 32 values.
 pub(crate) fn dequantize_block(kind: QuantKind, block: &[u8], out: &mut [f32]) {
     let f16 = |b: &[u8]| half::f16::from_le_bytes([b[0], b[1]]).to_f32();
     match kind {
@@ -289,7 +371,8 @@ struct Q16Rows {
     sums: Vec<f32>,
 }
 
-/// One activation row's blocks: `x ≈ values · scale`, and each block's `scale · Σ values`.
+/// One activation row's blocks: `x ≈ values · scale`, and each block's `scale · Σ values`
+/// (scales and sums zero past the row's end, to a whole [`GROUP`]).
 #[derive(Clone, Copy)]
 struct Row<'a> {
     values: &'a [i16],
@@ -300,16 +383,26 @@ struct Row<'a> {
 impl Q16Rows {
     fn quantize(x: &[f32], rows: usize, cols: usize) -> Q16Rows {
         let blocks = cols / BLOCK;
+        let padded = blocks.next_multiple_of(GROUP);
         let mut values = vec![0i16; rows * cols];
-        let mut scales = Vec::with_capacity(rows * blocks);
-        let mut sums = Vec::with_capacity(rows * blocks);
-        for (block, out) in x.as_chunks::<BLOCK>().0.iter().zip(values.as_chunks_mut::<BLOCK>().0) {
+        let mut scales = Vec::with_capacity(rows * padded);
+        let mut sums = Vec::with_capacity(rows * padded);
+        for (b, (block, out)) in x
+            .as_chunks::<BLOCK>()
+            .0
+            .iter()
+            .zip(values.as_chunks_mut::<BLOCK>().0)
+            .enumerate()
+        {
             let max = block.iter().fold(0.0f32, |m, v| m.max(v.abs()));
             let scale = max / f32::from(i16::MAX);
             let inverse = if scale > 0.0 { 1.0 / scale } else { 0.0 };
             let mut sum = 0i32;
             for (out, value) in out.iter_mut().zip(block) {
-                *out = (value * inverse).round() as i16;
+                // Round to nearest (ties to even) by adding and taking away 1.5 · 2²³, exact for
+                // the magnitudes here (≤ 32,767), where `f32::round` is a library call per value.
+                const ROUNDING: f32 = 12_582_912.0;
+                *out = ((value * inverse + ROUNDING) - ROUNDING) as i16;
                 sum += i32::from(*out);
             }
             scales.push(scale);
@@ -317,6 +410,11 @@ impl Q16Rows {
             // same rounding as the products: the result is the widened weights times the
             // quantized activations.
             sums.push(scale * sum as f32);
+            if b % blocks == blocks - 1 {
+                // Zeros to the row's last whole group, which the kernels read eight at a time.
+                scales.resize(scales.len() + padded - blocks, 0.0);
+                sums.resize(sums.len() + padded - blocks, 0.0);
+            }
         }
         Q16Rows {
             blocks,
@@ -327,9 +425,11 @@ impl Q16Rows {
     }
 
     fn row(&self, row: usize) -> Row<'_> {
-        let blocks = row * self.blocks..(row + 1) * self.blocks;
+        let values = row * self.blocks * BLOCK..(row + 1) * self.blocks * BLOCK;
+        let padded = self.blocks.next_multiple_of(GROUP);
+        let blocks = row * padded..(row + 1) * padded;
         Row {
-            values: &self.values[blocks.start * BLOCK..blocks.end * BLOCK],
+            values: &self.values[values],
             scales: &self.scales[blocks.clone()],
             sums: &self.sums[blocks],
         }
@@ -346,48 +446,66 @@ struct Kernels {
 /// The instruction sets the kernels use, as this CPU has them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Isa {
+    /// AVX-512 VNNI (with its VL and BW parts) on top of [`Isa::Avx2`]: the second half of a
+    /// block's product accumulates in the same instruction (`vpdpwssd`).
+    Avx512Vnni,
     /// AVX2 with FMA and F16C.
     Avx2,
     /// Plain Rust (what LLVM makes of it for the target).
     Portable,
 }
 
-/// What the kernels run on here (detected once).
+impl Isa {
+    /// Every kernel set, best first.
+    pub const ALL: [Isa; 3] = [Isa::Avx512Vnni, Isa::Avx2, Isa::Portable];
+
+    /// Whether this CPU runs the kernels of `self`.
+    pub fn available(self) -> bool {
+        match self {
+            Isa::Portable => true,
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512Vnni => {
+                Isa::Avx2.available()
+                    && is_x86_feature_detected!("avx512f")
+                    && is_x86_feature_detected!("avx512bw")
+                    && is_x86_feature_detected!("avx512vl")
+                    && is_x86_feature_detected!("avx512vnni")
+            }
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 => {
+                is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c")
+            }
+            #[cfg(not(target_arch = "x86_64"))]
+            _ => false,
+        }
+    }
+}
+
+/// What the kernels run on here: the best kernel set this CPU has (detected once).
 pub fn isa() -> Isa {
     static ISA: OnceLock<Isa> = OnceLock::new();
     *ISA.get_or_init(|| {
-        #[cfg(target_arch = "x86_64")]
-        {
-            if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c") {
-                return Isa::Avx2;
-            }
-        }
-        Isa::Portable
+        Isa::ALL
+            .into_iter()
+            .find(|isa| isa.available())
+            .unwrap_or(Isa::Portable)
     })
-}
-
-fn kernels(kind: QuantKind) -> Kernels {
-    kernels_for(kind, isa())
 }
 
 /// The kernels for `kind` on `isa` (which must be available: see [`isa`]).
 fn kernels_for(kind: QuantKind, isa: Isa) -> Kernels {
     #[cfg(target_arch = "x86_64")]
-    if isa == Isa::Avx2 {
-        return match kind {
-            QuantKind::Q4_0 => Kernels {
-                one: x86::q4_0_one,
-                two: x86::q4_0_two,
-            },
-            QuantKind::Q4_1 => Kernels {
-                one: x86::q4_1_one,
-                two: x86::q4_1_two,
-            },
-            QuantKind::Q8_0 => Kernels {
-                one: x86::q8_0_one,
-                two: x86::q8_0_two,
-            },
-        };
+    {
+        let pick = |one, two| Kernels { one, two };
+        match (isa, kind) {
+            (Isa::Avx512Vnni, QuantKind::Q4_0) => return pick(x86::q4_0_one_vnni, x86::q4_0_two_vnni),
+            (Isa::Avx512Vnni, QuantKind::Q4_1) => return pick(x86::q4_1_one_vnni, x86::q4_1_two_vnni),
+            (Isa::Avx512Vnni, QuantKind::Q8_0) => return pick(x86::q8_0_one_vnni, x86::q8_0_two_vnni),
+            (Isa::Avx2, QuantKind::Q4_0) => return pick(x86::q4_0_one, x86::q4_0_two),
+            (Isa::Avx2, QuantKind::Q4_1) => return pick(x86::q4_1_one, x86::q4_1_two),
+            (Isa::Avx2, QuantKind::Q8_0) => return pick(x86::q8_0_one, x86::q8_0_two),
+            (Isa::Portable, _) => {}
+        }
     }
     let _ = isa;
     match kind {
@@ -408,46 +526,49 @@ fn kernels_for(kind: QuantKind, isa: Isa) -> Kernels {
 
 /// The kernels in plain Rust: the reference the vector ones are tested against.
 mod portable {
-    use super::{BLOCK, QuantKind, Row};
+    use super::{BLOCK, QuantKind, Row, place};
 
     fn f16(bytes: &[u8]) -> f32 {
         half::f16::from_le_bytes([bytes[0], bytes[1]]).to_f32()
     }
 
-    /// A block's integers (4-bit values 0..16 unshifted, or signed bytes), its scale, and the
-    /// coefficient of the activations' sum (Q4_1's minimum, Q4_0's −8·scale).
-    fn block(kind: QuantKind, block: &[u8]) -> ([i32; BLOCK], f32, f32) {
+    /// Block `b` of a stored row of `blocks` blocks: its integers (4-bit values 0..16
+    /// unshifted, or signed bytes), its scale, and the coefficient of the activations' sum
+    /// (Q4_1's minimum, Q4_0's −8·scale).
+    pub(super) fn block(kind: QuantKind, row: &[u8], blocks: usize, b: usize) -> ([i32; BLOCK], f32, f32) {
+        let at = place(kind, blocks, b);
+        let values = &row[at.values..at.values + kind.payload_bytes()];
+        let d = f16(&row[at.scale..]);
         let mut q = [0i32; BLOCK];
-        let nibbles = |qs: &[u8], q: &mut [i32; BLOCK]| {
-            for (i, byte) in qs.iter().enumerate() {
-                q[i] = i32::from(byte & 0x0f);
-                q[i + 16] = i32::from(byte >> 4);
-            }
-        };
         match kind {
-            QuantKind::Q4_0 => {
-                let d = f16(&block[0..2]);
-                nibbles(&block[2..18], &mut q);
-                (q, d, -8.0 * d)
-            }
-            QuantKind::Q4_1 => {
-                nibbles(&block[4..20], &mut q);
-                (q, f16(&block[0..2]), f16(&block[2..4]))
+            QuantKind::Q4_0 | QuantKind::Q4_1 => {
+                // The low nibbles are values 0..16, the high ones 16..32.
+                for (i, byte) in values.iter().enumerate() {
+                    q[i] = i32::from(byte & 0x0f);
+                    q[i + 16] = i32::from(byte >> 4);
+                }
+                let coefficient = if kind == QuantKind::Q4_1 {
+                    f16(&row[at.minimum..])
+                } else {
+                    -8.0 * d
+                };
+                (q, d, coefficient)
             }
             QuantKind::Q8_0 => {
-                for (q, &byte) in q.iter_mut().zip(&block[2..34]) {
+                for (q, &byte) in q.iter_mut().zip(values) {
                     *q = i32::from(byte as i8);
                 }
-                (q, f16(&block[0..2]), 0.0)
+                (q, d, 0.0)
             }
         }
     }
 
-    /// One weight row (blocks of `kind`) against `R` activation rows.
+    /// One stored weight row (blocks of `kind`) against `R` activation rows.
     pub(super) fn rows<const R: usize>(kind: QuantKind, w: &[u8], x: [Row<'_>; R]) -> [f32; R] {
+        let blocks = w.len() / kind.block_bytes();
         let mut sums = [0.0; R];
-        for (b, bytes) in w.chunks_exact(kind.block_bytes()).enumerate() {
-            let (q, d, coefficient) = block(kind, bytes);
+        for b in 0..blocks {
+            let (q, d, coefficient) = block(kind, w, blocks, b);
             for (sum, x) in sums.iter_mut().zip(&x) {
                 let values = &x.values[b * BLOCK..(b + 1) * BLOCK];
                 let dot: i32 = q.iter().zip(values).map(|(&q, &v)| q * i32::from(v)).sum();
@@ -458,100 +579,104 @@ mod portable {
     }
 }
 
-/// AVX2 kernels: a block's 32 integers widened to two vectors of sixteen 16-bit lanes,
-/// multiplied with each activation row's 16-bit values and summed in pairs (`vpmaddwd`), the
-/// block's scale applied to the eight 32-bit sums by one FMA.
+/// x86 kernels. A group of eight blocks' f16 scales is widened by one instruction and
+/// multiplied with the activation row's eight scales by another (its minimums, or for Q4_0 its
+/// scales, times the row's eight sums by one FMA); each block's 32 integers become two vectors
+/// of sixteen 16-bit lanes (4-bit values zero-extended from their bytes in one instruction, the
+/// high nibble a shift away), multiplied with the row's 16-bit values and summed in pairs
+/// (`vpmaddwd`, or with AVX-512 VNNI `vpdpwssd` accumulating the second half into the first),
+/// and the eight 32-bit sums converted and scaled by one FMA whose scale is a lane of the
+/// group's. A row's last, shorter group runs block by block.
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use std::arch::x86_64::*;
 
-    use super::{BLOCK, Row};
+    use super::{BLOCK, GROUP, QuantKind, Row};
 
-    /// The f16 values of `bytes[0..2]` and, for `PAIR`, `bytes[2..4]`, in one conversion.
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    fn halves<const PAIR: bool>(bytes: &[u8]) -> (f32, f32) {
-        let bits = if PAIR {
-            i32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]])
-        } else {
-            i32::from(u16::from_le_bytes([bytes[0], bytes[1]]))
-        };
-        let both = _mm_cvtph_ps(_mm_cvtsi32_si128(bits));
-        (_mm_cvtss_f32(both), _mm_cvtss_f32(_mm_movehdup_ps(both)))
+    /// What multiplies a block's activation sum.
+    #[derive(Clone, Copy, PartialEq)]
+    enum Offset {
+        /// Nothing (Q8_0's values are signed).
+        None,
+        /// The block's scale, times a constant (Q4_0: −8, its values stored as q + 8).
+        Scale(f32),
+        /// The block's minimum (Q4_1).
+        Minimum,
     }
 
-    /// A 4-bit block's nibbles as 16-bit lanes: values 0..16, then 16..32.
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    fn nibbles(qs: &[u8]) -> (__m256i, __m256i) {
-        assert!(qs.len() >= 16);
-        // SAFETY: 16 readable bytes (asserted); unaligned load.
-        let packed = unsafe { _mm_loadu_si128(qs.as_ptr().cast()) };
-        let mask = _mm_set1_epi8(0x0f);
-        let low = _mm_and_si128(packed, mask);
-        let high = _mm_and_si128(_mm_srli_epi16(packed, 4), mask);
-        (_mm256_cvtepu8_epi16(low), _mm256_cvtepu8_epi16(high))
-    }
-
-    /// A block type: its size, and its integers, scale and sum coefficient.
+    /// A block type: its layout, and how to read its integers.
     trait Block {
-        const BYTES: usize;
+        const KIND: QuantKind;
+        const OFFSET: Offset;
 
+        /// The block's integers: values 0..16, then 16..32.
+        ///
         /// # Safety
         ///
-        /// The CPU must have AVX2, FMA and F16C.
-        unsafe fn read(block: &[u8]) -> (__m256i, __m256i, f32, f32);
+        /// `values` must point at the block's integers, and the CPU must have AVX2.
+        unsafe fn integers(values: *const u8) -> (__m256i, __m256i);
     }
 
     struct Q4_0;
     struct Q4_1;
     struct Q8_0;
 
+    /// 16 bytes of nibbles as 16-bit lanes: the low nibbles (values 0..16) and the high ones.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    unsafe fn nibbles(qs: *const u8) -> (__m256i, __m256i) {
+        // SAFETY: 16 readable bytes (the caller's contract); unaligned load.
+        let bytes = _mm256_cvtepu8_epi16(unsafe { _mm_loadu_si128(qs.cast()) });
+        // The high byte of each lane is zero, so the shift needs no mask.
+        (
+            _mm256_and_si256(bytes, _mm256_set1_epi16(0x0f)),
+            _mm256_srli_epi16(bytes, 4),
+        )
+    }
+
     impl Block for Q4_0 {
-        const BYTES: usize = 18;
+        const KIND: QuantKind = QuantKind::Q4_0;
+        const OFFSET: Offset = Offset::Scale(-8.0);
 
         #[inline]
-        #[target_feature(enable = "avx2,fma,f16c")]
-        unsafe fn read(block: &[u8]) -> (__m256i, __m256i, f32, f32) {
-            let (d, _) = halves::<false>(block);
-            let (low, high) = nibbles(&block[2..18]);
-            (low, high, d, -8.0 * d)
+        #[target_feature(enable = "avx2")]
+        unsafe fn integers(values: *const u8) -> (__m256i, __m256i) {
+            // SAFETY: the caller's contract.
+            unsafe { nibbles(values) }
         }
     }
 
     impl Block for Q4_1 {
-        const BYTES: usize = 20;
+        const KIND: QuantKind = QuantKind::Q4_1;
+        const OFFSET: Offset = Offset::Minimum;
 
         #[inline]
-        #[target_feature(enable = "avx2,fma,f16c")]
-        unsafe fn read(block: &[u8]) -> (__m256i, __m256i, f32, f32) {
-            let (d, m) = halves::<true>(block);
-            let (low, high) = nibbles(&block[4..20]);
-            (low, high, d, m)
+        #[target_feature(enable = "avx2")]
+        unsafe fn integers(values: *const u8) -> (__m256i, __m256i) {
+            // SAFETY: the caller's contract.
+            unsafe { nibbles(values) }
         }
     }
 
     impl Block for Q8_0 {
-        const BYTES: usize = 34;
+        const KIND: QuantKind = QuantKind::Q8_0;
+        const OFFSET: Offset = Offset::None;
 
         #[inline]
-        #[target_feature(enable = "avx2,fma,f16c")]
-        unsafe fn read(block: &[u8]) -> (__m256i, __m256i, f32, f32) {
-            assert!(block.len() >= 34);
-            let (d, _) = halves::<false>(block);
-            // SAFETY: 32 readable bytes after the scale (asserted); unaligned loads.
-            let (first, second) = unsafe {
+        #[target_feature(enable = "avx2")]
+        unsafe fn integers(values: *const u8) -> (__m256i, __m256i) {
+            // SAFETY: 32 readable signed bytes (the caller's contract); unaligned loads.
+            unsafe {
                 (
-                    _mm_loadu_si128(block[2..].as_ptr().cast()),
-                    _mm_loadu_si128(block[18..].as_ptr().cast()),
+                    _mm256_cvtepi8_epi16(_mm_loadu_si128(values.cast())),
+                    _mm256_cvtepi8_epi16(_mm_loadu_si128(values.add(16).cast())),
                 )
-            };
-            (_mm256_cvtepi8_epi16(first), _mm256_cvtepi8_epi16(second), d, 0.0)
+            }
         }
     }
 
     #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
+    #[target_feature(enable = "avx2")]
     fn hsum(v: __m256) -> f32 {
         let sum = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
         let sum = _mm_add_ps(sum, _mm_movehl_ps(sum, sum));
@@ -559,55 +684,162 @@ mod x86 {
         _mm_cvtss_f32(sum)
     }
 
-    /// One weight row of `B` blocks against `R` activation rows.
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    fn rows<B: Block, const R: usize>(w: &[u8], x: [Row<'_>; R]) -> [f32; R] {
-        let mut acc = [_mm256_setzero_ps(); R];
-        let mut offsets = [0.0f32; R];
-        for (b, block) in w.chunks_exact(B::BYTES).enumerate() {
-            // SAFETY: this function runs only with the features `read` needs.
-            let (low, high, d, coefficient) = unsafe { B::read(block) };
-            for ((acc, offset), x) in acc.iter_mut().zip(&mut offsets).zip(&x) {
-                let values = &x.values[b * BLOCK..(b + 1) * BLOCK];
-                // SAFETY: 32 readable i16 (the slice above); unaligned loads.
-                let (first, second) = unsafe {
-                    (
-                        _mm256_loadu_si256(values.as_ptr().cast()),
-                        _mm256_loadu_si256(values[16..].as_ptr().cast()),
-                    )
+    /// Defines `$name::<B, R>`: one stored weight row of `B` blocks against `R` activation
+    /// rows, its block products by `$dot(low, high, first, second)`, compiled for `$features`.
+    macro_rules! row_kernel {
+        ($name:ident, $features:literal, $dot:expr) => {
+            #[inline]
+            #[target_feature(enable = $features)]
+            fn $name<B: Block, const R: usize>(w: &[u8], x: [Row<'_>; R]) -> [f32; R] {
+                /// The group of `size` blocks from block `first` of the row at `w` (`size` below
+                /// [`GROUP`] only for a row's last group), into `acc` and `offsets`.
+                ///
+                /// # Safety
+                ///
+                /// The group must lie within the row, each row of `x` hold the group's values
+                /// and [`GROUP`] scales and sums from `first` (zero past its end), and the CPU
+                /// have `$features`.
+                #[inline]
+                #[target_feature(enable = $features)]
+                unsafe fn group<B: Block, const R: usize>(
+                    w: *const u8,
+                    first: usize,
+                    size: usize,
+                    x: &[Row<'_>; R],
+                    acc: &mut [__m256; R],
+                    offsets: &mut [__m256; R],
+                ) {
+                    let kind = B::KIND;
+                    let start = first * kind.block_bytes();
+                    // SAFETY (every load from `w`): the caller's contract. A group of `size`
+                    // blocks spans at least 18 · `size` bytes, so 16 bytes from its start (its
+                    // scales, and in a short group what follows them) or from its minimums lie
+                    // within it.
+                    let weight_scales = unsafe { _mm256_cvtph_ps(_mm_loadu_si128(w.add(start).cast())) };
+                    let coefficients = match B::OFFSET {
+                        Offset::None => None,
+                        Offset::Scale(_) => Some(weight_scales),
+                        Offset::Minimum => {
+                            Some(unsafe { _mm256_cvtph_ps(_mm_loadu_si128(w.add(start + 2 * size).cast())) })
+                        }
+                    }
+                    // A short group's lanes past its end hold other bytes read as f16, maybe
+                    // NaN: zeroed, where the row's sums (zero there) would not cancel them.
+                    .map(|coefficients| {
+                        if size < GROUP {
+                            let lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+                            let live = _mm256_cmpgt_epi32(_mm256_set1_epi32(size as i32), lanes);
+                            _mm256_and_ps(coefficients, _mm256_castsi256_ps(live))
+                        } else {
+                            coefficients
+                        }
+                    });
+                    let mut scales = [_mm256_setzero_ps(); R];
+                    for ((scales, offset), x) in scales.iter_mut().zip(offsets.iter_mut()).zip(x) {
+                        // SAFETY: GROUP scales and sums from `first` (the caller's contract).
+                        let (row_scales, row_sums) = unsafe {
+                            (
+                                _mm256_loadu_ps(x.scales.as_ptr().add(first)),
+                                _mm256_loadu_ps(x.sums.as_ptr().add(first)),
+                            )
+                        };
+                        *scales = _mm256_mul_ps(weight_scales, row_scales);
+                        if let Some(coefficients) = coefficients {
+                            *offset = _mm256_fmadd_ps(coefficients, row_sums, *offset);
+                        }
+                    }
+                    let values = start + 2 * kind.halves() * size;
+                    for j in 0..size {
+                        // SAFETY: block `j`'s integers within the group (see `place`).
+                        let (low, high) = unsafe { B::integers(w.add(values + j * kind.payload_bytes())) };
+                        let lane = _mm256_set1_epi32(j as i32);
+                        for ((acc, scales), x) in acc.iter_mut().zip(&scales).zip(x) {
+                            // SAFETY: the 32 values of block `first + j` (the caller's contract).
+                            let (first, second) = unsafe {
+                                let values = x.values.as_ptr().add((first + j) * BLOCK);
+                                (
+                                    _mm256_loadu_si256(values.cast()),
+                                    _mm256_loadu_si256(values.add(16).cast()),
+                                )
+                            };
+                            let dot: __m256i = $dot(low, high, first, second);
+                            let scale = _mm256_permutevar8x32_ps(*scales, lane);
+                            *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), scale, *acc);
+                        }
+                    }
+                }
+
+                let blocks = w.len() / B::KIND.block_bytes();
+                assert_eq!(w.len(), blocks * B::KIND.block_bytes(), "whole blocks");
+                for x in &x {
+                    let padded = blocks.next_multiple_of(GROUP);
+                    assert!(x.values.len() >= blocks * BLOCK && x.scales.len() >= padded && x.sums.len() >= padded);
+                }
+                let mut acc = [_mm256_setzero_ps(); R];
+                // Σ (minimum, or scale) × scaled activation sum, a lane per block of a group.
+                let mut offsets = [_mm256_setzero_ps(); R];
+                let whole = blocks / GROUP;
+                for g in 0..whole {
+                    // SAFETY: a whole group within the row; the rows' lengths asserted above.
+                    unsafe { group::<B, R>(w.as_ptr(), g * GROUP, GROUP, &x, &mut acc, &mut offsets) };
+                }
+                if blocks % GROUP > 0 {
+                    // SAFETY: the row's last group, as above.
+                    unsafe {
+                        group::<B, R>(
+                            w.as_ptr(),
+                            whole * GROUP,
+                            blocks % GROUP,
+                            &x,
+                            &mut acc,
+                            &mut offsets,
+                        )
+                    };
+                }
+                let factor = match B::OFFSET {
+                    Offset::Scale(factor) => factor,
+                    Offset::None | Offset::Minimum => 1.0,
                 };
-                let dot = _mm256_add_epi32(_mm256_madd_epi16(low, first), _mm256_madd_epi16(high, second));
-                let scale = _mm256_set1_ps(d * x.scales[b]);
-                *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), scale, *acc);
-                *offset += coefficient * x.sums[b];
+                let mut out = [0.0; R];
+                for ((out, acc), offset) in out.iter_mut().zip(acc).zip(offsets) {
+                    *out = hsum(acc) + factor * hsum(offset);
+                }
+                out
             }
-        }
-        let mut out = [0.0; R];
-        for ((out, acc), offset) in out.iter_mut().zip(acc).zip(offsets) {
-            *out = hsum(acc) + offset;
-        }
-        out
+        };
     }
 
-    // Safe entry points: `kernels_for` hands these out only when `isa()` found AVX2, FMA and
-    // F16C.
+    row_kernel!(rows_avx2, "avx2,fma,f16c", |low, high, first, second| _mm256_add_epi32(
+        _mm256_madd_epi16(low, first),
+        _mm256_madd_epi16(high, second)
+    ));
+    row_kernel!(
+        rows_vnni,
+        "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni",
+        |low, high, first, second| _mm256_dpwssd_epi32(_mm256_madd_epi16(low, first), high, second)
+    );
+
+    // Safe entry points: `kernels_for` hands these out only when `Isa::available` found the
+    // features they are compiled for.
     macro_rules! entry {
-        ($one:ident, $two:ident, $block:ident) => {
+        ($rows:ident, $one:ident, $two:ident, $block:ident) => {
             pub(super) fn $one(w: &[u8], x: Row<'_>) -> f32 {
                 // SAFETY: see above.
-                unsafe { rows::<$block, 1>(w, [x])[0] }
+                unsafe { $rows::<$block, 1>(w, [x])[0] }
             }
 
             pub(super) fn $two(w: &[u8], x: [Row<'_>; 2]) -> [f32; 2] {
                 // SAFETY: see above.
-                unsafe { rows::<$block, 2>(w, x) }
+                unsafe { $rows::<$block, 2>(w, x) }
             }
         };
     }
-    entry!(q4_0_one, q4_0_two, Q4_0);
-    entry!(q4_1_one, q4_1_two, Q4_1);
-    entry!(q8_0_one, q8_0_two, Q8_0);
+    entry!(rows_avx2, q4_0_one, q4_0_two, Q4_0);
+    entry!(rows_avx2, q4_1_one, q4_1_two, Q4_1);
+    entry!(rows_avx2, q8_0_one, q8_0_two, Q8_0);
+    entry!(rows_vnni, q4_0_one_vnni, q4_0_two_vnni, Q4_0);
+    entry!(rows_vnni, q4_1_one_vnni, q4_1_two_vnni, Q4_1);
+    entry!(rows_vnni, q8_0_one_vnni, q8_0_two_vnni, Q8_0);
 }
 
 #[cfg(test)]
@@ -673,27 +905,29 @@ mod tests {
 
     #[test]
     fn every_kernel_gives_the_widened_product() {
-        // Odd row counts and several tiles: the one-row and two-row kernels, tile edges.
-        let (outputs, cols) = (37, 576);
-        for rows in [1, 2, 5, 19, 40] {
+        // Odd row counts and several tiles: the one-row and two-row kernels, tile edges; rows
+        // of one block (a short group alone), of whole groups, and of both.
+        let outputs = 37;
+        for (cols, rows) in [(32, 3), (256, 2), (576, 1), (576, 2), (576, 5), (576, 19), (576, 40)] {
             let x = values(rows as u64, rows * cols);
             for kind in KINDS {
                 let matrix =
                     QuantMatrix::new(kind, outputs, cols, quantize(kind, &values(7, outputs * cols))).expect("matrix");
                 let widened = matrix.dequantize();
-                let got = matrix.matmul(&x, rows);
-                for r in 0..rows {
-                    for o in 0..outputs {
-                        let want: f32 = (0..cols).map(|k| x[r * cols + k] * widened[o * cols + k]).sum();
-                        let value = got[r * outputs + o];
-                        // 16-bit activations: each term off by at most |w| · scale/2 with
-                        // scale = max|x|/32767 (|x|, |w| ≤ 1 here), so a product of 576
-                        // terms is off by ~1e-4 at most.
-                        assert!(
-                            (value - want).abs() <= 1e-3 * want.abs().max(1.0),
-                            "{kind:?}, {rows} rows, ({r}, {o}): {value} vs {want} on {:?}",
-                            isa()
-                        );
+                for isa in Isa::ALL.into_iter().filter(|isa| isa.available()) {
+                    let got = matrix.matmul_on(isa, &x, rows).expect("available");
+                    for r in 0..rows {
+                        for o in 0..outputs {
+                            let want: f32 = (0..cols).map(|k| x[r * cols + k] * widened[o * cols + k]).sum();
+                            let value = got[r * outputs + o];
+                            // 16-bit activations: each term off by at most |w| · scale/2 with
+                            // scale = max|x|/32767 (|x|, |w| ≤ 1 here), so a product of 576
+                            // terms is off by ~1e-4 at most.
+                            assert!(
+                                (value - want).abs() <= 1e-3 * want.abs().max(1.0),
+                                "{kind:?}, {rows} rows, ({r}, {o}): {value} vs {want} on {isa:?}",
+                            );
+                        }
                     }
                 }
             }
@@ -724,21 +958,26 @@ mod tests {
 
     #[test]
     fn the_portable_kernels_agree_with_the_vector_ones() {
-        let cols = 256;
+        // 9 blocks: an odd count, so no kernel may assume pairs.
+        let cols = 288;
         let x = Q16Rows::quantize(&values(1, 2 * cols), 2, cols);
         let (x0, x1) = (x.row(0), x.row(1));
+        let here: Vec<Isa> = Isa::ALL.into_iter().filter(|isa| isa.available()).collect();
         for kind in KINDS {
-            let w = quantize(kind, &values(3, cols));
+            let matrix = QuantMatrix::new(kind, 1, cols, quantize(kind, &values(3, cols))).expect("matrix");
+            let w = matrix.row_data(0);
             let portable = kernels_for(kind, Isa::Portable);
-            let here = kernels(kind);
-            let [a, b] = (here.two)(&w, [x0, x1]);
-            let [pa, pb] = (portable.two)(&w, [x0, x1]);
-            let one = (here.one)(&w, x0);
-            for (got, want) in [(a, pa), (b, pb), (one, pa)] {
-                assert!(
-                    (got - want).abs() <= 1e-4 * want.abs().max(1.0),
-                    "{kind:?}: {got} vs {want}"
-                );
+            let [pa, pb] = (portable.two)(w, [x0, x1]);
+            for &isa in &here {
+                let kernels = kernels_for(kind, isa);
+                let [a, b] = (kernels.two)(w, [x0, x1]);
+                let one = (kernels.one)(w, x0);
+                for (got, want) in [(a, pa), (b, pb), (one, pa)] {
+                    assert!(
+                        (got - want).abs() <= 1e-4 * want.abs().max(1.0),
+                        "{kind:?} on {isa:?}: {got} vs {want}"
+                    );
+                }
             }
         }
     }
@@ -758,6 +997,24 @@ mod tests {
         assert_eq!(values[0], -1.0);
         assert_eq!(values[3], 0.5);
         assert_eq!(values[16], 6.5);
+    }
+
+    #[test]
+    fn regrouped_rows_widen_as_ggml_blocks_do() {
+        // 10 blocks a row: a whole group and a short one.
+        let (rows, cols) = (3, 320);
+        for kind in KINDS {
+            let ggml = quantize(kind, &values(5, rows * cols));
+            let mut want = vec![0.0; rows * cols];
+            for (block, out) in ggml
+                .chunks_exact(kind.block_bytes())
+                .zip(want.as_chunks_mut::<BLOCK>().0)
+            {
+                dequantize_block(kind, block, out);
+            }
+            let matrix = QuantMatrix::new(kind, rows, cols, ggml).expect("matrix");
+            assert_eq!(matrix.dequantize(), want, "{kind:?}");
+        }
     }
 
     #[test]
