@@ -19,7 +19,10 @@
 //! (the first version of this router, BENCHMARKS.md). A request without a target takes every
 //! worker as a candidate, so it goes to the cheapest. When no worker is predicted to meet the
 //! target, the lowest scaled `predicted-ttft` cost wins (its queue, cache, impact and decode
-//! terms, not the raw TTFT: a late request should not also spoil the queue behind it).
+//! terms, not the raw TTFT: a late request should not also spoil the queue behind it) among
+//! the workers that could meet it with nothing queued ahead (their own prefill steps, scaled,
+//! within the target), and only then among the rest: a prompt too large for a slow worker even
+//! when idle stays off it, where a short queue would otherwise draw it there, late for sure.
 //! Fallbacks: the next two in the same order.
 //!
 //! Settings: `predicted-ttft`'s coefficients (the same keys), and `target_margin` (default
@@ -111,8 +114,7 @@ impl Router for CostAware {
         }
         let speeds = slowness(workers, &predictions);
         let target = f64::from(req.ttft_target_ms);
-        // (usable, meets the target, cost per token or scaled cost, scaled cost, tie, index);
-        // a worker the request would overflow is usable only when every worker would.
+        // A worker the request would overflow is usable only when every worker would.
         let ranked: Vec<Entry> = predictions
             .iter()
             .zip(&speeds)
@@ -128,35 +130,64 @@ impl Router for CostAware {
                 // (its queue, this request's TTFT and its uncached tokens' steps).
                 let busy = (prediction.ttft_ms + prediction.impact_ms) * speed;
                 let meets = usable && (target <= 0.0 || busy <= target * margin);
+                // Could meet the target with nothing queued ahead: a worker too slow for the
+                // prompt even idle is the last resort, whatever its queue.
+                let able = usable && (target <= 0.0 || prediction.alone_ms * speed <= target);
                 let tie = model::mix(req.request_id ^ (*i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15));
-                (usable, meets, if meets { price } else { cost }, cost, tie, *i)
+                Entry {
+                    usable,
+                    meets,
+                    able,
+                    key: if meets { price } else { cost },
+                    cost,
+                    tie,
+                    index: *i,
+                }
             })
             .collect();
         let ranked = best(ranked, 1 + FALLBACKS);
-        let mut decision = Decision::to(ranked[0].5);
-        decision.fallbacks = ranked.iter().skip(1).take(FALLBACKS).map(|r| r.5 as u32).collect();
+        let mut decision = Decision::to(ranked[0].index);
+        decision.fallbacks = ranked.iter().skip(1).take(FALLBACKS).map(|r| r.index as u32).collect();
         Ok(decision)
     }
 }
 
-/// One worker as ranked: (usable, meets the target, cost per token or scaled cost, scaled
-/// cost, tie-break hash, index).
-type Entry = (bool, bool, f64, f64, u64, usize);
+/// One worker as ranked.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Entry {
+    /// The request would not overflow it (or would overflow every worker).
+    usable: bool,
+    /// Predicted to meet the target, with the room `target_margin` asks.
+    meets: bool,
+    /// Predicted to meet the target if nothing were queued ahead.
+    able: bool,
+    /// The price per token where it meets the target, else its scaled predicted cost.
+    key: f64,
+    /// Its scaled predicted cost.
+    cost: f64,
+    /// The request's tie-break hash.
+    tie: u64,
+    /// Its index in the table.
+    index: usize,
+}
 
-/// Usable first; meeting workers first, cheapest first; then the rest, by scaled predicted
-/// cost. Prices equal within 1e-6 are ranked by predicted cost, then by the request's hash.
+/// Usable first; meeting workers first, cheapest first; then those that could meet the target
+/// idle, then the rest, each by scaled predicted cost. Keys equal within 1e-6 are ranked by
+/// predicted cost, then by the request's hash.
 fn order(a: &Entry, b: &Entry) -> core::cmp::Ordering {
-    b.0.cmp(&a.0)
-        .then_with(|| b.1.cmp(&a.1))
+    b.usable
+        .cmp(&a.usable)
+        .then_with(|| b.meets.cmp(&a.meets))
+        .then_with(|| b.able.cmp(&a.able))
         .then_with(|| {
-            if (a.2 - b.2).abs() <= 1e-6 * a.2.abs().max(b.2.abs()).max(1.0) {
+            if (a.key - b.key).abs() <= 1e-6 * a.key.abs().max(b.key.abs()).max(1.0) {
                 core::cmp::Ordering::Equal
             } else {
-                a.2.total_cmp(&b.2)
+                a.key.total_cmp(&b.key)
             }
         })
-        .then_with(|| a.3.total_cmp(&b.3))
-        .then_with(|| a.4.cmp(&b.4))
+        .then_with(|| a.cost.total_cmp(&b.cost))
+        .then_with(|| a.tie.cmp(&b.tie))
 }
 
 /// The first `count` of `entries` (in table order) in [`order`], ties in table order, as a
@@ -229,6 +260,29 @@ mod tests {
     }
 
     #[test]
+    fn a_prompt_the_slow_worker_cannot_meet_even_idle_stays_off_it() {
+        // 40,000 tokens: ~4.9 full steps, ~0.83 s on the reserved worker when idle, ~1.65 s
+        // on the spot worker measured twice as slow. The reserved worker has six such prompts
+        // queued, so nobody is predicted to meet a 1.5 s target; the spot worker's scaled cost
+        // is the lower (its queue is empty), but only the reserved one could ever meet it.
+        let mut table = fleet();
+        table.prefill_tokens = alloc::vec![240_000, 0];
+        let mut request = testing::request(3, 40_000);
+        request.ttft_target_ms = 1500.0;
+        let model = Model::default();
+        let [reserved, spot] = [0, 1].map(|i| model.predict(&request, &table.view(), i));
+        assert!(reserved.alone_ms <= 1500.0 && spot.alone_ms * 2.0 > 1500.0);
+        assert!(reserved.ttft_ms > 1500.0, "nobody meets it");
+        assert!(
+            spot.cost * 2.0 < reserved.cost,
+            "the spot worker's scaled cost is the lower"
+        );
+        let decision = testing::route::<CostAware>(&request, &table).expect("a decision");
+        assert_eq!(decision.worker, 0, "the worker that could meet it when idle");
+        assert_eq!(decision.fallbacks, alloc::vec![1]);
+    }
+
+    #[test]
     fn the_best_few_are_a_stable_sorts_first() {
         let mut state = 3u64;
         let mut draw = |bound: u64| {
@@ -241,9 +295,18 @@ mod tests {
                 .map(|i| {
                     let usable = draw(6) != 0;
                     let meets = usable && draw(2) == 0;
+                    let able = meets || (usable && draw(2) == 0);
                     let price = [0.4, 1.0, 2.5][draw(3) as usize];
                     let cost = [10.0, 20.0, 20.0 + 1e-9][draw(3) as usize];
-                    (usable, meets, if meets { price } else { cost }, cost, draw(3), i)
+                    Entry {
+                        usable,
+                        meets,
+                        able,
+                        key: if meets { price } else { cost },
+                        cost,
+                        tie: draw(3),
+                        index: i,
+                    }
                 })
                 .collect();
             let mut sorted = entries.clone();

@@ -61,6 +61,9 @@ impl Default for Model {
 pub struct Prediction {
     /// Predicted time to first token, in milliseconds.
     pub ttft_ms: f64,
+    /// The same with nothing queued ahead of the request: its own prefill steps, the least it
+    /// could take on this worker.
+    pub alone_ms: f64,
     /// Predicted duration of one decode step at the KV usage after admitting the request.
     pub decode_step_ms: f64,
     /// Delay the request's prefill inflicts, in milliseconds summed over the decoders.
@@ -143,6 +146,7 @@ impl Model {
         let per_step = (self.step_tokens - decoders).max(self.step_tokens / 8.0);
         let work = queued + new_tokens;
         let ttft_ms = (work / per_step).max(1.0) * self.prefill_ms(work.min(per_step) + decoders);
+        let alone_ms = (new_tokens / per_step).max(1.0) * self.prefill_ms(new_tokens.min(per_step) + decoders);
 
         let new_blocks = (f64::from(req.prompt_blocks) - device).max(0.0);
         let blocks = at(workers.active_blocks, i) + new_blocks;
@@ -174,6 +178,7 @@ impl Model {
             + self.impact_weight * impact_ms;
         Prediction {
             ttft_ms,
+            alone_ms,
             decode_step_ms,
             interference_ms,
             pressure_ms,
