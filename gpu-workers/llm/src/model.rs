@@ -905,15 +905,10 @@ impl Model {
                 for (i, row) in scores.chunks_exact_mut(context).enumerate() {
                     // Row i is position start + i: it sees keys 0..=start + i.
                     let (visible, hidden) = row.split_at_mut(start + i + 1);
-                    let max = visible.iter().fold(f32::NEG_INFINITY, |m, s| m.max(*s * scale));
-                    let mut sum = 0.0;
                     for s in visible.iter_mut() {
-                        *s = (*s * scale - max).exp();
-                        sum += *s;
+                        *s *= scale;
                     }
-                    for s in visible.iter_mut() {
-                        *s /= sum;
-                    }
+                    softmax(visible);
                     hidden.fill(0.0);
                 }
                 gemm(
@@ -1059,15 +1054,7 @@ impl PagedKv {
             }
         }
         for row in scores.chunks_exact_mut(context.max(1)) {
-            let max = row.iter().fold(f32::NEG_INFINITY, |m, s| m.max(*s));
-            let mut sum = 0.0;
-            for s in row.iter_mut() {
-                *s = (*s - max).exp();
-                sum += *s;
-            }
-            for s in row.iter_mut() {
-                *s /= sum;
-            }
+            softmax(row);
         }
         out[..heads * dim].fill(0.0);
         for position in 0..context {
@@ -1120,6 +1107,20 @@ struct DecodeQuery<'a> {
     /// 1/√dim.
     scale: f32,
     values: &'a [f32],
+}
+
+/// `row` replaced by its softmax (the maximum taken away first, so no term overflows).
+#[inline(always)]
+fn softmax(row: &mut [f32]) {
+    let max = row.iter().fold(f32::NEG_INFINITY, |m, s| m.max(*s));
+    let mut sum = 0.0;
+    for s in row.iter_mut() {
+        *s = (*s - max).exp();
+        sum += *s;
+    }
+    for s in row.iter_mut() {
+        *s /= sum;
+    }
 }
 
 /// `a · b`, in eight running sums so that it vectorizes.

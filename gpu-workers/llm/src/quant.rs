@@ -366,6 +366,8 @@ pub(crate) fn dequantize_block(kind: QuantKind, block: &[u8], out: &mut [f32]) {
 /// Activation rows quantized per 32-value block to 16 bits.
 struct Q16Rows {
     blocks: usize,
+    /// Scales and sums a row: `blocks` padded to a whole [`GROUP`].
+    padded: usize,
     values: Vec<i16>,
     scales: Vec<f32>,
     sums: Vec<f32>,
@@ -387,37 +389,33 @@ impl Q16Rows {
         let mut values = vec![0i16; rows * cols];
         let mut scales = Vec::with_capacity(rows * padded);
         let mut sums = Vec::with_capacity(rows * padded);
-        for (b, (block, out)) in x
-            .as_chunks::<BLOCK>()
-            .0
-            .iter()
-            .zip(values.as_chunks_mut::<BLOCK>().0)
-            .enumerate()
-        {
-            let max = block.iter().fold(0.0f32, |m, v| m.max(v.abs()));
-            let scale = max / f32::from(i16::MAX);
-            let inverse = if scale > 0.0 { 1.0 / scale } else { 0.0 };
-            let mut sum = 0i32;
-            for (out, value) in out.iter_mut().zip(block) {
-                // Round to nearest (ties to even) by adding and taking away 1.5 · 2²³, exact for
-                // the magnitudes here (≤ 32,767), where `f32::round` is a library call per value.
-                const ROUNDING: f32 = 12_582_912.0;
-                *out = ((value * inverse + ROUNDING) - ROUNDING) as i16;
-                sum += i32::from(*out);
+        for (x, values) in x.chunks_exact(cols).zip(values.chunks_exact_mut(cols)) {
+            for (block, out) in x.as_chunks::<BLOCK>().0.iter().zip(values.as_chunks_mut::<BLOCK>().0) {
+                let max = block.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+                let scale = max / f32::from(i16::MAX);
+                let inverse = if scale > 0.0 { 1.0 / scale } else { 0.0 };
+                let mut sum = 0i32;
+                for (out, value) in out.iter_mut().zip(block) {
+                    // Round to nearest (ties to even) by adding and taking away 1.5 · 2²³, exact
+                    // for the magnitudes here (≤ 32,767), where `f32::round` is a library call
+                    // per value.
+                    const ROUNDING: f32 = 12_582_912.0;
+                    *out = ((value * inverse + ROUNDING) - ROUNDING) as i16;
+                    sum += i32::from(*out);
+                }
+                scales.push(scale);
+                // The sum of the quantized values, so that Q4_0's and Q4_1's offset terms carry
+                // the same rounding as the products: the result is the widened weights times the
+                // quantized activations.
+                sums.push(scale * sum as f32);
             }
-            scales.push(scale);
-            // The sum of the quantized values, so that Q4_0's and Q4_1's offset terms carry the
-            // same rounding as the products: the result is the widened weights times the
-            // quantized activations.
-            sums.push(scale * sum as f32);
-            if b % blocks == blocks - 1 {
-                // Zeros to the row's last whole group, which the kernels read eight at a time.
-                scales.resize(scales.len() + padded - blocks, 0.0);
-                sums.resize(sums.len() + padded - blocks, 0.0);
-            }
+            // Zeros to the row's last whole group, which the kernels read eight at a time.
+            scales.resize(scales.len() + padded - blocks, 0.0);
+            sums.resize(sums.len() + padded - blocks, 0.0);
         }
         Q16Rows {
             blocks,
+            padded,
             values,
             scales,
             sums,
@@ -426,8 +424,7 @@ impl Q16Rows {
 
     fn row(&self, row: usize) -> Row<'_> {
         let values = row * self.blocks * BLOCK..(row + 1) * self.blocks * BLOCK;
-        let padded = self.blocks.next_multiple_of(GROUP);
-        let blocks = row * padded..(row + 1) * padded;
+        let blocks = row * self.padded..(row + 1) * self.padded;
         Row {
             values: &self.values[values],
             scales: &self.scales[blocks.clone()],
@@ -586,7 +583,7 @@ mod portable {
 /// high nibble a shift away), multiplied with the row's 16-bit values and summed in pairs
 /// (`vpmaddwd`, or with AVX-512 VNNI `vpdpwssd` accumulating the second half into the first),
 /// and the eight 32-bit sums converted and scaled by one FMA whose scale is a lane of the
-/// group's. A row's last, shorter group runs block by block.
+/// group's. A row's last, shorter group is read the same way, the lanes past its end masked.
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use std::arch::x86_64::*;
