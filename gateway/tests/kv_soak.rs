@@ -14,7 +14,12 @@
 //! deleted slots are recycled), never more than that at any point after warmup, and flat over
 //! the second half of the run (at most 1.05x the level at 5 x 10^6): a leak of more than ~0.01
 //! byte per event would show there. Emptying the index frees its tables.
+//!
+//! The test's own report lines are kept in a buffer reserved before the first measurement and
+//! printed when the test ends (or panics): printed as they come, they would grow the test
+//! harness's output-capture buffer, which the counting allocator sees like any other heap.
 
+use std::fmt::Write as _;
 use std::time::Instant;
 
 #[path = "support/counting_alloc.rs"]
@@ -74,6 +79,33 @@ fn block(levels: &[Vec<(u64, u64)>], chain: u64, depth: usize) -> (u64, u64) {
     levels[depth][(chain >> (2 * (DEPTH - 1 - depth))) as usize]
 }
 
+/// Report lines, written to stdout when dropped: at the end of the test or while a failed
+/// assertion unwinds.
+struct Report(String);
+
+impl Report {
+    /// Room for every line the test writes, so writing them never allocates mid-measurement.
+    const CAPACITY: usize = 64 * 1024;
+
+    fn new() -> Self {
+        Report(String::with_capacity(Self::CAPACITY))
+    }
+}
+
+impl Drop for Report {
+    fn drop(&mut self) {
+        print!("{}", self.0);
+    }
+}
+
+/// Appends one line to the report.
+macro_rules! report {
+    ($report:expr, $($arg:tt)*) => {{
+        // Writing to a `String` cannot fail.
+        let _ = writeln!($report.0, $($arg)*);
+    }};
+}
+
 #[test]
 fn index_memory_stays_bounded_under_churn() {
     let levels = universe();
@@ -82,6 +114,7 @@ fn index_memory_stays_bounded_under_churn() {
     let max_holdings = universe_blocks * WORKERS as usize;
 
     let mut rng = Rng(0x5EED);
+    let mut report = Report::new();
     let start_live = live();
     let index = KvIndex::new();
     // The empty index's own footprint: its table locks, one per shard, allocated up front.
@@ -145,7 +178,8 @@ fn index_memory_stays_bounded_under_churn() {
                 mid_bytes = bytes;
             }
             if event_no % 1_000_000 == 0 {
-                println!(
+                report!(
+                    report,
                     "after {:>8} events ({:>5.1} s): live index heap {:>9} B ({:.3}x warm), heap_bytes() {:>9} B, {:?}",
                     event_no,
                     started.elapsed().as_secs_f64(),
@@ -172,7 +206,8 @@ fn index_memory_stays_bounded_under_churn() {
     let churn_time = started.elapsed();
     let final_bytes = live() - start_live;
     let final_size = index.size();
-    println!(
+    report!(
+        report,
         "{EVENTS} events in {:.1} s ({:.0} events/s): {stored_blocks} blocks stored, {removed_blocks} removed; \
          final live heap {final_bytes} B = {:.3}x the {warm_bytes} B after {WARMUP} events, {:.3}x the {mid_bytes} B \
          after {MIDPOINT} (peak {peak_bytes} B = {:.3}x warm); final {final_size:?}, peak {peak_size:?}; universe \
@@ -189,7 +224,8 @@ fn index_memory_stays_bounded_under_churn() {
     }
     assert_eq!(index.size(), IndexSize::default());
     let emptied_bytes = live() - start_live;
-    println!(
+    report!(
+        report,
         "after removing every worker: size {:?}, live heap {emptied_bytes} B = {:.2}% of the peak, of which \
          {empty_bytes} B the empty index's own (heap_bytes() {} B)",
         index.size(),
@@ -204,7 +240,10 @@ fn index_memory_stays_bounded_under_churn() {
     );
     drop(index);
     let leaked = live() as isize - start_live as isize;
-    println!("after dropping the index: live heap {leaked} B relative to the start");
+    report!(
+        report,
+        "after dropping the index: live heap {leaked} B relative to the start"
+    );
     assert!(
         leaked.unsigned_abs() <= 4096,
         "{leaked} B not returned after dropping the index"
