@@ -35,6 +35,8 @@ pub struct HostState {
     /// What answers the `measured` import (none before the gateway's workers exist, as in
     /// a policy's validation).
     pub timings: Option<Arc<dyn crate::policy::runtime::TimingSource>>,
+    /// The epoch ticker this store's calls keep awake (none in tests without a runtime).
+    pub ticker: Option<Arc<crate::policy::ticker::TickerState>>,
 }
 
 /// Who queued each item of a batcher's table: tenant numbers and weights, index for index
@@ -61,6 +63,7 @@ impl HostState {
             checks: 0,
             tenancy: Tenancy::default(),
             timings: None,
+            ticker: None,
         }
     }
 }
@@ -70,6 +73,9 @@ impl HostState {
     pub fn begin_call(&mut self) {
         self.sample = None;
         self.checks = 0;
+        if let Some(ticker) = &self.ticker {
+            ticker.mark_active();
+        }
     }
 
     /// Called each time the call reaches its (half-)deadline in wall-clock time; answers
@@ -81,6 +87,11 @@ impl HostState {
     /// previous check (a busy guest), and otherwise extends it, at most `max_checks` times.
     /// Reading the thread's CPU clock is a system call, so it happens here, not on every call.
     pub fn check_deadline(&mut self, max_checks: u32) -> bool {
+        // A call still running keeps the ticker awake (and wakes it, if the call was preempted
+        // for longer than the ticker's idle period).
+        if let Some(ticker) = &self.ticker {
+            ticker.mark_active();
+        }
         self.checks += 1;
         let now = (cpu_time::ThreadTime::now().as_duration(), Instant::now());
         let busy = match self.sample {

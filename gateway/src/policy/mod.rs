@@ -1,7 +1,7 @@
 //! Routing and batching policies as WebAssembly components, swapped live.
 //!
 //! This module owns everything that knows about wasmtime: the engine and sandbox
-//! ([`runtime`]), the host world's imports ([`host`]), the flat worker table ([`table`]), the
+//! ([`runtime`]) with the epoch ticker that times calls ([`ticker`]), the host world's imports ([`host`]), the flat worker table ([`table`]), the
 //! published versions of a policy with automatic rollback ([`versions`]), the live router
 //! switch with fallback and rollouts ([`switch`]), the encoder-queue batchers with theirs
 //! ([`batching`]), the planners that size worker pools ([`planning`]), and the offline check of a component ([`check`]). Nothing outside it
@@ -17,6 +17,7 @@ pub mod planning;
 pub mod runtime;
 pub mod switch;
 pub mod table;
+pub mod ticker;
 pub mod versions;
 pub mod watch;
 

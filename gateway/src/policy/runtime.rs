@@ -12,7 +12,7 @@ use std::collections::hash_map::DefaultHasher;
 use std::hash::{Hash, Hasher};
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use sha2::{Digest, Sha256};
@@ -21,6 +21,7 @@ use wasmtime::{Config, Engine, Store, StoreLimits, StoreLimitsBuilder, UpdateDea
 
 use crate::policy::bindings::{RouterPre, RouterWorld, v0_1};
 use crate::policy::host::HostState;
+use crate::policy::ticker::{EpochTicker, TickerState};
 use crate::policy::{PolicyError, table};
 
 /// Interfaces a policy may import (any version of our package's host world).
@@ -83,7 +84,7 @@ pub struct PolicyRuntime {
     config: RuntimeConfig,
     compatibility: String,
     half_deadline_ticks: u64,
-    ticker_stop: Arc<AtomicBool>,
+    ticker: EpochTicker,
     /// Components loaded from the compiled-code cache instead of compiled.
     cache_hits: AtomicU64,
     /// What the `measured` import answers, once the gateway's workers exist.
@@ -126,6 +127,10 @@ const DECOMMIT_BATCH: usize = 1;
 
 /// How often the epoch advances: the resolution of the per-call deadline.
 const EPOCH_TICK: Duration = Duration::from_micros(500);
+
+/// Time with no policy call after which the epoch ticker sleeps until the next call (at least
+/// four deadlines).
+const IDLE_BEFORE_PARKING: Duration = Duration::from_millis(100);
 
 impl PolicyRuntime {
     /// Builds the engine and starts the epoch ticker.
@@ -178,34 +183,30 @@ impl PolicyRuntime {
         let mut hasher = DefaultHasher::new();
         engine.precompile_compatibility_hash().hash(&mut hasher);
         let compatibility = format!("{:016x}", hasher.finish());
-        let ticker_stop = Arc::new(AtomicBool::new(false));
-        {
-            let engine = engine.clone();
-            let stop = ticker_stop.clone();
-            std::thread::Builder::new()
-                .name("policy-epoch".into())
-                .spawn(move || {
-                    while !stop.load(Ordering::Relaxed) {
-                        std::thread::sleep(EPOCH_TICK);
-                        engine.increment_epoch();
-                    }
-                })
-                .map_err(|err| PolicyError::Engine(format!("cannot start the epoch ticker: {err}")))?;
-        }
         // Deadline checks come every half deadline (see `HostState::check_deadline`: the first
         // samples the thread's CPU clock, the next judges); the next tick may come at once, so
         // one more tick than half the deadline holds guarantees a call its full deadline.
         let half_deadline_ticks = (config.deadline / 2).as_micros().div_ceil(EPOCH_TICK.as_micros()) as u64 + 1;
+        // Longer than any deadline a store sets (see `ticker`), and long enough that a
+        // gateway serving anything at all never parks it.
+        let idle_ticks = (IDLE_BEFORE_PARKING.as_micros() / EPOCH_TICK.as_micros()) as u64;
+        let ticker = EpochTicker::start(engine.clone(), EPOCH_TICK, idle_ticks.max(4 * half_deadline_ticks))
+            .map_err(|err| PolicyError::Engine(format!("cannot start the epoch ticker: {err}")))?;
         Ok(PolicyRuntime {
             engine,
             linker,
             config,
             compatibility,
             half_deadline_ticks,
-            ticker_stop,
+            ticker,
             cache_hits: AtomicU64::new(0),
             timings: std::sync::OnceLock::new(),
         })
+    }
+
+    /// The epoch ticker's shared state: how often it ticked and whether it sleeps.
+    pub fn ticker(&self) -> &Arc<TickerState> {
+        self.ticker.state()
     }
 
     /// Components taken from the compiled-code cache so far.
@@ -390,6 +391,7 @@ impl PolicyRuntime {
             .build();
         let mut state = HostState::new(config, limits);
         state.timings = self.timings.get().cloned();
+        state.ticker = Some(self.ticker.state().clone());
         let mut store = Store::new(&self.engine, state);
         store.limiter(|state| &mut state.limits);
         // A check runs right as the epoch advances, so the next check comes exactly `half - 1`
@@ -403,12 +405,6 @@ impl PolicyRuntime {
             })
         });
         store
-    }
-}
-
-impl Drop for PolicyRuntime {
-    fn drop(&mut self) {
-        self.ticker_stop.store(true, Ordering::Relaxed);
     }
 }
 

@@ -700,3 +700,81 @@ fn shortlisted_routers_decide_as_their_exact_costs_do() {
         }
     }
 }
+
+/// A core module exporting `spin`, a function that loops forever: `(func (export "spin")
+/// (loop (br 0)))`, encoded by hand (the engine is built without the text format).
+const SPIN_MODULE: [u8; 39] = [
+    0x00, 0x61, 0x73, 0x6d, 0x01, 0x00, 0x00, 0x00, // magic, version 1
+    0x01, 0x04, 0x01, 0x60, 0x00, 0x00, // types: () -> ()
+    0x03, 0x02, 0x01, 0x00, // functions: one of type 0
+    0x07, 0x08, 0x01, 0x04, b's', b'p', b'i', b'n', 0x00, 0x00, // export "spin" = function 0
+    0x0a, 0x09, 0x01, 0x07, 0x00, 0x03, 0x40, 0x0c, 0x00, 0x0b, 0x0b, // loop { br 0 }
+];
+
+/// Waits up to 10 s for the ticker to park.
+fn ticker_parks(ticker: &super::ticker::TickerState) -> bool {
+    let waited = std::time::Instant::now();
+    while !ticker.is_parked() {
+        if waited.elapsed() > std::time::Duration::from_secs(10) {
+            return false;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    true
+}
+
+/// Calls `spin` on a fresh instance in `store` on another thread, armed as the gateway arms a
+/// call; answers its error, or `None` if it did not end within 10 s (it never would).
+fn spin_once(
+    runtime: &Arc<PolicyRuntime>,
+    mut store: wasmtime::Store<super::host::HostState>,
+) -> Option<(wasmtime::Store<super::host::HostState>, wasmtime::Error)> {
+    let (done, answer) = std::sync::mpsc::channel();
+    let runtime = runtime.clone();
+    std::thread::spawn(move || {
+        let module = wasmtime::Module::new(store.engine(), SPIN_MODULE).expect("a valid module");
+        let instance = wasmtime::Instance::new(&mut store, &module, &[]).expect("instantiates");
+        let spin = instance
+            .get_typed_func::<(), ()>(&mut store, "spin")
+            .expect("exports spin");
+        runtime.arm(&mut store);
+        let error = spin.call(&mut store, ()).expect_err("spin never returns");
+        let _ = done.send((store, error));
+    });
+    answer.recv_timeout(std::time::Duration::from_secs(10)).ok()
+}
+
+#[test]
+fn the_epoch_ticker_sleeps_while_idle_and_a_runaway_call_still_ends() {
+    use std::time::Duration;
+    let runtime = Arc::new(
+        PolicyRuntime::new(RuntimeConfig {
+            deadline: Duration::from_millis(5),
+            ..RuntimeConfig::default()
+        })
+        .expect("engine"),
+    );
+    let ticker = runtime.ticker().clone();
+    assert!(ticker_parks(&ticker), "no call for its idle period: the ticker sleeps");
+    let ticks = ticker.ticks();
+    std::thread::sleep(Duration::from_millis(50));
+    assert_eq!(ticker.ticks(), ticks, "no epoch advance while parked");
+
+    // A call that never ends, begun while the ticker sleeps: the call wakes it, and the
+    // deadline interrupts it.
+    let store = runtime.armed_store(Arc::new(toml::Table::new()));
+    let (store, error) = spin_once(&runtime, store).expect("the runaway call was interrupted");
+    assert_eq!(
+        error.downcast_ref::<wasmtime::Trap>(),
+        Some(&wasmtime::Trap::Interrupt),
+        "{error:#}"
+    );
+    assert!(ticker.ticks() > ticks, "the call woke the ticker");
+
+    // Idle again, it sleeps again; and a call on the same store still wakes it.
+    let parks = ticker.parks();
+    assert!(ticker_parks(&ticker), "idle again: the ticker sleeps again");
+    assert!(ticker.parks() > parks);
+    let (_, error) = spin_once(&runtime, store).expect("interrupted again");
+    assert_eq!(error.downcast_ref::<wasmtime::Trap>(), Some(&wasmtime::Trap::Interrupt));
+}
