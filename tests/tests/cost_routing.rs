@@ -51,14 +51,27 @@ async fn cheap_workers_take_what_they_can_meet_and_fast_ones_the_rest() -> anyho
     let measured = || async {
         let (_, stats) = admin.call("GET", "/admin/stats", Vec::new()).await.unwrap_or_default();
         stats["workers"].as_array().is_some_and(|workers| {
-            workers
-                .iter()
-                .all(|w| w["measured_itl_ms"].as_f64().is_some_and(|ms| ms > 0.0))
+            workers.iter().all(|w| {
+                w["measured_itl_ms"].as_f64().is_some_and(|ms| ms > 0.0)
+                    && w["measured_prefill"]["samples"].as_u64().is_some_and(|n| n > 0)
+            })
         })
     };
     assert!(
         eventually(Duration::from_secs(2), measured).await,
-        "both workers' speed measured"
+        "both workers' speed and prefill measured"
+    );
+    let (_, stats) = admin.call("GET", "/admin/stats", Vec::new()).await?;
+    let fitted: u64 = stats["workers"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|w| w["measured_prefill"]["samples"].as_u64())
+        .sum();
+    assert_eq!(
+        fitted, 8,
+        "each stream's first token taken in once: {}",
+        stats["workers"]
     );
 
     let component = std::fs::read(format!("{}/cost_aware.wasm", env!("SWITCHYARD_PLUGINS_DIR")))?;

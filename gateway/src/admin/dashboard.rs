@@ -63,6 +63,14 @@ pub(super) fn stats(state: &AdminState) -> Value {
                     (0, _) => None,
                     (itl_us, _) => Some(f64::from(itl_us) / 1000.0),
                 },
+                "measured_prefill": match worker.measured_prefill() {
+                    (_, 0) => Value::Null,
+                    (line, samples) => json!({
+                        "fixed_ms": line.map(|line| line.fixed_ms),
+                        "ms_per_ktoken": line.map(|line| line.ms_per_token * 1000.0),
+                        "samples": samples,
+                    }),
+                },
             })
         })
         .collect();

@@ -74,13 +74,21 @@ impl ActiveSequences {
 
     /// Records a request routed to `worker` with the prompt's block `hashes` and
     /// `prefill_tokens` still to compute. A key already present is left as it is. Returns the
-    /// keys of other gateways' entries that expired meanwhile (usually none).
-    pub fn add(&mut self, key: RequestKey, worker: WorkerId, hashes: Vec<u64>, prefill_tokens: u64) -> Vec<RequestKey> {
+    /// keys of other gateways' entries that expired meanwhile (usually none), and the prefill
+    /// tokens the worker had pending before this request (0 for a key already present).
+    pub fn add(
+        &mut self,
+        key: RequestKey,
+        worker: WorkerId,
+        hashes: Vec<u64>,
+        prefill_tokens: u64,
+    ) -> (Vec<RequestKey>, u64) {
         let expired = self.sweep();
         if self.requests.contains_key(&key) {
-            return expired;
+            return (expired, 0);
         }
         let load = self.workers.entry(worker).or_default();
+        let ahead = load.prefill_tokens;
         for &hash in &hashes {
             *load.blocks.entry(hash).or_insert(0) += 1;
         }
@@ -95,7 +103,7 @@ impl ActiveSequences {
                 started: Instant::now(),
             },
         );
-        expired
+        (expired, ahead)
     }
 
     /// The request's first token came back: its prompt is no longer prefill work.
@@ -212,23 +220,25 @@ impl ShardedActive {
         worker as usize % self.shards.len()
     }
 
-    /// As [`ActiveSequences::add`].
-    pub fn add(&self, key: RequestKey, worker: WorkerId, hashes: Vec<u64>, prefill_tokens: u64) {
+    /// As [`ActiveSequences::add`]; answers the prefill tokens the worker had pending before
+    /// this request (0 for a key already present).
+    pub fn add(&self, key: RequestKey, worker: WorkerId, hashes: Vec<u64>, prefill_tokens: u64) -> u64 {
         let shard = self.shard_of(worker);
         {
             let mut owners = self.owners.lock();
             if owners.contains_key(&key) {
-                return;
+                return 0;
             }
             owners.insert(key, shard);
         }
-        let expired = self.shards[shard].lock().add(key, worker, hashes, prefill_tokens);
+        let (expired, ahead) = self.shards[shard].lock().add(key, worker, hashes, prefill_tokens);
         if !expired.is_empty() {
             let mut owners = self.owners.lock();
             for key in expired {
                 owners.remove(&key);
             }
         }
+        ahead
     }
 
     /// As [`ActiveSequences::prefill_done`].

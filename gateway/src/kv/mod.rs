@@ -430,12 +430,13 @@ impl KvState {
                 },
             });
         }
-        self.active.add(key, worker, hashes, prefill_tokens);
+        let ahead = self.active.add(key, worker, hashes, prefill_tokens);
         ActiveGuard {
             state: self.clone(),
             request,
             worker: worker_name.to_string(),
             prefill_pending: true,
+            prefill_work: ahead.saturating_add(prefill_tokens),
         }
     }
 
@@ -448,7 +449,7 @@ impl KvState {
         let active = &self.active;
         match (&update.op, worker) {
             (ActiveOp::Add { hashes, prefill_tokens }, Some(worker)) => {
-                active.add(key, worker, hashes.clone(), *prefill_tokens)
+                active.add(key, worker, hashes.clone(), *prefill_tokens);
             }
             (ActiveOp::PrefillDone, _) => active.prefill_done(key),
             (ActiveOp::Free, _) => active.free(key),
@@ -515,9 +516,18 @@ pub struct ActiveGuard {
     request: u64,
     worker: String,
     prefill_pending: bool,
+    /// Prefill tokens pending on the worker when the request was routed, its own included.
+    prefill_work: u64,
 }
 
 impl ActiveGuard {
+    /// The prefill work the request found on its worker: the uncached prompt tokens of the
+    /// requests there before their first token, its own included, as this gateway (and the
+    /// replicas it hears from) counted them when it routed the request.
+    pub fn prefill_work(&self) -> u64 {
+        self.prefill_work
+    }
+
     /// The first token came back.
     pub fn first_token(&mut self) {
         if !std::mem::take(&mut self.prefill_pending) {

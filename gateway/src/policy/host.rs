@@ -10,7 +10,7 @@ use wasmtime::StoreLimits;
 
 use crate::policy::bindings::switchyard::policy::{clock, config, log, measured, prompt, tenancy, types};
 
-pub use crate::policy::bindings::switchyard::policy::measured::WorkerTiming;
+pub use crate::policy::bindings::switchyard::policy::measured::{PrefillFit, WorkerTiming};
 
 /// Longest log line kept from a policy, in bytes.
 const MAX_LOG_LINE: usize = 1000;
@@ -199,6 +199,13 @@ impl tenancy::Host for HostState {
 impl measured::Host for HostState {
     fn timings(&mut self) -> Vec<WorkerTiming> {
         self.timings.as_ref().map(|source| source.timings()).unwrap_or_default()
+    }
+
+    fn prefill_fits(&mut self) -> Vec<PrefillFit> {
+        self.timings
+            .as_ref()
+            .map(|source| source.prefill_fits())
+            .unwrap_or_default()
     }
 }
 

@@ -95,6 +95,8 @@ pub struct PolicyRuntime {
 pub trait TimingSource: Send + Sync + std::fmt::Debug {
     /// Every measured LLM worker's timing.
     fn timings(&self) -> Vec<crate::policy::host::WorkerTiming>;
+    /// Every LLM worker's fitted prefill.
+    fn prefill_fits(&self) -> Vec<crate::policy::host::PrefillFit>;
 }
 
 impl std::fmt::Debug for PolicyRuntime {

@@ -168,6 +168,7 @@ impl Router {
             routed,
             overlap,
             encoders: Vec::new(),
+            leased_at: std::time::Instant::now(),
         }
     }
 
@@ -239,6 +240,8 @@ pub struct Lease {
     overlap: u32,
     /// The encoders the policy chose with the worker (at most one per role).
     encoders: Vec<Arc<Worker>>,
+    /// When the worker was chosen: where its time to first token starts.
+    leased_at: std::time::Instant,
 }
 
 impl Lease {
@@ -262,8 +265,21 @@ impl Lease {
         self.encoders.iter().find(|encoder| encoder.role == role)
     }
 
+    /// The prefill work the request found on its worker when it was routed (uncached prompt
+    /// tokens of the requests there before their first token, its own included).
+    pub fn prefill_work(&self) -> u64 {
+        self.active.prefill_work()
+    }
+
     /// The request's first token came back: its prompt no longer counts as prefill work.
-    pub fn first_token(&mut self) {
+    /// `measured` (a streamed request with no media, whose first data is its first token)
+    /// also tells the worker how long the prefill work it found took
+    /// ([`Worker::observe_prefill`]).
+    pub fn first_token(&mut self, measured: bool) {
+        if measured {
+            let ttft_ms = self.leased_at.elapsed().as_secs_f64() * 1000.0;
+            self.worker().observe_prefill(self.prefill_work(), ttft_ms);
+        }
         self.active.first_token();
     }
 }

@@ -134,11 +134,35 @@ fn a_lease_holds_the_in_flight_count_and_the_active_sequence_until_dropped() {
         load.prefill_tokens, prompt.tokens as u64,
         "nothing cached: all of it is prefill"
     );
-    lease.first_token();
+    lease.first_token(false);
     assert_eq!(router.kv().loads([worker.kv_id])[0].prefill_tokens, 0);
     drop(lease);
     assert_eq!(worker.in_flight(), 0);
     assert_eq!(router.kv().loads([worker.kv_id])[0].requests, 0);
+}
+
+#[test]
+fn a_streamed_first_token_tells_the_worker_the_prefill_work_it_found() {
+    let Fixture { router, .. } = fixture(1, "least-load");
+    let (first, second) = (prompt(4, 1), prompt(6, 2));
+    let mut ahead = router.choose(&request(&first, 1), &[]).expect("a worker").lease;
+    let mut behind = router.choose(&request(&second, 2), &[]).expect("a worker").lease;
+    let worker = behind.worker().clone();
+    assert_eq!(ahead.prefill_work(), first.tokens as u64, "nothing ahead of it");
+    assert_eq!(
+        behind.prefill_work(),
+        (first.tokens + second.tokens) as u64,
+        "the first prompt ahead of it, and its own"
+    );
+    assert_eq!(worker.measured_prefill(), (None, 0));
+    behind.first_token(true);
+    assert_eq!(worker.measured_prefill().1, 1, "one request taken in");
+    ahead.first_token(false);
+    assert_eq!(
+        worker.measured_prefill().1,
+        1,
+        "an unmeasured first token (not streamed, or with media) is no sample"
+    );
 }
 
 #[test]

@@ -375,7 +375,7 @@ pub(crate) async fn generate(
         };
         match outcome {
             Attempt::Answered(response) => {
-                lease.first_token();
+                lease.first_token(stream && media_items.is_empty());
                 if !prompt.hashes.is_empty() {
                     router
                         .kv()

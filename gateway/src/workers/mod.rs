@@ -2,8 +2,8 @@
 //!
 //! This module owns the worker registry ([`WorkerPool`]: configured, embedded and registered
 //! workers, and the healthy candidates of a model), each worker's in-flight count
-//! ([`InFlight`]), passive and active health ([`health`], which reports ejections through a
-//! callback), the pooled HTTP client that reaches workers ([`client`]), and simulated workers
+//! ([`InFlight`]) and measured prefill ([`prefill_fit`]), passive and active health
+//! ([`health`], which reports ejections through a callback), the pooled HTTP client that reaches workers ([`client`]), and simulated workers
 //! started in-process for the embedded default (`embedded`, feature `embedded-mockers`). It
 //! knows nothing about client connections, OpenAI bodies, the KV index or policies: the
 //! routing core (`crate::routing`) puts them together.
@@ -12,6 +12,7 @@ pub mod client;
 #[cfg(feature = "embedded-mockers")]
 pub mod embedded;
 pub mod health;
+pub mod prefill_fit;
 mod registry;
 
 pub use registry::{InFlight, Worker, WorkerPool};

@@ -12,6 +12,7 @@ use prometheus_client::metrics::gauge::Gauge;
 
 use crate::config::{Role, WorkerConfig};
 use crate::metrics::Metrics;
+use crate::workers::prefill_fit::{PrefillFit, PrefillLine};
 
 /// One worker and its live state.
 #[derive(Debug)]
@@ -56,6 +57,8 @@ pub struct Worker {
     itl_us: AtomicU32,
     /// Streams measured.
     itl_samples: AtomicU32,
+    /// Its streamed requests' time to first token against the prefill work they found.
+    prefill: parking_lot::Mutex<PrefillFit>,
 }
 
 impl Worker {
@@ -88,6 +91,7 @@ impl Worker {
             released,
             itl_us: AtomicU32::new(0),
             itl_samples: AtomicU32::new(0),
+            prefill: parking_lot::Mutex::new(PrefillFit::default()),
             name,
         };
         worker.healthy_gauge.set(1);
@@ -115,6 +119,19 @@ impl Worker {
             self.itl_us.load(Ordering::Relaxed),
             self.itl_samples.load(Ordering::Relaxed),
         )
+    }
+
+    /// Takes in one streamed request that found `work_tokens` of prefill work here (its own
+    /// uncached tokens included) and reached its first token `ttft_ms` after it was routed.
+    pub fn observe_prefill(&self, work_tokens: u64, ttft_ms: f64) {
+        self.prefill.lock().observe(work_tokens, ttft_ms);
+    }
+
+    /// The line fitted to its requests' prefill so far (see [`PrefillFit`]; `None` while it
+    /// is not determined), and the requests taken in.
+    pub fn measured_prefill(&self) -> (Option<PrefillLine>, u32) {
+        let fit = self.prefill.lock();
+        (fit.line(), fit.samples())
     }
 
     /// Whether the worker is in rotation: healthy and not being preempted.
@@ -243,6 +260,10 @@ impl crate::policy::runtime::TimingSource for WorkerPool {
     fn timings(&self) -> Vec<crate::policy::host::WorkerTiming> {
         WorkerPool::timings(self)
     }
+
+    fn prefill_fits(&self) -> Vec<crate::policy::host::PrefillFit> {
+        WorkerPool::prefill_fits(self)
+    }
 }
 
 impl WorkerPool {
@@ -275,6 +296,23 @@ impl WorkerPool {
                     id: worker.kv_id,
                     itl_us,
                     samples,
+                })
+            })
+            .collect()
+    }
+
+    /// The `measured.prefill-fits` import's answer: every LLM worker with a fitted prefill.
+    pub fn prefill_fits(&self) -> Vec<crate::policy::host::PrefillFit> {
+        self.workers()
+            .iter()
+            .filter(|worker| worker.role == Role::Llm)
+            .filter_map(|worker| {
+                let line = worker.measured_prefill().0?;
+                Some(crate::policy::host::PrefillFit {
+                    id: worker.kv_id,
+                    fixed_ms: line.fixed_ms as f32,
+                    ms_per_ktoken: (line.ms_per_token * 1000.0) as f32,
+                    samples: line.samples,
                 })
             })
             .collect()

@@ -25,9 +25,19 @@
 //! when idle stays off it, where a short queue would otherwise draw it there, late for sure.
 //! Fallbacks: the next two in the same order.
 //!
-//! Settings: `predicted-ttft`'s coefficients (the same keys), and `target_margin` (default
+//! Where the gateway has measured a worker's prefill (the `measured.prefill-fits` import: a
+//! line from the prefill work a request found there to its time to first token, over at least
+//! [`MIN_FITTED`] requests), that line replaces the model's scaled prefill terms for it: the
+//! TTFT is the line at the queued work plus the request's uncached tokens, the time alone the
+//! line at its own tokens, and its own steps the line's rate times its tokens. The model's
+//! queue time underrates a loaded slow worker (its measured decode gap is a ratio to the
+//! fastest worker's, whose own load inflates it, and the decoders sharing its steps slow its
+//! prefill further); the line measures how fast that worker's queue really drained.
+//!
+//! Settings: `predicted-ttft`'s coefficients (the same keys), `target_margin` (default
 //! 0.8): the share of the target a candidate's busy time may take (headroom for the requests
-//! arriving while it works).
+//! arriving while it works), and `measured_prefill` (default true): false ignores the fitted
+//! lines, predicting from the model alone as before.
 
 #![cfg_attr(not(test), no_std)]
 
@@ -53,6 +63,49 @@ const FALLBACKS: usize = 2;
 
 /// Streams a worker must have been measured on before its speed counts.
 const MIN_SAMPLES: u32 = 3;
+
+/// Requests a worker's prefill line must be fitted to before it replaces the model there.
+const MIN_FITTED: u32 = 8;
+
+/// A worker's measured prefill: time to first token against the prefill work it finds.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Drain {
+    fixed_ms: f64,
+    ms_per_token: f64,
+}
+
+impl Drain {
+    /// Predicted time to first token with `tokens` of prefill work (its own included).
+    fn at(&self, tokens: f64) -> f64 {
+        self.fixed_ms + self.ms_per_token * tokens
+    }
+}
+
+/// Each worker's measured prefill line, index for index with `predictions`; `None` where it
+/// was fitted to fewer than [`MIN_FITTED`] requests or makes no sense.
+fn drains(workers: &WorkerTable, predictions: &[(usize, model::Prediction)]) -> Vec<Option<Drain>> {
+    let mut fits = switchyard_policy_sdk::measured::prefill_fits();
+    fits.retain(|fit| {
+        fit.samples >= MIN_FITTED
+            && fit.fixed_ms.is_finite()
+            && fit.ms_per_ktoken.is_finite()
+            && fit.fixed_ms >= 0.0
+            && fit.ms_per_ktoken >= 0.0
+    });
+    // By id, stably (the first fit of an id counts), for a binary search per worker.
+    fits.sort_by_key(|fit| fit.id);
+    predictions
+        .iter()
+        .map(|(i, _)| {
+            let id = workers.ids.get(*i).copied()?;
+            let first = fits.partition_point(|fit| fit.id < id);
+            fits.get(first).filter(|fit| fit.id == id).map(|fit| Drain {
+                fixed_ms: f64::from(fit.fixed_ms),
+                ms_per_token: f64::from(fit.ms_per_ktoken) / 1000.0,
+            })
+        })
+        .collect()
+}
 
 /// Each worker's slowness relative to the fastest measured one (1 = as fast; 2.5 = takes 2.5
 /// times as long per step), index for index with `predictions`, from the measured timings.
@@ -105,6 +158,8 @@ impl Router for CostAware {
         let model = Model::configured();
         static MARGIN: switchyard_policy_sdk::config::Derived<f64> = switchyard_policy_sdk::config::Derived::new();
         let margin = MARGIN.get_or_init(|| switchyard_policy_sdk::config::get_f64("target_margin", 0.8));
+        static MEASURED: switchyard_policy_sdk::config::Derived<bool> = switchyard_policy_sdk::config::Derived::new();
+        let measured = MEASURED.get_or_init(|| switchyard_policy_sdk::config::get_bool("measured_prefill", true));
         let predictions: Vec<(usize, model::Prediction)> = workers
             .llm_indices()
             .map(|i| (i, model.predict(req, workers, i)))
@@ -113,26 +168,46 @@ impl Router for CostAware {
             return Err(PolicyError::new("no LLM worker in the table"));
         }
         let speeds = slowness(workers, &predictions);
+        let drains = if measured {
+            drains(workers, &predictions)
+        } else {
+            alloc::vec![None; predictions.len()]
+        };
         let target = f64::from(req.ttft_target_ms);
         // A worker the request would overflow is usable only when every worker would.
         let ranked: Vec<Entry> = predictions
             .iter()
             .zip(&speeds)
-            .map(|((i, prediction), speed)| {
+            .zip(&drains)
+            .map(|(((i, prediction), speed), drain)| {
                 let usable = !prediction.overflows;
                 let price = f64::from(workers.cost.get(*i).copied().unwrap_or(1.0));
+                // The prefill terms: the worker's measured line where there is one, else the
+                // model's, scaled by its slowness.
+                let (ttft, alone, impact) = match drain {
+                    Some(drain) => (
+                        drain.at(prediction.queued_tokens + prediction.new_tokens),
+                        drain.at(prediction.new_tokens),
+                        drain.ms_per_token * prediction.new_tokens,
+                    ),
+                    None => (
+                        prediction.ttft_ms * speed,
+                        prediction.alone_ms * speed,
+                        prediction.impact_ms * speed,
+                    ),
+                };
                 let cost = if prediction.cost.is_finite() {
-                    prediction.cost * speed
+                    (prediction.cost - prediction.ttft_ms) * speed + ttft
                 } else {
                     f64::INFINITY
                 };
                 // Busy: the time until this worker could start the next request after this one
                 // (its queue, this request's TTFT and its uncached tokens' steps).
-                let busy = (prediction.ttft_ms + prediction.impact_ms) * speed;
+                let busy = ttft + impact;
                 let meets = usable && (target <= 0.0 || busy <= target * margin);
                 // Could meet the target with nothing queued ahead: a worker too slow for the
                 // prompt even idle is the last resort, whatever its queue.
-                let able = usable && (target <= 0.0 || prediction.alone_ms * speed <= target);
+                let able = usable && (target <= 0.0 || alone <= target);
                 let tie = model::mix(req.request_id ^ (*i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15));
                 Entry {
                     usable,
@@ -280,6 +355,70 @@ mod tests {
         let decision = testing::route::<CostAware>(&request, &table).expect("a decision");
         assert_eq!(decision.worker, 0, "the worker that could meet it when idle");
         assert_eq!(decision.fallbacks, alloc::vec![1]);
+    }
+
+    #[test]
+    fn a_worker_measured_to_drain_its_queue_slowly_is_not_taken_for_the_model() {
+        use switchyard_policy_sdk::measured::PrefillFit;
+        // The spot worker has 8,000 tokens queued; the model, scaled by its decode gap, has it
+        // meet a 1 s target. Its measured line says its queue drains at 0.2 ms a token: 1.7 s.
+        let mut table = fleet();
+        table.prefill_tokens = alloc::vec![0, 8_000];
+        let mut request = testing::request(3, 512);
+        request.ttft_target_ms = 1000.0;
+        let model = Model::default();
+        let spot = model.predict(&request, &table.view(), 1);
+        assert!(
+            (spot.ttft_ms + spot.impact_ms) * 2.0 <= 800.0,
+            "the model has the spot worker meet it: {spot:?}"
+        );
+        let fits = |samples| {
+            alloc::vec![
+                PrefillFit {
+                    id: 0,
+                    fixed_ms: 10.0,
+                    ms_per_ktoken: 20.0,
+                    samples,
+                },
+                PrefillFit {
+                    id: 1,
+                    fixed_ms: 20.0,
+                    ms_per_ktoken: 200.0,
+                    samples,
+                },
+            ]
+        };
+        testing::set_prefill_fits(fits(MIN_FITTED));
+        let decision = testing::route::<CostAware>(&request, &table).expect("a decision");
+        assert_eq!(decision.worker, 0, "measured, the spot worker misses it");
+
+        testing::set_prefill_fits(fits(MIN_FITTED - 1));
+        let decision = testing::route::<CostAware>(&request, &table).expect("a decision");
+        assert_eq!(decision.worker, 1, "too few requests fitted: the model decides");
+
+        testing::set_prefill_fits(fits(MIN_FITTED));
+        testing::set_config("measured_prefill", "false");
+        let decision = testing::route::<CostAware>(&request, &table).expect("a decision");
+        assert_eq!(decision.worker, 1, "measured_prefill = false: the model decides");
+    }
+
+    #[test]
+    fn a_measured_line_that_makes_no_sense_is_ignored() {
+        use switchyard_policy_sdk::measured::PrefillFit;
+        let table = fleet();
+        let mut request = testing::request(3, 512);
+        request.ttft_target_ms = 1000.0;
+        // Each of these lines, if taken, would put the spot worker past the target.
+        for (fixed_ms, ms_per_ktoken) in [(f32::NAN, 1.0), (1.0, f32::INFINITY), (-5.0, 5_000.0), (5_000.0, -1.0)] {
+            testing::set_prefill_fits(alloc::vec![PrefillFit {
+                id: 1,
+                fixed_ms,
+                ms_per_ktoken,
+                samples: 100,
+            }]);
+            let decision = testing::route::<CostAware>(&request, &table).expect("a decision");
+            assert_eq!(decision.worker, 1, "the model decides: the idle spot worker meets it");
+        }
     }
 
     #[test]

@@ -72,6 +72,10 @@ pub struct Prediction {
     pub pressure_ms: f64,
     /// Engine time the request's own uncached tokens take, in full steps.
     pub impact_ms: f64,
+    /// The request's uncached prompt tokens on this worker.
+    pub new_tokens: f64,
+    /// Prefill tokens queued ahead of it there (the table's `prefill-tokens`).
+    pub queued_tokens: f64,
     /// The cost to minimise (never NaN; +∞ where the inputs make no sense).
     pub cost: f64,
     /// Whether the request would overflow the worker's KV capacity.
@@ -183,6 +187,8 @@ impl Model {
             interference_ms,
             pressure_ms,
             impact_ms,
+            new_tokens,
+            queued_tokens: queued,
             // A NaN (from a NaN coefficient in the config) would make the order meaningless.
             cost: if cost.is_nan() { f64::INFINITY } else { cost },
             overflows: reported > 0.0 && blocks > reported,

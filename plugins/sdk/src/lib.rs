@@ -97,7 +97,7 @@ pub mod log {
 pub mod measured {
     use alloc::vec::Vec;
 
-    pub use crate::router_world::switchyard::policy::measured::WorkerTiming;
+    pub use crate::router_world::switchyard::policy::measured::{PrefillFit, WorkerTiming};
 
     /// Every LLM worker the gateway has measured: match them to the table's rows by the `ids`
     /// column. Empty from a gateway that measured none yet (and in its validation call).
@@ -106,6 +106,17 @@ pub mod measured {
         return crate::router_world::switchyard::policy::measured::timings();
         #[cfg(not(target_arch = "wasm32"))]
         return crate::testing::timings();
+    }
+
+    /// Every LLM worker whose prefill the gateway has measured: a line from the prefill work a
+    /// request finds on the worker to its time to first token. Match them to the table's rows
+    /// by the `ids` column. Empty from a gateway that measured none yet (and in its validation
+    /// call).
+    pub fn prefill_fits() -> Vec<PrefillFit> {
+        #[cfg(target_arch = "wasm32")]
+        return crate::router_world::switchyard::policy::measured::prefill_fits();
+        #[cfg(not(target_arch = "wasm32"))]
+        return crate::testing::prefill_fits();
     }
 }
 
@@ -410,6 +421,7 @@ pub mod testing {
     std::thread_local! {
         static CONFIG: RefCell<HashMap<String, String>> = RefCell::new(HashMap::new());
         static TIMINGS: RefCell<Vec<crate::measured::WorkerTiming>> = const { RefCell::new(Vec::new()) };
+        static PREFILL_FITS: RefCell<Vec<crate::measured::PrefillFit>> = const { RefCell::new(Vec::new()) };
         static PROMPT: RefCell<Vec<u64>> = const { RefCell::new(Vec::new()) };
     }
 
@@ -429,6 +441,15 @@ pub mod testing {
 
     pub(crate) fn timings() -> Vec<crate::measured::WorkerTiming> {
         TIMINGS.with(|current| current.borrow().clone())
+    }
+
+    /// Sets what [`crate::measured::prefill_fits`] answers.
+    pub fn set_prefill_fits(fits: Vec<crate::measured::PrefillFit>) {
+        PREFILL_FITS.with(|current| *current.borrow_mut() = fits);
+    }
+
+    pub(crate) fn prefill_fits() -> Vec<crate::measured::PrefillFit> {
+        PREFILL_FITS.with(|current| current.borrow().clone())
     }
 
     /// Sets a configuration value the policy will read with [`crate::config::get`].
