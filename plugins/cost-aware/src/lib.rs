@@ -81,6 +81,27 @@ impl Drain {
     }
 }
 
+/// What the `measured` import said of each worker of `predictions` (index for index), matched
+/// by the `ids` column; `None` for a worker it says nothing of. `items` is sorted by id stably
+/// (the first item of an id counts, as a scan would find it) so that each worker's is a binary
+/// search, not a scan: a scan per worker was quadratic.
+fn per_worker<T: Clone>(
+    workers: &WorkerTable,
+    predictions: &[(usize, model::Prediction)],
+    mut items: Vec<T>,
+    id_of: impl Fn(&T) -> u32,
+) -> Vec<Option<T>> {
+    items.sort_by_key(&id_of);
+    predictions
+        .iter()
+        .map(|(i, _)| {
+            let id = workers.ids.get(*i).copied()?;
+            let first = items.partition_point(|item| id_of(item) < id);
+            items.get(first).filter(|item| id_of(item) == id).cloned()
+        })
+        .collect()
+}
+
 /// Each worker's measured prefill line, index for index with `predictions`; `None` where it
 /// was fitted to fewer than [`MIN_FITTED`] requests or makes no sense.
 fn drains(workers: &WorkerTable, predictions: &[(usize, model::Prediction)]) -> Vec<Option<Drain>> {
@@ -92,14 +113,10 @@ fn drains(workers: &WorkerTable, predictions: &[(usize, model::Prediction)]) -> 
             && fit.fixed_ms >= 0.0
             && fit.ms_per_ktoken >= 0.0
     });
-    // By id, stably (the first fit of an id counts), for a binary search per worker.
-    fits.sort_by_key(|fit| fit.id);
-    predictions
-        .iter()
-        .map(|(i, _)| {
-            let id = workers.ids.get(*i).copied()?;
-            let first = fits.partition_point(|fit| fit.id < id);
-            fits.get(first).filter(|fit| fit.id == id).map(|fit| Drain {
+    per_worker(workers, predictions, fits, |fit| fit.id)
+        .into_iter()
+        .map(|fit| {
+            fit.map(|fit| Drain {
                 fixed_ms: f64::from(fit.fixed_ms),
                 ms_per_token: f64::from(fit.ms_per_ktoken) / 1000.0,
             })
@@ -117,21 +134,11 @@ fn drains(workers: &WorkerTable, predictions: &[(usize, model::Prediction)]) -> 
 /// load, so the ratio of gaps keeps mostly the hardware's difference, and what is left of the
 /// load makes a busy worker look slower — which turns traffic away from it, the stable way.
 fn slowness(workers: &WorkerTable, predictions: &[(usize, model::Prediction)]) -> Vec<f64> {
-    // Sorted by id (stably: the first timing of an id counts, as a scan would find it) so that
-    // each worker's is a binary search, not a scan: a scan per worker was quadratic.
     let mut measured = switchyard_policy_sdk::measured::timings();
     measured.retain(|timing| timing.itl_us > 0 && timing.samples >= MIN_SAMPLES);
-    measured.sort_by_key(|timing| timing.id);
-    let gaps: Vec<Option<f64>> = predictions
-        .iter()
-        .map(|(i, _)| {
-            let id = workers.ids.get(*i).copied()?;
-            let first = measured.partition_point(|timing| timing.id < id);
-            measured
-                .get(first)
-                .filter(|timing| timing.id == id)
-                .map(|timing| f64::from(timing.itl_us))
-        })
+    let gaps: Vec<Option<f64>> = per_worker(workers, predictions, measured, |timing| timing.id)
+        .into_iter()
+        .map(|timing| timing.map(|timing| f64::from(timing.itl_us)))
         .collect();
     let fastest = gaps.iter().flatten().copied().fold(f64::INFINITY, f64::min);
     gaps.iter()
