@@ -396,11 +396,29 @@ impl Applier {
             }
             self.request_dump(&worker);
         } else {
-            for event in resync.buffer {
-                self.event(event, &source);
-            }
+            self.replay_after_dump(&worker, resync.buffer, &source);
         }
         self.state.refresh_size();
+    }
+
+    /// Applies the events buffered during a resync on top of the dump just loaded.
+    ///
+    /// A buffered event still ahead of the dump by more than one cannot follow it: the dump
+    /// was taken after the event arrived, so an honest worker's dump would already cover it
+    /// (the event is forged, or from an earlier run). Treating it as a fresh gap would ask
+    /// for the same dump again and replay the same event, forever, and every reload empties
+    /// the worker's blocks for a moment; so it is dropped, and a real loss still shows at the
+    /// next live event.
+    fn replay_after_dump(&mut self, worker: &str, buffer: Vec<WorkerEvent>, source: &Arc<dyn DumpSource>) {
+        for event in buffer {
+            let next = self.tracks.get(worker).map_or(0, |track| track.last_event_id + 1);
+            if event.event_id > next && event.event_id != 1 {
+                self.ignored("ahead_of_dump");
+                tracing::warn!(%worker, expected = next, got = event.event_id, "an event the worker's own dump does not reach was dropped");
+                continue;
+            }
+            self.event(event, source);
+        }
     }
 
     fn heartbeat(&mut self, registration: Registration, source: Arc<dyn DumpSource>) {

@@ -232,6 +232,41 @@ async fn a_gap_buffers_events_until_the_dump_and_then_applies_the_newer_ones() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn an_event_its_workers_dump_does_not_reach_is_dropped_instead_of_resyncing_forever() {
+    let f = fixture(config());
+    let source = Dumps::new(true);
+    for id in 1..=4 {
+        f.event(f.stored("w", id), &source);
+    }
+    // An event far ahead of the stream (forged, or from an earlier run) opens a gap ...
+    f.event(f.stored("w", 16), &source);
+    settle().await;
+    assert_eq!(source.requests(), 1);
+    // ... and the worker's dump, taken after it arrived, ends at event 4.
+    source.answer.send_replace(Some(f.dump("w", 4, 4)));
+    settle().await;
+    settle().await;
+    assert_eq!(
+        source.requests(),
+        1,
+        "the same event must not ask for the same dump again"
+    );
+    assert_eq!(f.gaps("w"), 1);
+    assert_eq!(f.cached("w"), 4);
+    let dropped =
+        f.kv.metrics
+            .events_ignored
+            .get_or_create(&vec![("reason", "ahead_of_dump".to_string())])
+            .get();
+    assert_eq!(dropped, 1);
+    // The stream goes on from the dump.
+    f.event(f.stored("w", 5), &source);
+    settle().await;
+    assert_eq!(f.cached("w"), 5);
+    assert_eq!(f.gaps("w"), 1);
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_full_resync_buffer_asks_for_another_dump() {
     let f = fixture(SyncConfig {
         resync_buffer: 2,
