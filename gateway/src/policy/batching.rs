@@ -16,50 +16,23 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
-use wasmtime::Store;
 
 use crate::policy::PolicyError;
+use crate::policy::bindings::BatcherWorld;
 pub use crate::policy::bindings::switchyard::policy::types::{Batch, Budget, PendingTable};
-use crate::policy::bindings::{BatcherPre, BatcherWorld};
-use crate::policy::host::HostState;
 pub use crate::policy::host::Tenancy;
-use crate::policy::runtime::{PolicyRuntime, SELF_TEST_RETRIES, initial_memory_bytes};
-use crate::policy::versions::{Labels, Named, SwitchConfig, Version, Versions};
+use crate::policy::runtime::PolicyRuntime;
+use crate::policy::versions::{Labels, SwitchConfig, Version, Versions};
+use crate::policy::world::{Compiled, Instance};
 
 /// Instances kept for reuse; more concurrent flushes instantiate and drop their own.
 const POOLED_INSTANCES: usize = 8;
 
 /// A validated batcher policy: compiled code ready to instantiate. Immutable and shared.
-pub struct BatcherPolicy {
-    /// The policy's name.
-    pub name: String,
-    /// sha256 of the `.wasm` it was loaded from.
-    pub sha256: String,
-    pre: BatcherPre<HostState>,
-    config: Arc<toml::Table>,
-    runtime: Arc<PolicyRuntime>,
-    initial_memory_bytes: u64,
-}
+pub type BatcherPolicy = Compiled<BatcherWorld>;
 
-impl std::fmt::Debug for BatcherPolicy {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("BatcherPolicy")
-            .field("name", &self.name)
-            .field("sha256", &self.sha256)
-            .field("initial_memory_bytes", &self.initial_memory_bytes)
-            .finish_non_exhaustive()
-    }
-}
-
-impl Named for BatcherPolicy {
-    fn name(&self) -> &str {
-        &self.name
-    }
-
-    fn sha256(&self) -> &str {
-        &self.sha256
-    }
-}
+/// One live instance of a batcher policy.
+pub type BatcherInstance = Instance<BatcherWorld>;
 
 impl PolicyRuntime {
     /// Compiles (or loads from the cache), validates and self-tests a batcher policy.
@@ -75,80 +48,14 @@ impl PolicyRuntime {
         wasm: &[u8],
         policy_config: toml::Table,
     ) -> Result<BatcherPolicy, PolicyError> {
-        let (sha256, component, pre) = self.prepare(wasm)?;
-        let pre = BatcherPre::new(pre)
-            .map_err(|err| PolicyError::Invalid(format!("does not export the batcher world: {err:#}")))?;
-        let policy = BatcherPolicy {
-            name: name.to_string(),
-            sha256,
-            pre,
-            config: Arc::new(policy_config),
-            runtime: self.clone(),
-            initial_memory_bytes: initial_memory_bytes(&component),
-        };
         let (queue, budget) = synthetic_queue();
-        // As for routers: a first call preempted past the deadline on a loaded machine is
-        // tried again on a fresh instance; one interrupted every time is refused.
-        let mut interrupted = 0;
-        loop {
-            match policy.instantiate()?.form_batches(&queue, &budget) {
-                Err(PolicyError::Trap(message)) if message.contains("interrupt") && interrupted < SELF_TEST_RETRIES => {
-                    interrupted += 1;
-                }
-                Err(PolicyError::InvalidAnswer(why)) => {
-                    return Err(PolicyError::Invalid(format!(
-                        "self-test answer breaks the contract: {why}"
-                    )));
-                }
-                answer => {
-                    answer?;
-                    return Ok(policy);
-                }
-            }
-        }
-    }
-}
-
-impl BatcherPolicy {
-    /// A fresh instance with its own store, after a successful `init`.
-    ///
-    /// # Errors
-    ///
-    /// Returns [`PolicyError`] if instantiation traps or `init` fails.
-    pub fn instantiate(&self) -> Result<BatcherInstance, PolicyError> {
-        let mut store = self.runtime.armed_store(self.config.clone());
-        let bindings = self.pre.instantiate(&mut store).map_err(PolicyError::instantiation)?;
-        self.runtime.arm(&mut store);
-        bindings
-            .call_init(&mut store)
-            .map_err(trap)?
-            .map_err(|err| PolicyError::Refused(err.message))?;
-        Ok(BatcherInstance {
-            store,
-            bindings,
-            runtime: self.runtime.clone(),
+        Compiled::load(self, name, wasm, policy_config, |instance| {
+            instance.form_batches(&queue, &budget).map(drop)
         })
     }
 }
 
-fn trap(err: wasmtime::Error) -> PolicyError {
-    PolicyError::Trap(format!("{err:#}"))
-}
-
-/// One live instance of a batcher policy.
-pub struct BatcherInstance {
-    store: Store<HostState>,
-    bindings: BatcherWorld,
-    runtime: Arc<PolicyRuntime>,
-}
-
-impl std::fmt::Debug for BatcherInstance {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("BatcherInstance").finish_non_exhaustive()
-    }
-}
-
-impl BatcherInstance {
+impl Instance<BatcherWorld> {
     /// Calls `form-batches` under the deadline and checks the answer against the contract.
     ///
     /// # Errors
@@ -169,11 +76,11 @@ impl BatcherInstance {
         tenancy: &Tenancy,
         budget: &Budget,
     ) -> Result<Vec<Batch>, PolicyError> {
-        self.runtime.arm(&mut self.store);
-        self.store.data_mut().tenancy = tenancy.clone();
-        let batches = self.bindings.call_form_batches(&mut self.store, queue, budget);
-        self.store.data_mut().tenancy = Tenancy::default();
-        let batches = batches.map_err(trap)?;
+        let (store, bindings) = self.armed();
+        store.data_mut().tenancy = tenancy.clone();
+        let batches = bindings.call_form_batches(&mut *store, queue, budget);
+        store.data_mut().tenancy = Tenancy::default();
+        let batches = batches.map_err(PolicyError::trap)?;
         validate(queue, budget, &batches).map_err(PolicyError::InvalidAnswer)?;
         Ok(batches)
     }

@@ -20,6 +20,7 @@ pub mod table;
 pub mod ticker;
 pub mod versions;
 pub mod watch;
+pub mod world;
 
 /// Why a policy could not be loaded or could not answer.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -59,7 +60,7 @@ impl PolicyError {
         PolicyError::Engine(format!("{err:#}"))
     }
 
-    fn trap(err: wasmtime::Error) -> PolicyError {
+    pub(crate) fn trap(err: wasmtime::Error) -> PolicyError {
         PolicyError::Trap(format!("{err:#}"))
     }
 

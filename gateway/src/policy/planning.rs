@@ -14,49 +14,22 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
-use wasmtime::Store;
 
 use crate::policy::PolicyError;
+use crate::policy::bindings::PlannerWorld;
 pub use crate::policy::bindings::planning::{IntervalStats, Pool, PoolRole, ScaleDecision};
-use crate::policy::bindings::{PlannerPre, PlannerWorld};
-use crate::policy::host::HostState;
-use crate::policy::runtime::{PolicyRuntime, SELF_TEST_RETRIES, initial_memory_bytes};
-use crate::policy::versions::{Labels, Named, SwitchConfig, Version, Versions};
+use crate::policy::runtime::PolicyRuntime;
+use crate::policy::versions::{Labels, SwitchConfig, Version, Versions};
+use crate::policy::world::{Compiled, Instance};
 
 /// Longest `reason` kept from a decision (metrics label, log line).
 pub const MAX_REASON_BYTES: usize = 64;
 
 /// A validated planner policy: compiled code ready to instantiate. Immutable and shared.
-pub struct PlannerPolicy {
-    /// The policy's name.
-    pub name: String,
-    /// sha256 of the `.wasm` it was loaded from.
-    pub sha256: String,
-    pre: PlannerPre<HostState>,
-    config: Arc<toml::Table>,
-    runtime: Arc<PolicyRuntime>,
-    /// Linear memory of a fresh instance.
-    pub initial_memory_bytes: u64,
-}
+pub type PlannerPolicy = Compiled<PlannerWorld>;
 
-impl std::fmt::Debug for PlannerPolicy {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("PlannerPolicy")
-            .field("name", &self.name)
-            .field("sha256", &self.sha256)
-            .finish_non_exhaustive()
-    }
-}
-
-impl Named for PlannerPolicy {
-    fn name(&self) -> &str {
-        &self.name
-    }
-
-    fn sha256(&self) -> &str {
-        &self.sha256
-    }
-}
+/// One live instance of a planner policy.
+pub type PlannerInstance = Instance<PlannerWorld>;
 
 impl PolicyRuntime {
     /// Compiles (or loads from the cache), validates and self-tests a planner policy.
@@ -72,78 +45,14 @@ impl PolicyRuntime {
         wasm: &[u8],
         policy_config: toml::Table,
     ) -> Result<PlannerPolicy, PolicyError> {
-        let (sha256, component, pre) = self.prepare(wasm)?;
-        let pre = PlannerPre::new(pre)
-            .map_err(|err| PolicyError::Invalid(format!("does not export the planner world: {err:#}")))?;
-        let policy = PlannerPolicy {
-            name: name.to_string(),
-            sha256,
-            pre,
-            config: Arc::new(policy_config),
-            runtime: self.clone(),
-            initial_memory_bytes: initial_memory_bytes(&component),
-        };
         let (pools, max_gpus) = synthetic_pools();
-        let mut interrupted = 0;
-        loop {
-            match policy.instantiate()?.plan(&pools, max_gpus) {
-                Err(PolicyError::Trap(message)) if message.contains("interrupt") && interrupted < SELF_TEST_RETRIES => {
-                    interrupted += 1;
-                }
-                Err(PolicyError::InvalidAnswer(why)) => {
-                    return Err(PolicyError::Invalid(format!(
-                        "self-test answer breaks the contract: {why}"
-                    )));
-                }
-                answer => {
-                    answer?;
-                    return Ok(policy);
-                }
-            }
-        }
-    }
-}
-
-impl PlannerPolicy {
-    /// A fresh instance with its own store, after a successful `init`.
-    ///
-    /// # Errors
-    ///
-    /// Returns [`PolicyError`] if instantiation traps or `init` fails.
-    pub fn instantiate(&self) -> Result<PlannerInstance, PolicyError> {
-        let mut store = self.runtime.armed_store(self.config.clone());
-        let bindings = self.pre.instantiate(&mut store).map_err(PolicyError::instantiation)?;
-        self.runtime.arm(&mut store);
-        bindings
-            .call_init(&mut store)
-            .map_err(trap)?
-            .map_err(|err| PolicyError::Refused(err.message))?;
-        Ok(PlannerInstance {
-            store,
-            bindings,
-            runtime: self.runtime.clone(),
+        Compiled::load(self, name, wasm, policy_config, |instance| {
+            instance.plan(&pools, max_gpus).map(drop)
         })
     }
 }
 
-fn trap(err: wasmtime::Error) -> PolicyError {
-    PolicyError::Trap(format!("{err:#}"))
-}
-
-/// One live instance of a planner policy.
-pub struct PlannerInstance {
-    store: Store<HostState>,
-    bindings: PlannerWorld,
-    runtime: Arc<PolicyRuntime>,
-}
-
-impl std::fmt::Debug for PlannerInstance {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("PlannerInstance").finish_non_exhaustive()
-    }
-}
-
-impl PlannerInstance {
+impl Instance<PlannerWorld> {
     /// Calls `plan` under the deadline and checks the answer against the contract.
     ///
     /// # Errors
@@ -151,11 +60,10 @@ impl PlannerInstance {
     /// [`PolicyError::Trap`] (deadline, memory, a trap), [`PolicyError::Refused`] or
     /// [`PolicyError::InvalidAnswer`].
     pub fn plan(&mut self, pools: &[Pool], max_gpus: u32) -> Result<Vec<ScaleDecision>, PolicyError> {
-        self.runtime.arm(&mut self.store);
-        let mut decisions = self
-            .bindings
-            .call_plan(&mut self.store, pools, max_gpus)
-            .map_err(trap)?
+        let (store, bindings) = self.armed();
+        let mut decisions = bindings
+            .call_plan(store, pools, max_gpus)
+            .map_err(PolicyError::trap)?
             .map_err(|err| PolicyError::Refused(err.message))?;
         validate(pools, max_gpus, &decisions).map_err(PolicyError::InvalidAnswer)?;
         for decision in &mut decisions {

@@ -43,6 +43,35 @@ const ALLOWED_IMPORTS: [&str; 8] = [
 /// deadlines.
 pub(crate) const SELF_TEST_RETRIES: u32 = 8;
 
+/// Runs a policy's load-time self-test, `call` (each try on a fresh instance), and answers
+/// its result.
+///
+/// The self-test checks the answer, not the speed: every live call has the deadline. A first
+/// call on a loaded machine can be preempted or page-fault past a 1 ms deadline, so a try the
+/// deadline interrupted is made again, up to [`SELF_TEST_RETRIES`] times; a policy interrupted
+/// on every try is refused as a runaway.
+///
+/// # Errors
+///
+/// The last try's error; an answer against the contract becomes [`PolicyError::Invalid`].
+pub(crate) fn self_test<T>(name: &str, mut call: impl FnMut() -> Result<T, PolicyError>) -> Result<T, PolicyError> {
+    let mut interrupted = 0;
+    loop {
+        match call() {
+            Err(PolicyError::Trap(message)) if message.contains("interrupt") && interrupted < SELF_TEST_RETRIES => {
+                interrupted += 1;
+                tracing::debug!(policy = name, interrupted, "self-test interrupted; trying again");
+            }
+            Err(PolicyError::InvalidAnswer(why)) => {
+                return Err(PolicyError::Invalid(format!(
+                    "self-test answer breaks the contract: {why}"
+                )));
+            }
+            answer => return answer,
+        }
+    }
+}
+
 /// Settings of the policy sandbox.
 #[derive(Debug, Clone)]
 pub struct RuntimeConfig {
@@ -259,26 +288,19 @@ impl PolicyRuntime {
                 "policy starts with more memory than is reset in place; re-instantiating it page-faults (build it with a smaller stack, see plugins/.cargo/config.toml)"
             );
         }
-        let mut instance = policy.instantiate()?;
-        policy.columns = instance.columns;
+        let mut instance = Some(policy.instantiate()?);
+        policy.columns = instance.as_ref().map_or(table::Columns::empty(), |first| first.columns);
         // The self-test table holds what a live one would: the declared and the fallback's columns.
         let table = table::synthetic(8).select(policy.columns | table::fallback_columns());
         let request = table::synthetic_request();
-        // The self-test checks the answer, not the speed: every live call has the deadline. A
-        // first call on a loaded machine can be preempted or page-fault past a 1 ms deadline,
-        // so an interrupted self-test is tried again on a fresh instance; a policy interrupted
-        // on every try is refused as a runaway.
-        let mut interrupted = 0;
-        let decision = loop {
-            match instance.route(&request, &table) {
-                Err(PolicyError::Trap(message)) if message.contains("interrupt") && interrupted < SELF_TEST_RETRIES => {
-                    interrupted += 1;
-                    tracing::debug!(policy = name, interrupted, "self-test interrupted; trying again");
-                    instance = policy.instantiate()?;
-                }
-                answer => break answer?.worker,
-            }
-        };
+        let decision = self_test(name, || {
+            let mut instance = match instance.take() {
+                Some(first) => first,
+                None => policy.instantiate()?,
+            };
+            instance.route(&request, &table)
+        })?
+        .worker;
         if decision as usize >= table.len() {
             return Err(PolicyError::Invalid(format!(
                 "self-test answered worker {decision} of {}",
