@@ -9,15 +9,18 @@
 //! its prediction doubled; a worker measured on fewer than 3 streams is taken as fast as the
 //! fastest. Why relative and not against the model's step: see [`slowness`].
 //! Workers the request would not overflow (KV capacity, as `predicted-ttft` checks it) and
-//! that would still be ready for the next request within the target — scaled TTFT plus the
-//! steps of the request's own uncached tokens (`predicted-ttft`'s impact) at most
-//! `target_margin` × `ttft-target-ms` — are candidates, and the one with the lowest `cost`
+//! predicted to give its first token within `target_margin` × `ttft-target-ms` (the margin is
+//! room for the requests arriving meanwhile) are candidates, and the one with the lowest `cost`
 //! (per token; spot < reserved) wins, ties (within 1e-6) going to the lowest scaled cost as
 //! `predicted-ttft` ranks it (so equal workers share the load and cached prefixes count).
-//! Counting the request's own steps is what keeps a busy fleet's attainment: with its TTFT
-//! alone, cheap and slow workers take requests until their queues make the next ones late
-//! (the first version of this router, BENCHMARKS.md). A request without a target takes every
-//! worker as a candidate, so it goes to the cheapest. When no worker is predicted to meet the
+//! `own_steps_headroom` adds a share of the request's own prefill steps (`predicted-ttft`'s
+//! impact) to the time checked against the margin, as room for the next arrival on the same
+//! worker. Versions two to five counted all of them: with the model's queue estimates alone,
+//! cheap and slow workers otherwise took requests until their queues made the next ones late.
+//! Since queues are measured (below), leaving them out costs about a point of attainment at
+//! 6× load, while counting them keeps large prompts off cheap workers that could serve them
+//! in time: 0 is 28–30 % cheaper than `predicted-ttft` at 2× load (BENCHMARKS.md). A request
+//! without a target takes every worker as a candidate, so it goes to the cheapest. When no worker is predicted to meet the
 //! target, the lowest scaled `predicted-ttft` cost wins (its queue, cache, impact and decode
 //! terms, not the raw TTFT: a late request should not also spoil the queue behind it) among
 //! the workers that could meet it with nothing queued ahead (their own prefill steps, scaled,
@@ -35,9 +38,10 @@
 //! prefill further); the line measures how fast that worker's queue really drained.
 //!
 //! Settings: `predicted-ttft`'s coefficients (the same keys), `target_margin` (default
-//! 0.8): the share of the target a candidate's busy time may take (headroom for the requests
-//! arriving while it works), and `measured_prefill` (default true): false ignores the fitted
-//! lines, predicting from the model alone as before.
+//! 0.8): the share of the target a candidate's predicted time may take, `own_steps_headroom`
+//! (default 0): the share of the request's own steps added to that time, and
+//! `measured_prefill` (default true): false ignores the fitted lines, predicting from the
+//! model alone as before.
 
 #![cfg_attr(not(test), no_std)]
 
@@ -165,6 +169,8 @@ impl Router for CostAware {
         let model = Model::configured();
         static MARGIN: switchyard_policy_sdk::config::Derived<f64> = switchyard_policy_sdk::config::Derived::new();
         let margin = MARGIN.get_or_init(|| switchyard_policy_sdk::config::get_f64("target_margin", 0.8));
+        static OWN_STEPS: switchyard_policy_sdk::config::Derived<f64> = switchyard_policy_sdk::config::Derived::new();
+        let own_steps = OWN_STEPS.get_or_init(|| switchyard_policy_sdk::config::get_f64("own_steps_headroom", 0.0));
         static MEASURED: switchyard_policy_sdk::config::Derived<bool> = switchyard_policy_sdk::config::Derived::new();
         let measured = MEASURED.get_or_init(|| switchyard_policy_sdk::config::get_bool("measured_prefill", true));
         let predictions: Vec<(usize, model::Prediction)> = workers
@@ -181,6 +187,7 @@ impl Router for CostAware {
             alloc::vec![None; predictions.len()]
         };
         let target = f64::from(req.ttft_target_ms);
+
         // A worker the request would overflow is usable only when every worker would.
         let ranked: Vec<Entry> = predictions
             .iter()
@@ -210,7 +217,7 @@ impl Router for CostAware {
                 };
                 // Busy: the time until this worker could start the next request after this one
                 // (its queue, this request's TTFT and its uncached tokens' steps).
-                let busy = ttft + impact;
+                let busy = ttft + own_steps * impact;
                 let meets = usable && (target <= 0.0 || busy <= target * margin);
                 // Could meet the target with nothing queued ahead: a worker too slow for the
                 // prompt even idle is the last resort, whatever its queue.
@@ -332,13 +339,33 @@ mod tests {
 
     #[test]
     fn the_cheap_worker_takes_what_it_can_meet() {
-        // 512 tokens on an idle worker: one step of about 24 ms at the model's speed, and its
-        // tokens' share of a full step, 10.6 ms: busy for 34.6 ms, 69.2 ms on the spot worker
-        // measured twice as slow.
+        // 512 tokens on an idle worker: a first token after one step of about 24 ms at the
+        // model's speed, 48 ms on the spot worker measured twice as slow.
         assert_eq!(route(0.0), 1, "no target: the cheapest");
         assert_eq!(route(1000.0), 1, "a loose target the spot worker meets");
-        assert_eq!(route(80.0), 0, "a target only the reserved worker meets (64 ms)");
+        assert_eq!(route(50.0), 0, "a target only the reserved worker meets (40 ms)");
         assert_eq!(route(1.0), 0, "a target nobody meets: the fastest");
+    }
+
+    /// A target whose margin leaves the spot worker (measured twice as slow) room for the
+    /// request's first token and three quarters of its own steps after it, not all of them.
+    fn roomy_for_three_quarters_of_its_steps() -> f32 {
+        let spot = Model::default().predict(&testing::request(3, 512), &fleet().view(), 1);
+        let (ttft, steps) = (spot.ttft_ms * 2.0, spot.impact_ms * 2.0);
+        assert!(steps > 1.0, "{spot:?}");
+        ((ttft + 0.75 * steps) / 0.8) as f32
+    }
+
+    #[test]
+    fn own_steps_headroom_sets_how_much_of_its_own_steps_a_request_leaves_room_for() {
+        let target = roomy_for_three_quarters_of_its_steps();
+        assert_eq!(route(target), 1, "the default: none of them, its first token in time");
+        testing::set_config("own_steps_headroom", "0.5");
+        assert_eq!(route(target), 1, "half of them");
+        testing::set_config("own_steps_headroom", "0.9");
+        assert_eq!(route(target), 0, "nine tenths");
+        testing::set_config("own_steps_headroom", "1");
+        assert_eq!(route(target), 0, "all of them");
     }
 
     #[test]
