@@ -169,9 +169,9 @@ impl<W: World> Compiled<W> {
 
 /// One live instance of a policy of world `W`.
 pub struct Instance<W: World> {
-    pub(crate) store: Store<HostState>,
-    pub(crate) bindings: W,
-    pub(crate) runtime: Arc<PolicyRuntime>,
+    store: Store<HostState>,
+    bindings: W,
+    runtime: Arc<PolicyRuntime>,
 }
 
 impl<W: World> std::fmt::Debug for Instance<W> {
