@@ -20,12 +20,13 @@
 //! Since queues are measured (below), leaving them out costs about a point of attainment at
 //! 6× load, while counting them keeps large prompts off cheap workers that could serve them
 //! in time: 0 is 28–30 % cheaper than `predicted-ttft` at 2× load (BENCHMARKS.md). A request
-//! without a target takes every worker as a candidate, so it goes to the cheapest. When no worker is predicted to meet the
-//! target, the lowest scaled `predicted-ttft` cost wins (its queue, cache, impact and decode
-//! terms, not the raw TTFT: a late request should not also spoil the queue behind it) among
-//! the workers that could meet it with nothing queued ahead (their own prefill steps, scaled,
-//! within the target), and only then among the rest: a prompt too large for a slow worker even
-//! when idle stays off it, where a short queue would otherwise draw it there, late for sure.
+//! without a target takes every worker as a candidate, so it goes to the cheapest. When no
+//! worker is predicted to meet the target, the lowest scaled `predicted-ttft` cost wins
+//! (its queue, cache, impact and decode terms, not the raw TTFT: a late request should not
+//! also spoil the queue behind it) among the workers that could meet it with nothing queued
+//! ahead (their own prefill steps, scaled, within the target), and only then among the
+//! rest: a prompt too large for a slow worker even when idle stays off it, where a short
+//! queue would otherwise draw it there, late for sure.
 //! Fallbacks: the next two in the same order.
 //!
 //! Where the gateway has measured a worker's prefill (the `measured.prefill-fits` import: a
@@ -215,8 +216,9 @@ impl Router for CostAware {
                 } else {
                     f64::INFINITY
                 };
-                // Busy: the time until this worker could start the next request after this one
-                // (its queue, this request's TTFT and its uncached tokens' steps).
+                // Checked against the margin: this request's TTFT (its queue and its own
+                // prefill), plus the share of its own steps `own_steps_headroom` leaves as room
+                // for the next arrival here.
                 let busy = ttft + own_steps * impact;
                 let meets = usable && (target <= 0.0 || busy <= target * margin);
                 // Could meet the target with nothing queued ahead: a worker too slow for the
