@@ -288,13 +288,15 @@ impl PolicyRuntime {
                 "policy starts with more memory than is reset in place; re-instantiating it page-faults (build it with a smaller stack, see plugins/.cargo/config.toml)"
             );
         }
-        let mut instance = Some(policy.instantiate()?);
-        policy.columns = instance.as_ref().map_or(table::Columns::empty(), |first| first.columns);
+        let first = policy.instantiate()?;
+        policy.columns = first.columns;
+        let mut first = Some(first);
         // The self-test table holds what a live one would: the declared and the fallback's columns.
         let table = table::synthetic(8).select(policy.columns | table::fallback_columns());
         let request = table::synthetic_request();
         let decision = self_test(name, || {
-            let mut instance = match instance.take() {
+            // The instance `init` declared the columns on, then a fresh one for each retry.
+            let mut instance = match first.take() {
                 Some(first) => first,
                 None => policy.instantiate()?,
             };

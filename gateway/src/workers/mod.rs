@@ -3,10 +3,11 @@
 //! This module owns the worker registry ([`WorkerPool`]: configured, embedded and registered
 //! workers, and the healthy candidates of a model), each worker's in-flight count
 //! ([`InFlight`]) and measured prefill ([`prefill_fit`]), passive and active health
-//! ([`health`], which reports ejections through a callback), the pooled HTTP client that reaches workers ([`client`]), and simulated workers
-//! started in-process for the embedded default (`embedded`, feature `embedded-mockers`). It
-//! knows nothing about client connections, OpenAI bodies, the KV index or policies: the
-//! routing core (`crate::routing`) puts them together.
+//! ([`health`], which reports ejections through a callback), the pooled HTTP client that
+//! reaches workers ([`client`]), and simulated workers started in-process for the embedded
+//! default (`embedded`, feature `embedded-mockers`). It knows nothing about client
+//! connections, OpenAI bodies, the KV index or policies: the routing core (`crate::routing`)
+//! puts them together.
 
 pub mod client;
 #[cfg(feature = "embedded-mockers")]
