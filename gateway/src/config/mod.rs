@@ -437,7 +437,9 @@ pub struct ServerConfig {
     pub max_connections: usize,
     /// A streamed answer's events that arrive within this many microseconds of its last write
     /// to the client wait for the window to end and are written together (0: every event at
-    /// once). Only streams faster than this are touched; the first event is never held.
+    /// once). An event that opens a write waits, at most this long, only for the events
+    /// upstream read with it (a few microseconds when there are none); the stream's first
+    /// bytes are never held.
     pub stream_coalesce_us: u64,
     /// Serve `/metrics` on this listener. Turn it off to serve them only on the admin
     /// listener (`GET /metrics` there, with the admin token), off the public port.
