@@ -91,13 +91,11 @@ impl Coalescer {
     /// Takes an event read from upstream.
     pub(crate) fn offer(&mut self, data: Bytes) -> Offer {
         let now = Instant::now();
-        let in_window = self
-            .last_write
-            .is_some_and(|last| !self.window.is_zero() && now < last + self.window);
         if self.window.is_zero() {
             self.last_write = Some(now);
             return Offer::Write(data);
         }
+        let in_window = self.last_write.is_some_and(|last| now < last + self.window);
         match &mut self.gathering {
             Some(gathering) => gathering.quiet = 0,
             None if self.held.is_empty() && !in_window => {
