@@ -1,6 +1,7 @@
 //! The quantized block kernels alone, on every kernel set this CPU has: nanoseconds per
-//! 32-value weight block against one activation row (and per row at 2 and 8 rows), on one
-//! thread and on all of them, for SmolLM2-135M's shapes (Q4_1 576→1,536 and 1,536→576, the
+//! 32-value weight block against one activation row (and per row at 2, 8 and 32 rows; from 8
+//! rows on, the AVX-512 VNNI set runs the panel kernels, 16 rows a vector), on one thread and
+//! on all of them, for SmolLM2-135M's shapes (Q4_1 576→1,536 and 1,536→576, the
 //! Q8_0 head 576→49,152), with the weight bytes read per second beside them. The baseline is
 //! the portable kernel in the same run. Figures are printed, never asserted.
 //!
@@ -68,6 +69,11 @@ fn main() {
         ("Q4_1 1536→576 (down)", QuantKind::Q4_1, 576, 1536),
         ("Q8_0 576→49152 (head)", QuantKind::Q8_0, 49152, 576),
     ];
+    // `QUANT_KERNELS_ROWS=512` measures that row count alone (a prefill's, or one case to
+    // profile).
+    let only_rows: Option<usize> = std::env::var("QUANT_KERNELS_ROWS")
+        .ok()
+        .and_then(|rows| rows.parse().ok());
     let isas: Vec<Isa> = Isa::ALL.into_iter().filter(|isa| isa.available()).collect();
     let all_threads = rayon::current_num_threads();
     let one_thread = rayon::ThreadPoolBuilder::new().num_threads(1).build().expect("a pool");
@@ -92,7 +98,7 @@ fn main() {
     for (label, kind, outputs, cols) in shapes {
         let weights = matrix(kind, outputs, cols);
         let blocks = (outputs * cols / BLOCK) as f64;
-        for rows in [1, 2, 8] {
+        for rows in only_rows.map_or(vec![1, 2, 8, 32], |rows| vec![rows]) {
             let x = activations(rows, cols);
             // Seconds per product on one thread and on all, per kernel set.
             let figures: Vec<(Isa, [f64; 2])> = isas

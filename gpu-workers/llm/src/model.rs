@@ -10,8 +10,9 @@
 //! call, batch-1 decode of a 110M model went from 11 to 42 tokens/s on two cores. Weights stored
 //! as GGML blocks (Q4_0, Q4_1, Q8_0 in a GGUF file) stay quantized ([`Matrix::Quantized`]), and
 //! their products go through [`crate::quant`] (activations quantized per block to 16 bits,
-//! integer dot products) or, for many rows, through `gemm` on tiles widened in cache; every other
-//! weight is widened to f32 at load, and all other arithmetic is f32.
+//! integer dot products) or, for many rows on CPUs without AVX-512 VNNI, through `gemm` on tiles
+//! widened in cache; every other weight is widened to f32 at load, and all other arithmetic is
+//! f32.
 
 use std::path::Path;
 
@@ -80,7 +81,7 @@ impl Matrix {
     fn product(&self, x: &[f32], rows: usize, cols: usize, outputs: usize) -> Vec<f32> {
         match self {
             Matrix::F32(weight) => times_transposed(x, rows, cols, weight, outputs, parallelism(rows, outputs, cols)),
-            Matrix::Quantized(matrix) if rows < GEMM_ROWS => matrix.matmul(x, rows),
+            Matrix::Quantized(matrix) if quantized_kernels_for(rows) => matrix.matmul(x, rows),
             Matrix::Quantized(matrix) => widened_tiles_product(matrix, x, rows),
         }
     }
@@ -112,11 +113,18 @@ fn times_transposed(
 }
 
 /// From this many activation rows on, a quantized product widens tiles of weights and uses
-/// `gemm`, which is compute-efficient where the block kernels are not. Measured on SmolLM2, two
+/// `gemm` (unless the CPU has the panel kernels: [`quantized_kernels_for`]), which is compute-efficient where the block kernels are not. Measured on SmolLM2, two
 /// cores, with the grouped-scale kernels (BENCHMARKS.md): decode at 16 / 32 / 48 / 64 rows made
 /// 263 / 273–281 / 263 / 249 tok/s through block kernels and 142 / 226 / 276 / 311 through
 /// tiles, and a 512-token prefill 318 against 474.
 const GEMM_ROWS: usize = 40;
+
+/// Whether a quantized product of `rows` activation rows runs on [`crate::quant`]'s kernels
+/// rather than on widened tiles: below [`GEMM_ROWS`], and at any size where the CPU has the
+/// panel kernels (AVX-512 VNNI), whose 16-bit products outrun `gemm`'s f32 ones.
+fn quantized_kernels_for(rows: usize) -> bool {
+    rows < GEMM_ROWS || crate::quant::panels_here()
+}
 
 /// Weight rows widened at a time for a many-row product: 64 rows of a 1,536-wide matrix are
 /// 393 KB of f32, which stays in L2 while `gemm` reads it.
@@ -200,7 +208,9 @@ impl Linear {
         let Some(matrices) = linears
             .iter()
             .map(|&linear| match &linear.weight {
-                Matrix::Quantized(matrix) if rows < GEMM_ROWS && linear.input == linears[0].input => Some(matrix),
+                Matrix::Quantized(matrix) if quantized_kernels_for(rows) && linear.input == linears[0].input => {
+                    Some(matrix)
+                }
                 _ => None,
             })
             .collect::<Option<Vec<_>>>()

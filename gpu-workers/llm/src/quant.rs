@@ -17,11 +17,16 @@
 //! the widened weights and flipped its greedy answer to a chat question (the f32 path answers
 //! "Paris", 8-bit activations "L'Étoile…"). 16 bits keep the error ~250× smaller and the dot
 //! products integer. Output rows are split over rayon's threads, and within a thread a run of
-//! weight rows meets a tile of activation rows so both stay in cache.
+//! weight rows meets a tile of activation rows so both stay in cache. From 16 activation rows
+//! on (batched decoding, prefill), CPUs with AVX-512 VNNI run the `panel` kernels instead,
+//! which hold 16 activation rows in a vector and so multiply at twice an f32 FMA's rate.
 
 use std::sync::OnceLock;
 
 use rayon::prelude::*;
+
+#[cfg(target_arch = "x86_64")]
+mod panel;
 
 /// Values per quantized block (every GGML type here).
 pub const BLOCK: usize = 32;
@@ -243,9 +248,15 @@ impl QuantMatrix {
         if rows == 0 || outputs == 0 {
             return ys;
         }
-        let activations = Q16Rows::quantize(x, rows, cols);
+        #[cfg(target_arch = "x86_64")]
+        let tiles = (isa == Isa::Avx512Vnni && rows >= PANEL_ROWS).then(|| panel::Tiles::quantize(x, rows, cols));
+        #[cfg(not(target_arch = "x86_64"))]
+        let tiles: Option<()> = None;
+        // The block kernels' rows, where the panel kernels do not run.
+        let block_rows = if tiles.is_some() { 0 } else { rows };
+        let activations = Q16Rows::quantize(&x[..block_rows * cols], block_rows, cols);
         // Sliced once, not per weight row.
-        let x_rows: Vec<Row<'_>> = (0..rows).map(|r| activations.row(r)).collect();
+        let x_rows: Vec<Row<'_>> = (0..block_rows).map(|r| activations.row(r)).collect();
         // Each task: a run of one matrix's weight rows against every activation row, in tiles
         // of rows that stay in cache; its results come back as [output][row] and are scattered
         // below.
@@ -253,7 +264,9 @@ impl QuantMatrix {
         let per_task = if work < 1 << 13 {
             outputs
         } else {
-            (outputs / (rayon::current_num_threads() * 8)).clamp(8, 256)
+            (outputs / (rayon::current_num_threads() * 8))
+                .clamp(8, 256)
+                .next_multiple_of(4)
         };
         let tasks: Vec<(usize, usize, usize)> = matrices
             .iter()
@@ -272,6 +285,14 @@ impl QuantMatrix {
                 let row_bytes = matrix.row_bytes();
                 let weights = &matrix.data[start * row_bytes..(start + count) * row_bytes];
                 let mut out = vec![0.0; count * rows];
+                #[cfg(target_arch = "x86_64")]
+                if let Some(tiles) = &tiles {
+                    let mut scratch = panel::Widened::new(cols / BLOCK);
+                    // SAFETY: tiles are laid out only for `Isa::Avx512Vnni`, which `isa` names
+                    // only where the CPU has it (`Isa::available`, checked by the callers).
+                    unsafe { panel::product(matrix.kind, weights, tiles, &mut scratch, &mut out) };
+                    return out;
+                }
                 for tile in (0..rows).step_by(ACTIVATION_TILE) {
                     let tile_end = (tile + ACTIVATION_TILE).min(rows);
                     for (o, weight) in weights.chunks_exact(row_bytes).enumerate() {
@@ -289,18 +310,24 @@ impl QuantMatrix {
                 out
             })
             .collect();
-        for (&(m, start, _), column) in tasks.iter().zip(columns) {
+        for (&(m, start, count), column) in tasks.iter().zip(columns) {
             let outputs = matrices[m].rows;
-            let y = &mut ys[m];
-            for (o, values) in column.chunks_exact(rows).enumerate() {
-                for (r, value) in values.iter().enumerate() {
-                    y[r * outputs + start + o] = *value;
+            // Row by row, so the writes run along `y`'s rows and the strided reads stay
+            // within the task's column, in cache.
+            for (r, y) in ys[m].chunks_exact_mut(outputs).enumerate() {
+                for (o, y) in y[start..start + count].iter_mut().enumerate() {
+                    *y = column[o * rows + r];
                 }
             }
         }
         ys
     }
 }
+
+/// From this many activation rows on, a product on AVX-512 VNNI runs through [`panel`]'s
+/// kernels, which multiply 16 rows at once.
+#[cfg(target_arch = "x86_64")]
+const PANEL_ROWS: usize = 16;
 
 /// Activation rows per tile: 16 rows of a 1,536-wide input are 96 KB, within L2 beside the
 /// weight rows being read.
@@ -363,6 +390,27 @@ pub(crate) fn dequantize_block(kind: QuantKind, block: &[u8], out: &mut [f32]) {
     }
 }
 
+/// One block of activations quantized to 16 bits into `out`: its scale (`x ≈ out · scale`)
+/// and the scaled sum of its quantized values.
+#[inline]
+fn quantize_block(block: &[f32; BLOCK], out: &mut [i16; BLOCK]) -> (f32, f32) {
+    let max = block.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+    let scale = max / f32::from(i16::MAX);
+    let inverse = if scale > 0.0 { 1.0 / scale } else { 0.0 };
+    let mut sum = 0i32;
+    for (out, value) in out.iter_mut().zip(block) {
+        // Round to nearest (ties to even) by adding and taking away 1.5 · 2²³, exact for the
+        // magnitudes here (≤ 32,767), where `f32::round` is a library call per value.
+        const ROUNDING: f32 = 12_582_912.0;
+        *out = ((value * inverse + ROUNDING) - ROUNDING) as i16;
+        sum += i32::from(*out);
+    }
+    // The sum of the quantized values, so that Q4_0's and Q4_1's offset terms carry the same
+    // rounding as the products: the result is the widened weights times the quantized
+    // activations.
+    (scale, scale * sum as f32)
+}
+
 /// Activation rows quantized per 32-value block to 16 bits.
 struct Q16Rows {
     blocks: usize,
@@ -391,23 +439,9 @@ impl Q16Rows {
         let mut sums = Vec::with_capacity(rows * padded);
         for (x, values) in x.chunks_exact(cols).zip(values.chunks_exact_mut(cols)) {
             for (block, out) in x.as_chunks::<BLOCK>().0.iter().zip(values.as_chunks_mut::<BLOCK>().0) {
-                let max = block.iter().fold(0.0f32, |m, v| m.max(v.abs()));
-                let scale = max / f32::from(i16::MAX);
-                let inverse = if scale > 0.0 { 1.0 / scale } else { 0.0 };
-                let mut sum = 0i32;
-                for (out, value) in out.iter_mut().zip(block) {
-                    // Round to nearest (ties to even) by adding and taking away 1.5 · 2²³, exact
-                    // for the magnitudes here (≤ 32,767), where `f32::round` is a library call
-                    // per value.
-                    const ROUNDING: f32 = 12_582_912.0;
-                    *out = ((value * inverse + ROUNDING) - ROUNDING) as i16;
-                    sum += i32::from(*out);
-                }
+                let (scale, sum) = quantize_block(block, out);
                 scales.push(scale);
-                // The sum of the quantized values, so that Q4_0's and Q4_1's offset terms carry
-                // the same rounding as the products: the result is the widened weights times the
-                // quantized activations.
-                sums.push(scale * sum as f32);
+                sums.push(sum);
             }
             // Zeros to the row's last whole group, which the kernels read eight at a time.
             scales.resize(scales.len() + padded - blocks, 0.0);
@@ -487,6 +521,12 @@ pub fn isa() -> Isa {
             .find(|isa| isa.available())
             .unwrap_or(Isa::Portable)
     })
+}
+
+/// Whether products of many activation rows run here on the panel kernels (this CPU has AVX-512
+/// VNNI), which multiply 16 rows at once and outrun `gemm`'s f32 arithmetic.
+pub fn panels_here() -> bool {
+    cfg!(target_arch = "x86_64") && isa() == Isa::Avx512Vnni
 }
 
 /// The kernels for `kind` on `isa` (which must be available: see [`isa`]).
@@ -903,9 +943,23 @@ mod tests {
     #[test]
     fn every_kernel_gives_the_widened_product() {
         // Odd row counts and several tiles: the one-row and two-row kernels, tile edges; rows
-        // of one block (a short group alone), of whole groups, and of both.
+        // of one block (a short group alone), of whole groups, and of both; from 8 rows on
+        // (AVX-512 VNNI), the panel kernels' tiles of 16 and 32 rows, full and partial, and
+        // 37 outputs, a run of weight rows short of a whole four.
         let outputs = 37;
-        for (cols, rows) in [(32, 3), (256, 2), (576, 1), (576, 2), (576, 5), (576, 19), (576, 40)] {
+        for (cols, rows) in [
+            (32, 3),
+            (256, 2),
+            (576, 1),
+            (576, 2),
+            (576, 5),
+            (576, 19),
+            (576, 40),
+            (32, 17),
+            (320, 16),
+            (320, 33),
+            (96, 64),
+        ] {
             let x = values(rows as u64, rows * cols);
             for kind in KINDS {
                 let matrix =
