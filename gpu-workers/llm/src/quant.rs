@@ -258,8 +258,8 @@ impl QuantMatrix {
         // Sliced once, not per weight row.
         let x_rows: Vec<Row<'_>> = (0..block_rows).map(|r| activations.row(r)).collect();
         // Each task: a run of one matrix's weight rows against every activation row, in tiles
-        // of rows that stay in cache; its results come back as [output][row] and are scattered
-        // below.
+        // of rows that stay in cache; its results come back as [row][output] and are copied
+        // into place below.
         let work = outputs * rows * (cols / BLOCK);
         let per_task = if work < 1 << 13 {
             outputs
@@ -287,23 +287,22 @@ impl QuantMatrix {
                 let mut out = vec![0.0; count * rows];
                 #[cfg(target_arch = "x86_64")]
                 if let Some(tiles) = &tiles {
-                    let mut scratch = panel::Widened::new(cols / BLOCK);
                     // SAFETY: tiles are laid out only for `Isa::Avx512Vnni`, which `isa` names
                     // only where the CPU has it (`Isa::available`, checked by the callers).
-                    unsafe { panel::product(matrix.kind, weights, tiles, &mut scratch, &mut out) };
+                    unsafe { panel::product(matrix.kind, weights, tiles, &mut out) };
                     return out;
                 }
                 for tile in (0..rows).step_by(ACTIVATION_TILE) {
                     let tile_end = (tile + ACTIVATION_TILE).min(rows);
                     for (o, weight) in weights.chunks_exact(row_bytes).enumerate() {
-                        let out = &mut out[o * rows..(o + 1) * rows];
                         let mut r = tile;
                         while r + 1 < tile_end {
-                            [out[r], out[r + 1]] = (kernels.two)(weight, [x_rows[r], x_rows[r + 1]]);
+                            [out[r * count + o], out[(r + 1) * count + o]] =
+                                (kernels.two)(weight, [x_rows[r], x_rows[r + 1]]);
                             r += 2;
                         }
                         if r < tile_end {
-                            out[r] = (kernels.one)(weight, x_rows[r]);
+                            out[r * count + o] = (kernels.one)(weight, x_rows[r]);
                         }
                     }
                 }
@@ -312,12 +311,8 @@ impl QuantMatrix {
             .collect();
         for (&(m, start, count), column) in tasks.iter().zip(columns) {
             let outputs = matrices[m].rows;
-            // Row by row, so the writes run along `y`'s rows and the strided reads stay
-            // within the task's column, in cache.
-            for (r, y) in ys[m].chunks_exact_mut(outputs).enumerate() {
-                for (o, y) in y[start..start + count].iter_mut().enumerate() {
-                    *y = column[o * rows + r];
-                }
+            for (y, values) in ys[m].chunks_exact_mut(outputs).zip(column.chunks_exact(count)) {
+                y[start..start + count].copy_from_slice(values);
             }
         }
         ys
@@ -394,7 +389,8 @@ pub(crate) fn dequantize_block(kind: QuantKind, block: &[u8], out: &mut [f32]) {
 /// and the scaled sum of its quantized values.
 #[inline]
 fn quantize_block(block: &[f32; BLOCK], out: &mut [i16; BLOCK]) -> (f32, f32) {
-    let max = block.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+    // Compared, not `f32::max`, whose NaN rule keeps LLVM from vectorizing the loop.
+    let max = block.iter().fold(0.0f32, |m, v| if v.abs() > m { v.abs() } else { m });
     let scale = max / f32::from(i16::MAX);
     let inverse = if scale > 0.0 { 1.0 / scale } else { 0.0 };
     let mut sum = 0i32;
@@ -900,7 +896,8 @@ mod tests {
     fn quantize(kind: QuantKind, values: &[f32]) -> Vec<u8> {
         let mut out = Vec::new();
         for block in values.chunks(BLOCK) {
-            let max = block.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+            // Compared, not `f32::max`, whose NaN rule keeps LLVM from vectorizing the loop.
+            let max = block.iter().fold(0.0f32, |m, v| if v.abs() > m { v.abs() } else { m });
             match kind {
                 QuantKind::Q8_0 => {
                     let d = max / 127.0;
