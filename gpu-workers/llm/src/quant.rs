@@ -249,7 +249,10 @@ impl QuantMatrix {
             return ys;
         }
         #[cfg(target_arch = "x86_64")]
-        let tiles = (isa == Isa::Avx512Vnni && rows >= PANEL_ROWS).then(|| panel::Tiles::quantize(x, rows, cols));
+        // SAFETY: `isa` names AVX-512 VNNI only where the CPU has it (`Isa::available`,
+        // checked by the callers).
+        let tiles =
+            (isa == Isa::Avx512Vnni && rows >= PANEL_ROWS).then(|| unsafe { panel::Tiles::quantize(x, rows, cols) });
         #[cfg(not(target_arch = "x86_64"))]
         let tiles: Option<()> = None;
         // The block kernels' rows, where the panel kernels do not run.
