@@ -1,5 +1,5 @@
 //! The quantized block kernels alone, on every kernel set this CPU has: nanoseconds per
-//! 32-value weight block against one activation row (and per row at 2, 8 and 32 rows; from 8
+//! 32-value weight block against one activation row (and per row at 2, 8 and 32 rows; from 16
 //! rows on, the AVX-512 VNNI set runs the panel kernels, 16 rows a vector), on one thread and
 //! on all of them, for SmolLM2-135M's shapes (Q4_1 576→1,536 and 1,536→576, the
 //! Q8_0 head 576→49,152), with the weight bytes read per second beside them. The baseline is

@@ -113,8 +113,9 @@ fn times_transposed(
 }
 
 /// From this many activation rows on, a quantized product widens tiles of weights and uses
-/// `gemm` (unless the CPU has the panel kernels: [`quantized_kernels_for`]), which is compute-efficient where the block kernels are not. Measured on SmolLM2, two
-/// cores, with the grouped-scale kernels (BENCHMARKS.md): decode at 16 / 32 / 48 / 64 rows made
+/// `gemm` (unless the CPU has the panel kernels: [`quantized_kernels_for`]), which is
+/// compute-efficient where the block kernels are not. Measured on SmolLM2, two cores, with the
+/// grouped-scale kernels (BENCHMARKS.md): decode at 16 / 32 / 48 / 64 rows made
 /// 263 / 273–281 / 263 / 249 tok/s through block kernels and 142 / 226 / 276 / 311 through
 /// tiles, and a 512-token prefill 318 against 474.
 const GEMM_ROWS: usize = 40;

@@ -267,6 +267,7 @@ impl QuantMatrix {
         let per_task = if work < 1 << 13 {
             outputs
         } else {
+            // Whole runs of the panel kernels' four weight rows.
             (outputs / (rayon::current_num_threads() * 8))
                 .clamp(8, 256)
                 .next_multiple_of(4)
@@ -899,8 +900,7 @@ mod tests {
     fn quantize(kind: QuantKind, values: &[f32]) -> Vec<u8> {
         let mut out = Vec::new();
         for block in values.chunks(BLOCK) {
-            // Compared, not `f32::max`, whose NaN rule keeps LLVM from vectorizing the loop.
-            let max = block.iter().fold(0.0f32, |m, v| if v.abs() > m { v.abs() } else { m });
+            let max = block.iter().fold(0.0f32, |m, v| m.max(v.abs()));
             match kind {
                 QuantKind::Q8_0 => {
                     let d = max / 127.0;
@@ -943,7 +943,7 @@ mod tests {
     #[test]
     fn every_kernel_gives_the_widened_product() {
         // Odd row counts and several tiles: the one-row and two-row kernels, tile edges; rows
-        // of one block (a short group alone), of whole groups, and of both; from 8 rows on
+        // of one block (a short group alone), of whole groups, and of both; from 16 rows on
         // (AVX-512 VNNI), the panel kernels' tiles of 16 and 32 rows, full and partial, and
         // 37 outputs, a run of weight rows short of a whole four.
         let outputs = 37;
