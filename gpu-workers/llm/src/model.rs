@@ -17,6 +17,7 @@
 use std::path::Path;
 
 use rayon::prelude::*;
+use wide::f32x8;
 
 use super::LoadError;
 use super::config::ModelConfig;
@@ -794,9 +795,7 @@ impl Model {
             add_in_place(&mut x, &layer.o.forward(&attention, rows));
             let normed = rms_norm(&x, &layer.post_attention_norm, c.rms_norm_eps);
             let [mut gate, up] = Linear::forward_all([&layer.gate, &layer.up], &normed, rows);
-            for (g, u) in gate.iter_mut().zip(&up) {
-                *g = silu(*g) * u;
-            }
+            silu_times(&mut gate, &up);
             add_in_place(&mut x, &layer.down.forward(&gate, rows));
         }
         // Only the rows whose logits are wanted go through the final norm and the LM head.
@@ -846,9 +845,11 @@ impl Model {
         let rows = positions.len();
         let (q_width, kv_width) = (c.num_heads * d, c.num_kv_heads * d);
         let [mut q, mut k, v] = Linear::forward_all([&layer.q, &layer.k, &layer.v], normed, rows);
+        let mut rotation = Vec::with_capacity(self.inv_freq.len());
         for (row, &position) in positions.iter().enumerate() {
-            rope(&mut q[row * q_width..(row + 1) * q_width], position, &self.inv_freq);
-            rope(&mut k[row * kv_width..(row + 1) * kv_width], position, &self.inv_freq);
+            rotation_at(position, &self.inv_freq, &mut rotation);
+            rope(&mut q[row * q_width..(row + 1) * q_width], &rotation);
+            rope(&mut k[row * kv_width..(row + 1) * kv_width], &rotation);
         }
         let mut first = 0;
         for chunk in chunks {
@@ -1124,11 +1125,15 @@ struct DecodeQuery<'a> {
 #[inline(always)]
 fn softmax(row: &mut [f32]) {
     let max = row.iter().fold(f32::NEG_INFINITY, |m, s| m.max(*s));
-    let mut sum = 0.0;
-    for s in row.iter_mut() {
-        *s = (*s - max).exp();
-        sum += *s;
+    let (eights, rest) = row.as_chunks_mut::<8>();
+    let max8 = f32x8::splat(max);
+    for values in eights {
+        *values = (f32x8::from(*values) - max8).exp().to_array();
     }
+    for s in rest {
+        *s = (*s - max).exp();
+    }
+    let sum: f32 = row.iter().sum();
     for s in row.iter_mut() {
         *s /= sum;
     }
@@ -1149,14 +1154,21 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
     sums.iter().sum::<f32>() + rest
 }
 
-/// Rotates every head in `row` (heads of `2 · inv_freq.len()` values) by `position`, in
-/// transformers' rotate-half layout: pairs are `(x[i], x[i + d/2])`.
-fn rope(row: &mut [f32], position: usize, inv_freq: &[f32]) {
-    let half = inv_freq.len();
+/// The `(sin, cos)` of each rotary frequency's angle at `position`, into `rotation`: one
+/// table serves every head of a row's queries and keys, where a `sin_cos` per head and pair
+/// cost a tenth of a batched decode step's serial time.
+fn rotation_at(position: usize, inv_freq: &[f32], rotation: &mut Vec<(f32, f32)>) {
+    rotation.clear();
+    rotation.extend(inv_freq.iter().map(|freq| (position as f32 * freq).sin_cos()));
+}
+
+/// Rotates every head in `row` (heads of `2 · rotation.len()` values) by the angles of
+/// `rotation` ([`rotation_at`]), in transformers' rotate-half layout: pairs are
+/// `(x[i], x[i + d/2])`.
+fn rope(row: &mut [f32], rotation: &[(f32, f32)]) {
+    let half = rotation.len();
     for head in row.chunks_exact_mut(2 * half) {
-        for (i, freq) in inv_freq.iter().enumerate() {
-            let angle = position as f32 * freq;
-            let (sin, cos) = angle.sin_cos();
+        for (i, &(sin, cos)) in rotation.iter().enumerate() {
             let (a, b) = (head[i], head[i + half]);
             head[i] = a * cos - b * sin;
             head[i + half] = b * cos + a * sin;
@@ -1178,6 +1190,21 @@ fn rms_norm(x: &[f32], weight: &[f32], eps: f32) -> Vec<f32> {
 
 fn silu(x: f32) -> f32 {
     x / (1.0 + (-x).exp())
+}
+
+/// `gate[i] = silu(gate[i]) · up[i]`, eight values at a time: the exponential in vector
+/// registers ([`wide`]'s, within two units in the last place of `expf`) instead of a libm call
+/// per value, which took ~5 % of a batched decode step on one thread.
+fn silu_times(gate: &mut [f32], up: &[f32]) {
+    let (gate8, gate_rest) = gate.as_chunks_mut::<8>();
+    let (up8, up_rest) = up.as_chunks::<8>();
+    for (g, u) in gate8.iter_mut().zip(up8) {
+        let x = f32x8::from(*g);
+        *g = (x / (f32x8::ONE + (-x).exp()) * f32x8::from(*u)).to_array();
+    }
+    for (g, u) in gate_rest.iter_mut().zip(up_rest) {
+        *g = silu(*g) * u;
+    }
 }
 
 fn add_in_place(x: &mut [f32], y: &[f32]) {
@@ -1203,13 +1230,46 @@ mod tests {
         assert_eq!(y, vec![4.5, 1.5, 10.5, 4.5]);
     }
 
+    /// Units in the last place between `a` and `b` (finite, same sign).
+    fn ulps(a: f32, b: f32) -> u32 {
+        a.to_bits().abs_diff(b.to_bits())
+    }
+
+    #[test]
+    fn vector_silu_and_softmax_keep_to_two_ulps_of_the_scalar_ones() {
+        // Values across SiLU's range, the tails included, and a length with a remainder.
+        let gate: Vec<f32> = (0..203).map(|i| (i as f32 - 101.0) * 0.37).collect();
+        let up: Vec<f32> = (0..203).map(|i| 1.0 + (i % 7) as f32 * 0.25).collect();
+        let mut vector = gate.clone();
+        silu_times(&mut vector, &up);
+        for ((&v, &g), &u) in vector.iter().zip(&gate).zip(&up) {
+            let scalar = silu(g) * u;
+            assert!(
+                ulps(v, scalar) <= 2 || (v - scalar).abs() < 1e-30,
+                "silu({g}) · {u}: {v} against {scalar}"
+            );
+        }
+        let row: Vec<f32> = (0..37).map(|i| ((i * 13) % 29) as f32 * 0.9 - 12.0).collect();
+        let mut vector = row.clone();
+        softmax(&mut vector);
+        let max = row.iter().fold(f32::NEG_INFINITY, |m, s| m.max(*s));
+        let exps: Vec<f32> = row.iter().map(|s| (s - max).exp()).collect();
+        let sum: f32 = exps.iter().sum();
+        for (&v, e) in vector.iter().zip(&exps) {
+            assert!(ulps(v, e / sum) <= 4, "softmax: {v} against {}", e / sum);
+        }
+    }
+
     #[test]
     fn rope_at_position_zero_is_the_identity_and_preserves_norms() {
         let inv_freq = [1.0, 0.1];
+        let mut rotation = Vec::new();
         let mut row = [1.0, 2.0, 3.0, 4.0];
-        rope(&mut row, 0, &inv_freq);
+        rotation_at(0, &inv_freq, &mut rotation);
+        rope(&mut row, &rotation);
         assert_eq!(row, [1.0, 2.0, 3.0, 4.0]);
-        rope(&mut row, 7, &inv_freq);
+        rotation_at(7, &inv_freq, &mut rotation);
+        rope(&mut row, &rotation);
         let norm = |a: f32, b: f32| (a * a + b * b).sqrt();
         assert!((norm(row[0], row[2]) - norm(1.0, 3.0)).abs() < 1e-5);
         assert!((norm(row[1], row[3]) - norm(2.0, 4.0)).abs() < 1e-5);

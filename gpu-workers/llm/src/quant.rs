@@ -243,10 +243,9 @@ impl QuantMatrix {
         let cols = matrices.first().map_or(0, |m| m.cols);
         assert!(matrices.iter().all(|m| m.cols == cols), "matrices of different widths");
         assert_eq!(x.len(), rows * cols, "activation shape");
-        let mut ys = matrices.map(|m| vec![0.0; rows * m.rows]);
         let outputs: usize = matrices.iter().map(|m| m.rows).sum();
         if rows == 0 || outputs == 0 {
-            return ys;
+            return matrices.map(|m| vec![0.0; rows * m.rows]);
         }
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `isa` names AVX-512 VNNI only where the CPU has it (`Isa::available`,
@@ -313,13 +312,25 @@ impl QuantMatrix {
                 out
             })
             .collect();
-        for (&(m, start, count), column) in tasks.iter().zip(columns) {
-            let outputs = matrices[m].rows;
-            for (y, values) in ys[m].chunks_exact_mut(outputs).zip(column.chunks_exact(count)) {
-                y[start..start + count].copy_from_slice(values);
+        // Each matrix's tasks are consecutive and in order of their first weight row, so its
+        // result is row by row the tasks' rows one after another: built by appending, with no
+        // zeroed buffer to overwrite (the LM head's is megabytes a step).
+        let mut tasks = tasks.iter().zip(&columns).peekable();
+        let mut index = 0;
+        matrices.map(|matrix| {
+            let this = index;
+            index += 1;
+            let mine: Vec<(usize, &Vec<f32>)> = std::iter::from_fn(|| tasks.next_if(|((m, ..), _)| *m == this))
+                .map(|(&(_, _, count), column)| (count, column))
+                .collect();
+            let mut y = Vec::with_capacity(rows * matrix.rows);
+            for r in 0..rows {
+                for &(count, column) in &mine {
+                    y.extend_from_slice(&column[r * count..(r + 1) * count]);
+                }
             }
-        }
-        ys
+            y
+        })
     }
 }
 
