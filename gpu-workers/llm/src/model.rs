@@ -865,7 +865,10 @@ impl Model {
         let scale = 1.0 / (d as f32).sqrt();
         let group = c.num_heads / c.num_kv_heads;
         let mut out = vec![0.0; rows * q_width];
-        // Each chunk's rows of the output, so sequences can be attended to in parallel.
+        // Each chunk's rows of the output in groups of up to `ATTENTION_ROWS`, so sequences,
+        // and a long prefill's groups of rows, are attended to in parallel. A group attends
+        // only to the positions up to its last row: a 512-token prefill computes a little over
+        // half the scores a single group would (the causal triangle's far side is skipped).
         let mut work = Vec::with_capacity(chunks.len());
         let mut rest = out.as_mut_slice();
         let mut first = 0;
@@ -873,12 +876,16 @@ impl Model {
             let n = chunk.tokens.len();
             let (mine, tail) = rest.split_at_mut(n * q_width);
             rest = tail;
-            work.push((
-                mine,
-                &q[first * q_width..(first + n) * q_width],
-                chunk.sequence.computed,
-                chunk.sequence.blocks.as_slice(),
-            ));
+            for (g, group_rows) in mine.chunks_mut(ATTENTION_ROWS * q_width).enumerate() {
+                let offset = g * ATTENTION_ROWS;
+                let len = group_rows.len() / q_width;
+                work.push((
+                    group_rows,
+                    &q[(first + offset) * q_width..(first + offset + len) * q_width],
+                    chunk.sequence.computed + offset,
+                    chunk.sequence.blocks.as_slice(),
+                ));
+            }
             first += n;
         }
         let kv = &*kv;
@@ -951,6 +958,11 @@ impl Model {
         out
     }
 }
+
+/// Query rows attended to together (one gathering of the keys, two products per head): enough
+/// rows to keep the products efficient, few enough that a prefill's groups skip most of the
+/// causal triangle's far side and spread over the threads.
+const ATTENTION_ROWS: usize = 64;
 
 /// Which logits a step returns for each chunk.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -61,6 +61,23 @@ fn chunked_prefill_gives_the_one_shot_logits() {
 }
 
 #[test]
+fn a_prefill_of_several_groups_of_rows_gives_the_one_token_logits() {
+    // 129 rows: two full groups of attention rows (64 each) and a group of one, which takes
+    // the decode path; one token at a time every row takes it.
+    let model = model();
+    let tokens: Vec<u32> = (0..129u32).map(|i| (i * 37 + 11) % 288).collect();
+    let whole = model.forward(&tokens).expect("one shot");
+    let mut kv = PagedKv::new(model.config(), 16, 9);
+    let mut sequence = SequenceKv {
+        blocks: vec![8, 3, 0, 6, 1, 7, 2, 5, 4],
+        computed: 0,
+    };
+    let logits = prefill(&model, &mut kv, &mut sequence, &tokens, 1);
+    let difference = max_difference(&logits, &whole);
+    assert!(difference <= 1e-5, "one token at a time: max |Δ| {difference}");
+}
+
+#[test]
 fn a_prefix_cache_hit_gives_the_logits_of_a_miss() {
     let model = model();
     let mut kv = PagedKv::new(model.config(), 4, 16);
