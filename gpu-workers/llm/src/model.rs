@@ -1167,8 +1167,8 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
 }
 
 /// The `(sin, cos)` of each rotary frequency's angle at `position`, into `rotation`: one
-/// table serves every head of a row's queries and keys, where a `sin_cos` per head and pair
-/// cost a tenth of a batched decode step's serial time.
+/// table serves every head of a row's queries and keys (SmolLM2: 12 heads), where a `sin_cos`
+/// per head and pair took 1.6 % of a batched decode step's samples.
 fn rotation_at(position: usize, inv_freq: &[f32], rotation: &mut Vec<(f32, f32)>) {
     rotation.clear();
     rotation.extend(inv_freq.iter().map(|freq| (position as f32 * freq).sin_cos()));
@@ -1206,7 +1206,7 @@ fn silu(x: f32) -> f32 {
 
 /// `gate[i] = silu(gate[i]) · up[i]`, eight values at a time: the exponential in vector
 /// registers ([`wide`]'s, within two units in the last place of `expf`) instead of a libm call
-/// per value, which took ~5 % of a batched decode step on one thread.
+/// per value.
 fn silu_times(gate: &mut [f32], up: &[f32]) {
     let (gate8, gate_rest) = gate.as_chunks_mut::<8>();
     let (up8, up_rest) = up.as_chunks::<8>();
