@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 mod common;
 
 use common::write_random_llama;
-use switchyard_llm::{Chunk, Logits, Model, PagedKv, SequenceKv, spawn_cpu_engine};
+use switchyard_llm::{Chunk, KvPrecision, Logits, Model, PagedKv, SequenceKv, spawn_cpu_engine};
 use switchyard_workers::engine::{EngineConfig, Output, SamplingParams};
 
 /// Bytes per second of a plain copy of a buffer much larger than the caches (read + write).
@@ -94,7 +94,7 @@ fn resident_probe(gguf: &Path) {
     drop(black_box(model));
 }
 
-fn measure(label: &str, model: Model, prefill_tokens: usize, bandwidth: f64) {
+fn measure(label: &str, model: Model, prefill_tokens: usize, bandwidth: f64, caches: &[KvPrecision]) {
     let bytes = model.decode_step_bytes() as f64;
     let vocab = model.config().vocab_size as u32;
     let tokens: Vec<u32> = (0..prefill_tokens as u32).map(|i| (i * 7 + 3) % vocab).collect();
@@ -121,9 +121,12 @@ fn measure(label: &str, model: Model, prefill_tokens: usize, bandwidth: f64) {
     let roofline_steps = bandwidth / bytes;
     println!("| {label} | prefill ({prefill_tokens} tokens) | {prefill_per_s:.0} tok/s | | |");
     let context: usize = 128;
-    for batch in [1usize, 8, 32] {
+    let batches = caches
+        .iter()
+        .flat_map(|&precision| [1usize, 8, 32].map(|batch| (precision, batch)));
+    for (precision, batch) in batches {
         let blocks_each = (context + 64).div_ceil(block);
-        let mut kv = PagedKv::new(model.config(), block, batch * blocks_each);
+        let mut kv = PagedKv::with_precision(model.config(), block, batch * blocks_each, precision);
         let mut sequences: Vec<SequenceKv> = (0..batch)
             .map(|b| SequenceKv {
                 blocks: (b * blocks_each..(b + 1) * blocks_each).map(|x| x as u32).collect(),
@@ -165,8 +168,12 @@ fn measure(label: &str, model: Model, prefill_tokens: usize, bandwidth: f64) {
         });
         let tokens_per_s = steps_per_s * batch as f64;
         let roofline = roofline_steps * batch as f64;
+        let cache = match precision {
+            KvPrecision::F32 => "",
+            KvPrecision::F16 => ", f16 KV cache",
+        };
         println!(
-            "| {label} | decode, batch {batch} | {tokens_per_s:.0} tok/s | {roofline:.0} tok/s | {:.1} % |",
+            "| {label} | decode, batch {batch}{cache} | {tokens_per_s:.0} tok/s | {roofline:.0} tok/s | {:.1} % |",
             100.0 * tokens_per_s / roofline
         );
     }
@@ -357,6 +364,7 @@ fn main() {
         Model::load(&tiny).expect("model loads"),
         192,
         bandwidth,
+        &[KvPrecision::F32],
     );
     let dir = tempfile::tempdir().expect("tempdir");
     // ~110 M parameters: 8 layers, hidden 768, GQA 12/4 heads, MLP 2048, vocab 32000.
@@ -369,6 +377,7 @@ fn main() {
         Model::load(dir.path()).expect("model loads"),
         512,
         bandwidth,
+        &[KvPrecision::F32],
     );
     if let Some(gguf) = std::env::var_os("SWITCHYARD_SMOLLM2_GGUF") {
         let gguf = Path::new(&gguf);
@@ -377,8 +386,20 @@ fn main() {
         let widened_resident = resident_in_child(gguf, true);
         let model = Model::load(gguf).expect("model loads");
         let widened = model.widened();
-        measure("SmolLM2-135M (Q4_1 GGUF, kept quantized)", model, 512, bandwidth);
-        measure("SmolLM2-135M (Q4_1 GGUF, widened to f32)", widened, 512, bandwidth);
+        measure(
+            "SmolLM2-135M (Q4_1 GGUF, kept quantized)",
+            model,
+            512,
+            bandwidth,
+            &[KvPrecision::F32, KvPrecision::F16],
+        );
+        measure(
+            "SmolLM2-135M (Q4_1 GGUF, widened to f32)",
+            widened,
+            512,
+            bandwidth,
+            &[KvPrecision::F32],
+        );
         anchors(gguf, threads);
         println!(
             "\nSmolLM2-135M: GGUF file {:.1} MB; resident memory after loading it in a fresh process: {:.1} MB kept quantized ({:.2}× the file), {:.1} MB widened to f32 ({:.2}×); kernels: {:?}",

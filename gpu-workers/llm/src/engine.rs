@@ -6,6 +6,7 @@
 //! (a chunk's share of its sequence's media feature rows replacing the placeholders'
 //! embeddings), and samples the sequences that reached their end. [`spawn_cpu_engine`] starts it on its own thread.
 
+use crate::kv::KvPrecision;
 use crate::model::{Chunk, Logits, MediaRows, Model, PagedKv, SequenceKv};
 use switchyard_workers::engine::{EngineConfig, EngineHandle, Executor, ModelLimits, StepItem, spawn_native};
 
@@ -17,9 +18,15 @@ pub struct CpuExecutor {
 }
 
 impl CpuExecutor {
-    /// A backend for `model` with a cache of `num_blocks` blocks of `block_size` positions.
+    /// A backend for `model` with a cache of `num_blocks` blocks of `block_size` positions, in
+    /// f32.
     pub fn new(model: Model, block_size: usize, num_blocks: usize) -> CpuExecutor {
-        let kv = PagedKv::new(model.config(), block_size, num_blocks);
+        CpuExecutor::with_precision(model, block_size, num_blocks, KvPrecision::F32)
+    }
+
+    /// [`CpuExecutor::new`] with the cache at the given precision.
+    pub fn with_precision(model: Model, block_size: usize, num_blocks: usize, precision: KvPrecision) -> CpuExecutor {
+        let kv = PagedKv::with_precision(model.config(), block_size, num_blocks, precision);
         CpuExecutor { model, kv }
     }
 
@@ -80,10 +87,11 @@ impl Executor for CpuExecutor {
     }
 }
 
-/// Bytes of KV cache one block takes for `model` (keys and values of every layer, f32).
-pub fn kv_block_bytes(model: &Model, block_size: usize) -> usize {
+/// Bytes of KV cache one block takes for `model` (keys and values of every layer) at
+/// `precision`.
+pub fn kv_block_bytes(model: &Model, block_size: usize, precision: KvPrecision) -> usize {
     let c = model.config();
-    2 * c.num_layers * block_size * c.num_kv_heads * c.head_dim * std::mem::size_of::<f32>()
+    2 * c.num_layers * block_size * c.num_kv_heads * c.head_dim * precision.bytes()
 }
 
 /// Starts a native engine for `model` on the CPU, on a thread of its own; `config` sets the
@@ -93,7 +101,20 @@ pub fn kv_block_bytes(model: &Model, block_size: usize) -> usize {
 ///
 /// The I/O error if the engine thread cannot be spawned.
 pub fn spawn_cpu_engine(model: Model, config: EngineConfig) -> std::io::Result<EngineHandle> {
-    let executor = CpuExecutor::new(model, config.block_size, config.num_gpu_blocks);
+    spawn_cpu_engine_with(model, config, KvPrecision::F32)
+}
+
+/// [`spawn_cpu_engine`] with the KV cache at the given precision.
+///
+/// # Errors
+///
+/// As [`spawn_cpu_engine`].
+pub fn spawn_cpu_engine_with(
+    model: Model,
+    config: EngineConfig,
+    precision: KvPrecision,
+) -> std::io::Result<EngineHandle> {
+    let executor = CpuExecutor::with_precision(model, config.block_size, config.num_gpu_blocks, precision);
     let limits = executor.limits();
     spawn_native(config, limits, executor, "switchyard-llm")
 }

@@ -19,13 +19,15 @@ pub mod config;
 pub mod cuda;
 pub mod engine;
 pub mod gguf;
+pub mod kv;
 pub mod model;
 pub mod quant;
 pub mod weights;
 
 pub use config::{ModelConfig, RopeScaling};
-pub use engine::{CpuExecutor, kv_block_bytes, spawn_cpu_engine};
-pub use model::{Chunk, ForwardError, Logits, Matrix, MediaRows, Model, PagedKv, SequenceKv};
+pub use engine::{CpuExecutor, kv_block_bytes, spawn_cpu_engine, spawn_cpu_engine_with};
+pub use kv::{KvPrecision, PagedKv, SequenceKv};
+pub use model::{Chunk, ForwardError, Logits, Matrix, MediaRows, Model};
 pub use switchyard_workers::engine::sampling::{FinishReason, Sampler, SamplingError, SamplingParams};
 
 /// Why a model directory could not be loaded.

@@ -24,6 +24,8 @@ use super::config::ModelConfig;
 use super::gguf::GgufFile;
 use super::quant::QuantMatrix;
 use super::weights::{TensorSource, Weights};
+use crate::kv::{DecodeQuery, softmax};
+pub use crate::kv::{PagedKv, SequenceKv};
 
 /// One decoder layer's weights, row-major `[out, in]` as stored by transformers.
 #[derive(Debug)]
@@ -854,10 +856,14 @@ impl Model {
         let mut first = 0;
         for chunk in chunks {
             for offset in 0..chunk.tokens.len() {
-                let slot = kv.slot(&chunk.sequence.blocks, chunk.sequence.computed + offset);
                 let row = first + offset;
-                kv.keys[index][slot..slot + kv_width].copy_from_slice(&k[row * kv_width..(row + 1) * kv_width]);
-                kv.values[index][slot..slot + kv_width].copy_from_slice(&v[row * kv_width..(row + 1) * kv_width]);
+                kv.write(
+                    index,
+                    &chunk.sequence.blocks,
+                    chunk.sequence.computed + offset,
+                    &k[row * kv_width..(row + 1) * kv_width],
+                    &v[row * kv_width..(row + 1) * kv_width],
+                );
             }
             first += chunk.tokens.len();
         }
@@ -980,190 +986,6 @@ pub struct Chunk<'a> {
     pub sequence: &'a mut SequenceKv,
     /// Its next tokens (a prefill chunk, or one token when decoding).
     pub tokens: &'a [u32],
-}
-
-/// A sequence's place in the paged cache.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct SequenceKv {
-    /// Physical block of each run of `block_size` positions, in order. Blocks shared with other
-    /// sequences (a cached prefix) are simply listed by several tables.
-    pub blocks: Vec<u32>,
-    /// Positions whose keys and values are in the cache.
-    pub computed: usize,
-}
-
-/// Keys and values of every layer, in fixed-size blocks of positions.
-#[derive(Debug)]
-pub struct PagedKv {
-    block_size: usize,
-    num_blocks: usize,
-    kv_width: usize,
-    /// Per layer, `[num_blocks · block_size, kv_width]`.
-    keys: Vec<Vec<f32>>,
-    values: Vec<Vec<f32>>,
-}
-
-impl PagedKv {
-    /// `num_blocks` blocks of `block_size` positions for every layer of `config`'s model.
-    pub fn new(config: &ModelConfig, block_size: usize, num_blocks: usize) -> PagedKv {
-        let block_size = block_size.max(1);
-        let kv_width = config.num_kv_heads * config.head_dim;
-        let per_layer = num_blocks * block_size * kv_width;
-        PagedKv {
-            block_size,
-            num_blocks,
-            kv_width,
-            keys: (0..config.num_layers).map(|_| vec![0.0; per_layer]).collect(),
-            values: (0..config.num_layers).map(|_| vec![0.0; per_layer]).collect(),
-        }
-    }
-
-    /// Positions per block.
-    pub fn block_size(&self) -> usize {
-        self.block_size
-    }
-
-    /// Blocks per layer.
-    pub fn num_blocks(&self) -> usize {
-        self.num_blocks
-    }
-
-    /// Index of position `position`'s row in a layer's buffer, through the block table.
-    fn slot(&self, blocks: &[u32], position: usize) -> usize {
-        let block = blocks[position / self.block_size] as usize;
-        (block * self.block_size + position % self.block_size) * self.kv_width
-    }
-
-    /// One query row attending to its sequence's keys and values, read in place from their
-    /// blocks; the weighted sums go to `out`.
-    fn attend_one(&self, query: &DecodeQuery<'_>, out: &mut [f32]) {
-        #[cfg(target_arch = "x86_64")]
-        if is_x86_feature_detected!("avx2") {
-            /// The same loops compiled for AVX2's 8-wide vectors.
-            #[target_feature(enable = "avx2")]
-            fn wide(kv: &PagedKv, query: &DecodeQuery<'_>, out: &mut [f32]) {
-                kv.attend_one_with(query, out);
-            }
-            // SAFETY: the CPU has AVX2 (checked above).
-            return unsafe { wide(self, query, out) };
-        }
-        self.attend_one_with(query, out);
-    }
-
-    /// [`PagedKv::attend_one`]'s loops, inlined into the instruction set of its caller.
-    #[inline(always)]
-    fn attend_one_with(&self, query: &DecodeQuery<'_>, out: &mut [f32]) {
-        let DecodeQuery {
-            layer,
-            blocks,
-            context,
-            heads,
-            group,
-            dim,
-            scale,
-            values: query,
-        } = *query;
-        let (keys, values) = (&self.keys[layer], &self.values[layer]);
-        // [head][position]
-        let mut scores = vec![0.0f32; heads * context];
-        for position in 0..context {
-            let slot = self.slot(blocks, position);
-            let key = &keys[slot..slot + self.kv_width];
-            for head in 0..heads {
-                let kv_head = head / group;
-                scores[head * context + position] = dot(
-                    &query[head * dim..(head + 1) * dim],
-                    &key[kv_head * dim..(kv_head + 1) * dim],
-                ) * scale;
-            }
-        }
-        for row in scores.chunks_exact_mut(context.max(1)) {
-            softmax(row);
-        }
-        out[..heads * dim].fill(0.0);
-        for position in 0..context {
-            let slot = self.slot(blocks, position);
-            let value = &values[slot..slot + self.kv_width];
-            for head in 0..heads {
-                let kv_head = head / group;
-                let weight = scores[head * context + position];
-                for (out, v) in out[head * dim..(head + 1) * dim]
-                    .iter_mut()
-                    .zip(&value[kv_head * dim..(kv_head + 1) * dim])
-                {
-                    *out += weight * v;
-                }
-            }
-        }
-    }
-
-    /// Layer `layer`'s keys and values of positions `0..context`, contiguous.
-    fn gather(&self, layer: usize, blocks: &[u32], context: usize) -> (Vec<f32>, Vec<f32>) {
-        let mut keys = Vec::with_capacity(context * self.kv_width);
-        let mut values = Vec::with_capacity(context * self.kv_width);
-        let mut position = 0;
-        for &block in blocks {
-            if position >= context {
-                break;
-            }
-            let take = self.block_size.min(context - position);
-            let start = block as usize * self.block_size * self.kv_width;
-            let end = start + take * self.kv_width;
-            keys.extend_from_slice(&self.keys[layer][start..end]);
-            values.extend_from_slice(&self.values[layer][start..end]);
-            position += take;
-        }
-        (keys, values)
-    }
-}
-
-/// One decode step's query row for one sequence and layer: `heads` query heads of `dim` values,
-/// `group` of them sharing each key/value head, attending to positions `0..context` kept in
-/// `blocks`.
-#[derive(Debug, Clone, Copy)]
-struct DecodeQuery<'a> {
-    layer: usize,
-    blocks: &'a [u32],
-    context: usize,
-    heads: usize,
-    group: usize,
-    dim: usize,
-    /// 1/√dim.
-    scale: f32,
-    values: &'a [f32],
-}
-
-/// `row` replaced by its softmax (the maximum taken away first, so no term overflows).
-#[inline(always)]
-fn softmax(row: &mut [f32]) {
-    let max = row.iter().fold(f32::NEG_INFINITY, |m, s| m.max(*s));
-    let (eights, rest) = row.as_chunks_mut::<8>();
-    let max8 = f32x8::splat(max);
-    for values in eights {
-        *values = (f32x8::from(*values) - max8).exp().to_array();
-    }
-    for s in rest {
-        *s = (*s - max).exp();
-    }
-    let sum: f32 = row.iter().sum();
-    for s in row.iter_mut() {
-        *s /= sum;
-    }
-}
-
-/// `a · b`, in eight running sums so that it vectorizes.
-#[inline(always)]
-fn dot(a: &[f32], b: &[f32]) -> f32 {
-    let mut sums = [0.0f32; 8];
-    let (a_chunks, a_rest) = a.as_chunks::<8>();
-    let (b_chunks, b_rest) = b.as_chunks::<8>();
-    for (a, b) in a_chunks.iter().zip(b_chunks) {
-        for ((sum, a), b) in sums.iter_mut().zip(a).zip(b) {
-            *sum += a * b;
-        }
-    }
-    let rest: f32 = a_rest.iter().zip(b_rest).map(|(a, b)| a * b).sum();
-    sums.iter().sum::<f32>() + rest
 }
 
 /// The `(sin, cos)` of each rotary frequency's angle at `position`, into `rotation`: one

@@ -4,7 +4,7 @@
 
 use std::path::Path;
 
-use switchyard_llm::{Chunk, ForwardError, Logits, Model, PagedKv, SequenceKv};
+use switchyard_llm::{Chunk, ForwardError, KvPrecision, Logits, Model, PagedKv, SequenceKv};
 
 fn model() -> Model {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tiny-llama");
@@ -75,6 +75,35 @@ fn a_prefill_of_several_groups_of_rows_gives_the_one_token_logits() {
     let logits = prefill(&model, &mut kv, &mut sequence, &tokens, 1);
     let difference = max_difference(&logits, &whole);
     assert!(difference <= 1e-5, "one token at a time: max |Δ| {difference}");
+}
+
+#[test]
+fn an_f16_cache_keeps_the_logits_near_the_f32_caches() {
+    // A prefill of three groups of rows (the keys gathered from the cache) and decode steps
+    // (the keys read in place), in each precision.
+    let model = model();
+    let tokens: Vec<u32> = (0..140u32).map(|i| (i * 53 + 7) % 288).collect();
+    let run = |precision| {
+        let mut kv = PagedKv::with_precision(model.config(), 16, 9, precision);
+        assert_eq!(kv.precision(), precision);
+        let mut sequence = SequenceKv {
+            blocks: vec![4, 8, 0, 7, 2, 6, 1, 3, 5],
+            computed: 0,
+        };
+        let mut logits = prefill(&model, &mut kv, &mut sequence, &tokens[..130], 130);
+        logits.extend(prefill(&model, &mut kv, &mut sequence, &tokens[130..], 1));
+        logits
+    };
+    let (full, half) = (run(KvPrecision::F32), run(KvPrecision::F16));
+    let largest = full.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+    let difference = max_difference(&full, &half);
+    // f16 keeps 11 significant bits: each key and value moves by up to 2⁻¹¹ of itself.
+    assert!(
+        difference <= 2e-3 * largest,
+        "f16 cache: max |Δ| {difference}, largest logit {largest}"
+    );
+    assert!(difference > 0.0, "the f16 cache rounded nothing: is it f16?");
+    eprintln!("f16 cache: max |Δlogit| {difference:e} of logits up to {largest}");
 }
 
 #[test]

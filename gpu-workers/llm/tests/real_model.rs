@@ -107,7 +107,8 @@ async fn smollm2_answers_coherently() {
 }
 
 /// The whole serving path with the real model: `switchyard-worker` on the GGUF with its own
-/// chat template answers an OpenAI chat request, streamed, and stops at `<|im_end|>`.
+/// chat template answers an OpenAI chat request, streamed, and stops at `<|im_end|>`. Its KV
+/// cache is f16 (`--kv-cache-dtype f16`); the engine test above keeps f32.
 #[test]
 #[ignore = "needs the SmolLM2-135M GGUF: SWITCHYARD_SMOLLM2_GGUF=$(scripts/fetch-smollm2.sh)"]
 fn the_worker_binary_serves_smollm2_over_http() {
@@ -118,6 +119,7 @@ fn the_worker_binary_serves_smollm2_over_http() {
     let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_switchyard-worker"))
         .args(["--model", gguf, "--chat-template-file", gguf, "--port", "0"])
         .args(["--served-model-name", "smollm2", "--kv-cache-mib", "256"])
+        .args(["--kv-cache-dtype", "f16"])
         .stdout(std::process::Stdio::piped())
         .spawn()
         .expect("the worker starts");

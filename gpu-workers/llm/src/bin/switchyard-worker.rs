@@ -45,6 +45,11 @@ struct Args {
     /// KV blocks in the cache.
     #[arg(long)]
     num_gpu_blocks: Option<usize>,
+    /// How the CPU backend stores keys and values: `f32` (as computed), or `f16` (twice the
+    /// tokens in the same `--kv-cache-mib`; values rounded to f16, decoding a little slower).
+    /// The CUDA backend keeps f32.
+    #[arg(long, default_value = "f32")]
+    kv_cache_dtype: llm::KvPrecision,
     /// Token budget per step.
     #[arg(long, default_value_t = 2048)]
     max_num_batched_tokens: usize,
@@ -207,6 +212,9 @@ async fn run() -> anyhow::Result<()> {
              `cargo build -p switchyard-workers --features cuda`, or run with --device cpu"
         );
     }
+    if !matches!(args.device, Device::Cpu) && args.kv_cache_dtype != llm::KvPrecision::F32 {
+        anyhow::bail!("--kv-cache-dtype f16 is for --device cpu; the CUDA backend keeps its cache in f32");
+    }
     if let Some(threads) = args.threads {
         anyhow::ensure!(threads > 0, "--threads must be at least 1");
         rayon::ThreadPoolBuilder::new()
@@ -228,7 +236,7 @@ async fn run() -> anyhow::Result<()> {
             .and_then(|path| path.file_name().map(|name| name.to_string_lossy().into_owned()))
             .unwrap_or_else(|| "model".into()),
     };
-    let block_bytes = llm::kv_block_bytes(&model, args.block_size);
+    let block_bytes = llm::kv_block_bytes(&model, args.block_size, args.kv_cache_dtype);
     let num_blocks = args
         .num_gpu_blocks
         .unwrap_or_else(|| (args.kv_cache_mib << 20) / block_bytes.max(1));
@@ -247,6 +255,7 @@ async fn run() -> anyhow::Result<()> {
         vocab = config.vocab_size,
         kv_blocks = num_blocks,
         kv_cache_mib = (num_blocks * block_bytes) >> 20,
+        kv_cache_dtype = %args.kv_cache_dtype,
         "model loaded"
     );
     let engine_config = EngineConfig {
@@ -259,7 +268,8 @@ async fn run() -> anyhow::Result<()> {
         speedup: 1.0,
     };
     let engine = match args.device {
-        Device::Cpu => llm::spawn_cpu_engine(model, engine_config).context("cannot start the engine thread")?,
+        Device::Cpu => llm::spawn_cpu_engine_with(model, engine_config, args.kv_cache_dtype)
+            .context("cannot start the engine thread")?,
         #[cfg(feature = "cuda")]
         Device::Cuda(ordinal) => llm::cuda::spawn_cuda_engine(&model, ordinal, engine_config)
             .with_context(|| format!("--device cuda:{ordinal}"))?,

@@ -1,0 +1,350 @@
+//! The paged KV cache: every layer's keys and values in fixed-size blocks of positions, kept
+//! in f32 as computed or in f16 ([`KvPrecision`]), and the reads attention makes of them.
+//!
+//! A sequence's positions map to blocks through its block table ([`SequenceKv`]), so blocks
+//! can be shared (a cached prefix) and handed out in any order. In f16 the cache takes half the
+//! memory, so a worker holds twice the tokens in the same `--kv-cache-mib`. It is not faster:
+//! decode attention here is bound by its arithmetic, not by the bytes it reads, and widening
+//! each block back to f32 costs a little (SmolLM2's decode measured 3–12 % slower). The
+//! values round to f16's 11 significant bits on the way in, which moves the logits by up to
+//! ~3e-4 of their size on the tiny test model, so f32 stays the default.
+
+use half::f16;
+use half::slice::{HalfBitsSliceExt, HalfFloatSliceExt};
+use wide::f32x8;
+
+use crate::config::ModelConfig;
+
+/// How the paged cache stores keys and values.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum KvPrecision {
+    /// As computed: the reference logits.
+    #[default]
+    F32,
+    /// Half the memory; values rounded to f16.
+    F16,
+}
+
+impl KvPrecision {
+    /// Bytes one stored value takes.
+    pub fn bytes(self) -> usize {
+        match self {
+            KvPrecision::F32 => 4,
+            KvPrecision::F16 => 2,
+        }
+    }
+}
+
+impl std::fmt::Display for KvPrecision {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            KvPrecision::F32 => "f32",
+            KvPrecision::F16 => "f16",
+        })
+    }
+}
+
+impl std::str::FromStr for KvPrecision {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<KvPrecision, String> {
+        match text {
+            "f32" => Ok(KvPrecision::F32),
+            "f16" => Ok(KvPrecision::F16),
+            other => Err(format!("`{other}` is not a KV cache precision; use `f32` or `f16`")),
+        }
+    }
+}
+
+/// One layer's keys or values, `[num_blocks · block_size, kv_width]`, at the cache's precision.
+#[derive(Debug)]
+enum Rows {
+    F32(Vec<f32>),
+    /// f16 bit patterns: allocated zeroed (pages mapped as they are first written, as the f32
+    /// cache's are), read as `f16` through `half`'s casts.
+    F16(Vec<u16>),
+}
+
+impl Rows {
+    fn zeroed(len: usize, precision: KvPrecision) -> Rows {
+        match precision {
+            KvPrecision::F32 => Rows::F32(vec![0.0; len]),
+            KvPrecision::F16 => Rows::F16(vec![0; len]),
+        }
+    }
+
+    /// Stores `row` at value offset `at`.
+    fn write(&mut self, at: usize, row: &[f32]) {
+        match self {
+            Rows::F32(values) => values[at..at + row.len()].copy_from_slice(row),
+            Rows::F16(bits) => bits[at..at + row.len()]
+                .reinterpret_cast_mut::<f16>()
+                .convert_from_f32_slice(row),
+        }
+    }
+
+    /// The `len` values at offset `at` as f32: in place for an f32 cache, widened into
+    /// `scratch` (at least `len` long) for an f16 one.
+    #[inline(always)]
+    fn read<'a>(&'a self, at: usize, len: usize, scratch: &'a mut [f32]) -> &'a [f32] {
+        match self {
+            Rows::F32(values) => &values[at..at + len],
+            Rows::F16(bits) => {
+                let widened = &mut scratch[..len];
+                bits[at..at + len]
+                    .reinterpret_cast::<f16>()
+                    .convert_to_f32_slice(widened);
+                widened
+            }
+        }
+    }
+
+    /// Appends the `len` values at offset `at`, as f32, to `out`.
+    fn extend_into(&self, at: usize, len: usize, out: &mut Vec<f32>) {
+        match self {
+            Rows::F32(values) => out.extend_from_slice(&values[at..at + len]),
+            Rows::F16(bits) => {
+                let start = out.len();
+                out.resize(start + len, 0.0);
+                bits[at..at + len]
+                    .reinterpret_cast::<f16>()
+                    .convert_to_f32_slice(&mut out[start..]);
+            }
+        }
+    }
+}
+
+/// A sequence's place in the paged cache.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SequenceKv {
+    /// Physical block of each run of `block_size` positions, in order. Blocks shared with other
+    /// sequences (a cached prefix) are simply listed by several tables.
+    pub blocks: Vec<u32>,
+    /// Positions whose keys and values are in the cache.
+    pub computed: usize,
+}
+
+/// Keys and values of every layer, in fixed-size blocks of positions.
+#[derive(Debug)]
+pub struct PagedKv {
+    pub(crate) block_size: usize,
+    pub(crate) num_blocks: usize,
+    kv_width: usize,
+    precision: KvPrecision,
+    /// Per layer, `[num_blocks · block_size, kv_width]`.
+    keys: Vec<Rows>,
+    values: Vec<Rows>,
+}
+
+impl PagedKv {
+    /// `num_blocks` blocks of `block_size` positions for every layer of `config`'s model, in
+    /// f32.
+    pub fn new(config: &ModelConfig, block_size: usize, num_blocks: usize) -> PagedKv {
+        PagedKv::with_precision(config, block_size, num_blocks, KvPrecision::F32)
+    }
+
+    /// [`PagedKv::new`] at the given precision.
+    pub fn with_precision(
+        config: &ModelConfig,
+        block_size: usize,
+        num_blocks: usize,
+        precision: KvPrecision,
+    ) -> PagedKv {
+        let block_size = block_size.max(1);
+        let kv_width = config.num_kv_heads * config.head_dim;
+        let per_layer = num_blocks * block_size * kv_width;
+        PagedKv {
+            block_size,
+            num_blocks,
+            kv_width,
+            precision,
+            keys: (0..config.num_layers)
+                .map(|_| Rows::zeroed(per_layer, precision))
+                .collect(),
+            values: (0..config.num_layers)
+                .map(|_| Rows::zeroed(per_layer, precision))
+                .collect(),
+        }
+    }
+
+    /// How keys and values are stored.
+    pub fn precision(&self) -> KvPrecision {
+        self.precision
+    }
+
+    /// Positions per block.
+    pub fn block_size(&self) -> usize {
+        self.block_size
+    }
+
+    /// Blocks per layer.
+    pub fn num_blocks(&self) -> usize {
+        self.num_blocks
+    }
+
+    /// Index of position `position`'s row in a layer's buffer, through the block table.
+    fn slot(&self, blocks: &[u32], position: usize) -> usize {
+        let block = blocks[position / self.block_size] as usize;
+        (block * self.block_size + position % self.block_size) * self.kv_width
+    }
+
+    /// Stores layer `layer`'s key and value rows (`kv_width` values each) of position
+    /// `position`, through the block table `blocks`.
+    pub(crate) fn write(&mut self, layer: usize, blocks: &[u32], position: usize, key: &[f32], value: &[f32]) {
+        let slot = self.slot(blocks, position);
+        self.keys[layer].write(slot, key);
+        self.values[layer].write(slot, value);
+    }
+
+    /// One query row attending to its sequence's keys and values, read in place from their
+    /// blocks; the weighted sums go to `out`.
+    pub(crate) fn attend_one(&self, query: &DecodeQuery<'_>, out: &mut [f32]) {
+        #[cfg(target_arch = "x86_64")]
+        if is_x86_feature_detected!("avx2") {
+            /// The same loops compiled for AVX2's 8-wide vectors.
+            #[target_feature(enable = "avx2")]
+            fn wide(kv: &PagedKv, query: &DecodeQuery<'_>, out: &mut [f32]) {
+                kv.attend_one_with(query, out);
+            }
+            // SAFETY: the CPU has AVX2 (checked above).
+            return unsafe { wide(self, query, out) };
+        }
+        self.attend_one_with(query, out);
+    }
+
+    /// [`PagedKv::attend_one`]'s loops, inlined into the instruction set of its caller.
+    #[inline(always)]
+    fn attend_one_with(&self, query: &DecodeQuery<'_>, out: &mut [f32]) {
+        let DecodeQuery {
+            layer,
+            blocks,
+            context,
+            heads,
+            group,
+            dim,
+            scale,
+            values: query,
+        } = *query;
+        let (keys, values) = (&self.keys[layer], &self.values[layer]);
+        // [head][position]
+        let mut scores = vec![0.0f32; heads * context];
+        // A block's rows of an f16 cache, widened: one conversion call per block, not per row.
+        let span = self.block_size * self.kv_width;
+        let mut widened = vec![0.0f32; if self.precision == KvPrecision::F16 { span } else { 0 }];
+        let width = self.kv_width;
+        // Each block's first position, offset and values: the loops below stay in this
+        // function (a closure per block would be compiled without its AVX2).
+        let spans = self.spans(blocks, context);
+        for &(first, at, len) in &spans {
+            let block_keys = keys.read(at, len, &mut widened);
+            for (offset, key) in block_keys.chunks_exact(width).enumerate() {
+                for head in 0..heads {
+                    let kv_head = head / group;
+                    scores[head * context + first + offset] = dot(
+                        &query[head * dim..(head + 1) * dim],
+                        &key[kv_head * dim..(kv_head + 1) * dim],
+                    ) * scale;
+                }
+            }
+        }
+        for row in scores.chunks_exact_mut(context.max(1)) {
+            softmax(row);
+        }
+        out[..heads * dim].fill(0.0);
+        for &(first, at, len) in &spans {
+            let block_values = values.read(at, len, &mut widened);
+            for (offset, value) in block_values.chunks_exact(width).enumerate() {
+                for head in 0..heads {
+                    let kv_head = head / group;
+                    let weight = scores[head * context + first + offset];
+                    for (out, v) in out[head * dim..(head + 1) * dim]
+                        .iter_mut()
+                        .zip(&value[kv_head * dim..(kv_head + 1) * dim])
+                    {
+                        *out += weight * v;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Positions `0..context` through the block table, block by block: each block's first
+    /// position, the offset of its rows in a layer's buffer, and how many values they hold.
+    fn spans(&self, blocks: &[u32], context: usize) -> Vec<(usize, usize, usize)> {
+        let mut spans = Vec::with_capacity(context.div_ceil(self.block_size));
+        let mut first = 0;
+        for &block in blocks {
+            if first >= context {
+                break;
+            }
+            let take = self.block_size.min(context - first);
+            spans.push((
+                first,
+                block as usize * self.block_size * self.kv_width,
+                take * self.kv_width,
+            ));
+            first += take;
+        }
+        spans
+    }
+
+    /// Layer `layer`'s keys and values of positions `0..context`, contiguous.
+    pub(crate) fn gather(&self, layer: usize, blocks: &[u32], context: usize) -> (Vec<f32>, Vec<f32>) {
+        let mut keys = Vec::with_capacity(context * self.kv_width);
+        let mut values = Vec::with_capacity(context * self.kv_width);
+        for (_, at, len) in self.spans(blocks, context) {
+            self.keys[layer].extend_into(at, len, &mut keys);
+            self.values[layer].extend_into(at, len, &mut values);
+        }
+        (keys, values)
+    }
+}
+
+/// One decode step's query row for one sequence and layer: `heads` query heads of `dim` values,
+/// `group` of them sharing each key/value head, attending to positions `0..context` kept in
+/// `blocks`.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct DecodeQuery<'a> {
+    pub(crate) layer: usize,
+    pub(crate) blocks: &'a [u32],
+    pub(crate) context: usize,
+    pub(crate) heads: usize,
+    pub(crate) group: usize,
+    pub(crate) dim: usize,
+    /// 1/√dim.
+    pub(crate) scale: f32,
+    pub(crate) values: &'a [f32],
+}
+
+/// `row` replaced by its softmax (the maximum taken away first, so no term overflows).
+#[inline(always)]
+pub(crate) fn softmax(row: &mut [f32]) {
+    let max = row.iter().fold(f32::NEG_INFINITY, |m, s| m.max(*s));
+    let (eights, rest) = row.as_chunks_mut::<8>();
+    let max8 = f32x8::splat(max);
+    for values in eights {
+        *values = (f32x8::from(*values) - max8).exp().to_array();
+    }
+    for s in rest {
+        *s = (*s - max).exp();
+    }
+    let sum: f32 = row.iter().sum();
+    for s in row.iter_mut() {
+        *s /= sum;
+    }
+}
+
+/// `a · b`, in eight running sums so that it vectorizes.
+#[inline(always)]
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let mut sums = [0.0f32; 8];
+    let (a_chunks, a_rest) = a.as_chunks::<8>();
+    let (b_chunks, b_rest) = b.as_chunks::<8>();
+    for (a, b) in a_chunks.iter().zip(b_chunks) {
+        for ((sum, a), b) in sums.iter_mut().zip(a).zip(b) {
+            *sum += a * b;
+        }
+    }
+    let rest: f32 = a_rest.iter().zip(b_rest).map(|(a, b)| a * b).sum();
+    sums.iter().sum::<f32>() + rest
+}
