@@ -1,11 +1,13 @@
-//! The decoder's weights, its paged KV cache, and its batched CPU forward step.
+//! The decoder's weights and its batched CPU forward step (the paged KV cache it reads and
+//! writes is [`crate::kv`]).
 //!
 //! Pre-norm decoder layers: RMSNorm → grouped-query self-attention with RoPE (rotate-half
 //! layout, as transformers' Llama and Qwen2) → residual → RMSNorm → SwiGLU MLP → residual; a
-//! final RMSNorm and the LM head (or the tied embedding). Every matrix product, the attention
-//! scores and the weighted sum of values included, goes through the `gemm` crate with strides
-//! (no copies to transpose, no hand-written loops over the inner dimension; multi-threaded with
-//! rayon for all but small products). It reads the weights once per product even for one row,
+//! final RMSNorm and the LM head (or the tied embedding). Every f32 matrix product, a
+//! prefill's attention scores and weighted sums of values included, goes through the `gemm`
+//! crate with strides (no copies to transpose, no hand-written loops over the inner dimension;
+//! multi-threaded with rayon for all but small products); a decode step's attention reads the
+//! cache in place ([`PagedKv`]). It reads the weights once per product even for one row,
 //! which is what decoding needs: against `matrixmultiply`, which packs the weight matrix on every
 //! call, batch-1 decode of a 110M model went from 11 to 42 tokens/s on two cores. Weights stored
 //! as GGML blocks (Q4_0, Q4_1, Q8_0 in a GGUF file) stay quantized ([`Matrix::Quantized`]), and
