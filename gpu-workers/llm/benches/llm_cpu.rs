@@ -18,9 +18,11 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 mod common;
+mod decoding;
 
 use common::write_random_llama;
-use switchyard_llm::{Chunk, KvPrecision, Logits, Model, PagedKv, SequenceKv, spawn_cpu_engine};
+use decoding::{Decoding, prefill_once};
+use switchyard_llm::{KvPrecision, Model, spawn_cpu_engine};
 use switchyard_workers::engine::{EngineConfig, Output, SamplingParams};
 
 /// Bytes per second of a plain copy of a buffer much larger than the caches (read + write).
@@ -98,26 +100,7 @@ fn measure(label: &str, model: Model, prefill_tokens: usize, bandwidth: f64, cac
     let bytes = model.decode_step_bytes() as f64;
     let vocab = model.config().vocab_size as u32;
     let tokens: Vec<u32> = (0..prefill_tokens as u32).map(|i| (i * 7 + 3) % vocab).collect();
-    let block = 16;
-    let prefill_per_s = rate(Duration::from_secs(3), || {
-        let mut kv = PagedKv::new(model.config(), block, prefill_tokens.div_ceil(block));
-        let mut sequence = SequenceKv {
-            blocks: (0..prefill_tokens.div_ceil(block) as u32).collect(),
-            computed: 0,
-        };
-        black_box(
-            model
-                .forward_batch(
-                    &mut kv,
-                    &mut [Chunk {
-                        sequence: &mut sequence,
-                        tokens: &tokens,
-                    }],
-                    Logits::Last,
-                )
-                .expect("prefill"),
-        );
-    }) * prefill_tokens as f64;
+    let prefill_per_s = rate(Duration::from_secs(3), || prefill_once(&model, &tokens)) * prefill_tokens as f64;
     let roofline_steps = bandwidth / bytes;
     println!("| {label} | prefill ({prefill_tokens} tokens) | {prefill_per_s:.0} tok/s | | |");
     let context: usize = 128;
@@ -125,47 +108,8 @@ fn measure(label: &str, model: Model, prefill_tokens: usize, bandwidth: f64, cac
         .iter()
         .flat_map(|&precision| [1usize, 8, 32].map(|batch| (precision, batch)));
     for (precision, batch) in batches {
-        let blocks_each = (context + 64).div_ceil(block);
-        let mut kv = PagedKv::with_precision(model.config(), block, batch * blocks_each, precision);
-        let mut sequences: Vec<SequenceKv> = (0..batch)
-            .map(|b| SequenceKv {
-                blocks: (b * blocks_each..(b + 1) * blocks_each).map(|x| x as u32).collect(),
-                computed: 0,
-            })
-            .collect();
-        {
-            let mut chunks: Vec<Chunk<'_>> = sequences
-                .iter_mut()
-                .map(|sequence| Chunk {
-                    sequence,
-                    tokens: &tokens[..context],
-                })
-                .collect();
-            model
-                .forward_batch(&mut kv, &mut chunks, Logits::Last)
-                .expect("prefill contexts");
-        }
-        let next = vec![5u32; batch];
-        let mut steps = 0;
-        let steps_per_s = rate(Duration::from_secs(3), || {
-            if steps >= 60 {
-                // Stay inside the blocks: rewind and decode the same positions again.
-                for sequence in &mut sequences {
-                    sequence.computed = context;
-                }
-                steps = 0;
-            }
-            let mut chunks: Vec<Chunk<'_>> = sequences
-                .iter_mut()
-                .zip(&next)
-                .map(|(sequence, token)| Chunk {
-                    sequence,
-                    tokens: std::slice::from_ref(token),
-                })
-                .collect();
-            black_box(model.forward_batch(&mut kv, &mut chunks, Logits::Last).expect("decode"));
-            steps += 1;
-        });
+        let mut decoding = Decoding::new(&model, &tokens[..context], batch, precision);
+        let steps_per_s = rate(Duration::from_secs(3), || decoding.step(&model));
         let tokens_per_s = steps_per_s * batch as f64;
         let roofline = roofline_steps * batch as f64;
         let cache = match precision {

@@ -8,7 +8,14 @@
 //! SWITCHYARD_SMOLLM2_GGUF=$(scripts/fetch-smollm2.sh) BATCH=32 perf record -g target/release/examples/decode_loop
 //! ```
 use std::time::Instant;
-use switchyard_llm::{Chunk, Logits, Model, PagedKv, SequenceKv};
+
+use switchyard_llm::{KvPrecision, Model};
+
+#[path = "../benches/decoding.rs"]
+mod decoding;
+
+use decoding::{Decoding, prefill_once};
+
 fn main() {
     let gguf = std::env::var("SWITCHYARD_SMOLLM2_GGUF").expect("SWITCHYARD_SMOLLM2_GGUF names a GGUF file");
     let batch: usize = std::env::var("BATCH").ok().and_then(|b| b.parse().ok()).unwrap_or(32);
@@ -16,50 +23,17 @@ fn main() {
     let model = Model::load(std::path::Path::new(&gguf)).expect("load");
     let vocab = model.config().vocab_size as u32;
     let tokens: Vec<u32> = (0..512u32).map(|i| (i * 7 + 3) % vocab).collect();
-    let block = 16;
-    let context = 128;
-    let blocks_each = (context + 64usize).div_ceil(block);
-    let mut kv = PagedKv::new(model.config(), block, batch * blocks_each);
-    let mut sequences: Vec<SequenceKv> = (0..batch)
-        .map(|b| SequenceKv {
-            blocks: (b * blocks_each..(b + 1) * blocks_each).map(|x| x as u32).collect(),
-            computed: 0,
-        })
-        .collect();
-    {
-        let mut chunks: Vec<Chunk<'_>> = sequences
-            .iter_mut()
-            .map(|sequence| Chunk {
-                sequence,
-                tokens: &tokens[..context],
-            })
-            .collect();
-        model
-            .forward_batch(&mut kv, &mut chunks, Logits::Last)
-            .expect("prefill");
-    }
+    // Built before a prefill loop too, as before: the prefill rows run after the same
+    // allocations as in the bench (without them, a 512-token prefill measured ~20 % slower
+    // here, its buffers fresh pages each time).
+    let mut decoding = Decoding::new(&model, &tokens[..128], batch, KvPrecision::F32);
+    let start = Instant::now();
     if let Ok(n) = std::env::var("PREFILL") {
         let n: usize = n.parse().expect("PREFILL is a token count");
-        let start = Instant::now();
+        let tokens = tokens.get(..n).expect("PREFILL is at most 512");
         let mut runs = 0;
         while start.elapsed().as_secs_f64() < secs {
-            let mut kv = PagedKv::new(model.config(), block, n.div_ceil(block));
-            let mut sequence = SequenceKv {
-                blocks: (0..n.div_ceil(block) as u32).collect(),
-                computed: 0,
-            };
-            std::hint::black_box(
-                model
-                    .forward_batch(
-                        &mut kv,
-                        &mut [Chunk {
-                            sequence: &mut sequence,
-                            tokens: &tokens[..n],
-                        }],
-                        Logits::Last,
-                    )
-                    .expect("prefill"),
-            );
+            prefill_once(&model, tokens);
             runs += 1;
         }
         println!(
@@ -68,28 +42,11 @@ fn main() {
         );
         return;
     }
-    let next = vec![5u32; batch];
     let start = Instant::now();
     let mut steps = 0u64;
-    let mut since = 0;
     while start.elapsed().as_secs_f64() < secs {
-        if since >= 60 {
-            for s in &mut sequences {
-                s.computed = context;
-            }
-            since = 0;
-        }
-        let mut chunks: Vec<Chunk<'_>> = sequences
-            .iter_mut()
-            .zip(&next)
-            .map(|(sequence, token)| Chunk {
-                sequence,
-                tokens: std::slice::from_ref(token),
-            })
-            .collect();
-        std::hint::black_box(model.forward_batch(&mut kv, &mut chunks, Logits::Last).expect("decode"));
+        decoding.step(&model);
         steps += 1;
-        since += 1;
     }
     let t = start.elapsed().as_secs_f64();
     println!(
