@@ -235,9 +235,11 @@ fn synth_writes_a_trace_with_the_sources_shape() -> anyhow::Result<()> {
 #[test]
 fn compare_writes_a_report_and_kv_aware_finds_more_cached_prefixes_than_round_robin() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
-    // 6 conversations × 5 turns on 3 workers: round-robin scatters each conversation's turns,
-    // kv-aware sends a turn where its history is cached.
-    let trace = conversation_trace(6, 5, 40, 4);
+    // 5 conversations × 6 turns on 3 workers: round-robin scatters each conversation's turns,
+    // kv-aware sends a turn where its history is cached. The count of conversations is not a
+    // multiple of the workers': with 6, a round-robin turn counter that saw every request in
+    // order sent each conversation to the same worker every turn, as sticky as kv-aware.
+    let trace = conversation_trace(5, 6, 40, 4);
     let trace_path = dir.path().join("trace.jsonl");
     write_trace(&trace_path, &trace)?;
     let out = dir.path().join("report");
