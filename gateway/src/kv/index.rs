@@ -316,10 +316,12 @@ impl KvIndex {
         }
     }
 
-    /// Replaces everything `worker` holds with `blocks` (a resync). Lookups running meanwhile
-    /// may see the worker partly loaded.
+    /// Replaces everything `worker` holds with `blocks` (a resync). The dump's blocks are added
+    /// first and the worker's others dropped after, so a lookup running meanwhile sees the
+    /// worker hold its old blocks, the dump's or both, never fewer than either: a routing
+    /// decision during a resync does not lose the worker's cache credit.
     pub fn load_dump(&self, worker: WorkerId, blocks: &[DumpBlock]) -> Option<Anomaly> {
-        self.remove_worker(worker);
+        let held_before = self.counts.lock().per_worker.contains_key(&worker);
         let mut anomaly = None;
         let mut added = Change::default();
         self.each_prefetched(
@@ -333,6 +335,19 @@ impl KvIndex {
             },
         );
         self.counts.lock().add(worker, added);
+        if held_before {
+            let dumped: HashKeyed<SmallVec<[u32; 1]>> =
+                blocks.iter().fold(HashKeyed::default(), |mut dumped, block| {
+                    dumped
+                        .entry(block.block_hash)
+                        .or_default()
+                        .push(holder(worker, block.tier));
+                    dumped
+                });
+            self.drop_holdings(worker, |key, entry| {
+                dumped.get(&key).is_some_and(|entries| entries.contains(&entry))
+            });
+        }
         anomaly
     }
 
@@ -386,6 +401,12 @@ impl KvIndex {
         if !self.counts.lock().per_worker.contains_key(&worker) {
             return;
         }
+        self.drop_holdings(worker, |_, _| false);
+    }
+
+    /// Drops `worker`'s holdings that `keep` (given a block hash and the holder entry) does not
+    /// accept, shard by shard, each under its own lock.
+    fn drop_holdings(&self, worker: WorkerId, keep: impl Fn(u64, u32) -> bool) {
         let mut removed = Change::default();
         for (shard, hint) in self.shards.iter().zip(&self.hints) {
             let mut table = shard.table.write();
@@ -394,7 +415,7 @@ impl KvIndex {
             }
             // The table is rebuilt at the size its survivors need: an emptied one gives its
             // memory back.
-            let (holdings, nodes) = table.retain(&self.keyed, |entry| entry >> 1 != worker);
+            let (holdings, nodes) = table.retain(&self.keyed, |key, entry| entry >> 1 != worker || keep(key, entry));
             removed.holdings += holdings;
             removed.nodes += nodes;
             hint.update(&table);
@@ -744,22 +765,86 @@ mod tests {
         let old = chain(&[1, 1]);
         let new = chain(&[2, 2, 3, 3]);
         store(&index, 1, StorageTier::Device, &old);
-        let dump: Vec<DumpBlock> = new
+        store(&index, 2, StorageTier::Device, &old);
+        // The dump holds one of the worker's old blocks, on the host now, and new ones.
+        let mut dump = dump_of(&new, StorageTier::Device);
+        dump.extend(dump_of(&old, StorageTier::Host));
+        assert_eq!(index.load_dump(1, &dump), None);
+        assert_eq!(lookup(&index, &old), vec![(1, 0, 1), (2, 1, 0)]);
+        assert_eq!(lookup(&index, &new), vec![(1, 2, 0)]);
+        assert_eq!(
+            size(&index),
+            IndexSize {
+                nodes: 3,
+                blocks: 4,
+                workers: 2
+            }
+        );
+        index.load_dump(1, &[]);
+        assert_eq!(lookup(&index, &new), vec![]);
+        assert_eq!(
+            size(&index),
+            IndexSize {
+                nodes: 1,
+                blocks: 1,
+                workers: 1
+            }
+        );
+    }
+
+    /// `blocks` as a worker's dump lists them, on `tier`.
+    fn dump_of(blocks: &[StoredBlock], tier: StorageTier) -> Vec<DumpBlock> {
+        blocks
             .iter()
             .scan(None, |parent, b| {
                 let block = DumpBlock {
                     block_hash: b.block_hash,
                     parent: *parent,
                     tokens_hash: b.tokens_hash,
-                    tier: StorageTier::Device,
+                    tier,
                 };
                 *parent = Some(b.block_hash);
                 Some(block)
             })
-            .collect();
-        assert_eq!(index.load_dump(1, &dump), None);
-        assert_eq!(lookup(&index, &old), vec![]);
-        assert_eq!(lookup(&index, &new), vec![(1, 2, 0)]);
+            .collect()
+    }
+
+    #[test]
+    fn a_lookup_during_a_resync_sees_every_block_the_old_and_new_holdings_share() {
+        // A worker resynced with the blocks it already holds: emptying it before refilling it
+        // (as this index once did) showed lookups a worker with fewer blocks, or none, and
+        // routing took its cache credit away for that moment.
+        let tokens: Vec<u32> = (0..2 * 20_000).collect();
+        let blocks = chain(&tokens);
+        let dump = dump_of(&blocks, StorageTier::Device);
+        let index = KvIndex::new();
+        store(&index, 1, StorageTier::Device, &blocks);
+        let hashes: Vec<u64> = blocks.iter().map(|b| b.block_hash).collect();
+        let done = std::sync::atomic::AtomicBool::new(false);
+        let (lookups, short) = std::thread::scope(|s| {
+            s.spawn(|| {
+                for _ in 0..20 {
+                    index.load_dump(1, &dump);
+                }
+                done.store(true, std::sync::atomic::Ordering::Release);
+            });
+            let mut out = Overlaps::default();
+            let (mut lookups, mut short) = (0, 0);
+            while !done.load(std::sync::atomic::Ordering::Acquire) {
+                index.overlaps(&hashes, &mut out);
+                lookups += 1;
+                if out.get(1).map(|o| o.device as usize) != Some(blocks.len()) {
+                    short += 1;
+                }
+            }
+            (lookups, short)
+        });
+        assert!(lookups > 0);
+        assert_eq!(
+            short, 0,
+            "{short} of {lookups} lookups saw the worker short of its blocks"
+        );
+        assert_eq!(lookup(&index, &blocks), vec![(1, blocks.len() as u32, 0)]);
     }
 
     #[test]

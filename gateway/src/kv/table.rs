@@ -268,16 +268,17 @@ impl NodeTable {
         }
     }
 
-    /// Keeps the holder entries `keep` accepts, dropping nodes left without one; returns the
-    /// holdings and nodes dropped. Rebuilds the table at the size its survivors need.
-    pub(super) fn retain(&mut self, keyed: &KeyedState, mut keep: impl FnMut(u32) -> bool) -> (usize, usize) {
+    /// Keeps the holder entries `keep` accepts (called with a node's block hash and one of its
+    /// entries), dropping nodes left without one; returns the holdings and nodes dropped.
+    /// Rebuilds the table at the size its survivors need.
+    pub(super) fn retain(&mut self, keyed: &KeyedState, mut keep: impl FnMut(u64, u32) -> bool) -> (usize, usize) {
         let old = std::mem::take(self);
         let (mut holdings, mut nodes) = (0, 0);
         let mut survivors = Vec::new();
         for slot in old.slots.iter().filter(|slot| !slot.is_empty()) {
             let mut list = old.holders_of(slot).to_vec();
             let before = list.len();
-            list.retain(|&entry| keep(entry));
+            list.retain(|&entry| keep(slot.key, entry));
             holdings += before - list.len();
             if list.is_empty() {
                 nodes += 1;
@@ -474,7 +475,7 @@ mod tests {
                 checked.add(key, 4);
             }
         }
-        let (holdings, nodes) = checked.table.retain(&checked.keyed, |entry| entry != 2);
+        let (holdings, nodes) = checked.table.retain(&checked.keyed, |_, entry| entry != 2);
         assert_eq!((holdings, nodes), (100, 66));
         checked.model.retain(|_, holders| {
             holders.remove(&2);
