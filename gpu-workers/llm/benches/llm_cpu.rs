@@ -4,7 +4,8 @@
 //! larger random-weight Llama written to a temporary directory as real safetensors, and (when
 //! `SWITCHYARD_SMOLLM2_GGUF` names it; see `scripts/fetch-smollm2.sh`) the real SmolLM2-135M:
 //! prefill tokens/s (one sequence, one chunk), decode tokens/s at batch 1, 8 and 32 (each
-//! sequence with a 128-token context), and the same model behind the engine (32 requests at
+//! sequence with a 128-token context; for SmolLM2 in f32 and f16 caches, and at batch 8 with a
+//! 1,024-token context in each), and the same model behind the engine (32 requests at
 //! once through the scheduler: continuous batching, sampling, token streams). The anchor is a
 //! STREAM-like copy in the same run: a decode step must read every weight once (as the model
 //! keeps it: GGUF's quantized blocks as stored, everything else f32; an untied embedding table
@@ -77,6 +78,9 @@ fn resident_in_child(gguf: &Path, widened: bool) -> u64 {
     String::from_utf8_lossy(&output.stdout).trim().parse().unwrap_or(0)
 }
 
+/// The context of the long-context decode rows.
+const LONG_CONTEXT: usize = 1024;
+
 /// Set in the child [`resident_in_child`] starts: the model to load.
 const RESIDENT_PROBE: &str = "SWITCHYARD_LLM_CPU_RESIDENT_OF";
 /// Set in that child: `1` to widen the model after loading it.
@@ -104,11 +108,18 @@ fn measure(label: &str, model: Model, prefill_tokens: usize, bandwidth: f64, cac
     let roofline_steps = bandwidth / bytes;
     println!("| {label} | prefill ({prefill_tokens} tokens) | {prefill_per_s:.0} tok/s | | |");
     let context: usize = 128;
-    let batches = caches
+    let mut runs: Vec<(KvPrecision, usize, usize)> = caches
         .iter()
-        .flat_map(|&precision| [1usize, 8, 32].map(|batch| (precision, batch)));
-    for (precision, batch) in batches {
-        let mut decoding = Decoding::new(&model, &tokens[..context], batch, precision);
+        .flat_map(|&precision| [1usize, 8, 32].map(|batch| (precision, batch, context)))
+        .collect();
+    // Where both caches are measured, also a long context, where decode attention reads more
+    // bytes of cache than of weights.
+    if caches.len() > 1 {
+        runs.extend(caches.iter().map(|&precision| (precision, 8, LONG_CONTEXT)));
+    }
+    for (precision, batch, context) in runs {
+        let prompt: Vec<u32> = (0..context as u32).map(|i| (i * 7 + 3) % vocab).collect();
+        let mut decoding = Decoding::new(&model, &prompt, batch, precision);
         let steps_per_s = rate(Duration::from_secs(3), || decoding.step(&model));
         let tokens_per_s = steps_per_s * batch as f64;
         let roofline = roofline_steps * batch as f64;
@@ -116,8 +127,13 @@ fn measure(label: &str, model: Model, prefill_tokens: usize, bandwidth: f64, cac
             KvPrecision::F32 => "",
             KvPrecision::F16 => ", f16 KV cache",
         };
+        let long = if context == LONG_CONTEXT {
+            format!(", {context}-token context")
+        } else {
+            String::new()
+        };
         println!(
-            "| {label} | decode, batch {batch}{cache} | {tokens_per_s:.0} tok/s | {roofline:.0} tok/s | {:.1} % |",
+            "| {label} | decode, batch {batch}{long}{cache} | {tokens_per_s:.0} tok/s | {roofline:.0} tok/s | {:.1} % |",
             100.0 * tokens_per_s / roofline
         );
     }
