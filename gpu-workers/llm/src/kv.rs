@@ -4,10 +4,11 @@
 //! A sequence's positions map to blocks through its block table ([`SequenceKv`]), so blocks
 //! can be shared (a cached prefix) and handed out in any order. In f16 the cache takes half the
 //! memory, so a worker holds twice the tokens in the same `--kv-cache-mib`. Decode attention
-//! over a batch's contexts is bound by the bytes it reads, so on CPUs with AVX-512, whose
-//! kernel (module `avx512`) widens f16 in its loads, f16 decodes as fast as f32 at short
-//! contexts and faster at long ones (SmolLM2 at 1,024 tokens: 1.17×); the portable loops widen
-//! a block at a time into a buffer and are 3–12 % slower than in f32. The values round to f16's 11 significant bits on the way in, which moves the
+//! over a batch's contexts is bound by the bytes it reads, so where the CPU has AVX2, FMA and
+//! F16C, whose kernel (module `avx2`) widens f16 in its loads, f16 decodes as fast as f32 at
+//! short contexts and faster at long ones (SmolLM2 at 1,024 tokens: ~1.1×); the portable loops
+//! widen a block at a time into a buffer and are 3–12 % slower than in f32. The values round
+//! to f16's 11 significant bits on the way in, which moves the
 //! logits by up to ~3e-4 of their size on the tiny test model, so f32 stays the default.
 
 use half::f16;
@@ -17,7 +18,7 @@ use wide::f32x8;
 use crate::config::ModelConfig;
 
 #[cfg(target_arch = "x86_64")]
-mod avx512;
+mod avx2;
 
 /// How the paged cache stores keys and values.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -205,25 +206,14 @@ impl PagedKv {
     pub(crate) fn attend_one(&self, query: &DecodeQuery<'_>, out: &mut [f32]) {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: the CPU has what the kernel needs (checked first).
-        if avx512::available() && unsafe { avx512::attend_one(self, query, out) } {
+        if avx2::available() && unsafe { avx2::attend_one(self, query, out) } {
             return;
         }
-        #[cfg(target_arch = "x86_64")]
-        if is_x86_feature_detected!("avx2") {
-            /// The same loops compiled for AVX2's 8-wide vectors.
-            #[target_feature(enable = "avx2")]
-            fn wide(kv: &PagedKv, query: &DecodeQuery<'_>, out: &mut [f32]) {
-                kv.attend_one_with(query, out);
-            }
-            // SAFETY: the CPU has AVX2 (checked above).
-            return unsafe { wide(self, query, out) };
-        }
-        self.attend_one_with(query, out);
+        self.attend_portable(query, out);
     }
 
-    /// [`PagedKv::attend_one`]'s loops, inlined into the instruction set of its caller.
-    #[inline(always)]
-    fn attend_one_with(&self, query: &DecodeQuery<'_>, out: &mut [f32]) {
+    /// [`PagedKv::attend_one`]'s portable loops.
+    fn attend_portable(&self, query: &DecodeQuery<'_>, out: &mut [f32]) {
         let DecodeQuery {
             layer,
             blocks,
@@ -241,8 +231,7 @@ impl PagedKv {
         let span = self.block_size * self.kv_width;
         let mut widened = vec![0.0f32; if self.precision == KvPrecision::F16 { span } else { 0 }];
         let width = self.kv_width;
-        // Each block's first position, offset and values: the loops below stay in this
-        // function (a closure per block would be compiled without its AVX2).
+        // Each block's first position, offset and values.
         let spans = self.spans(blocks, context);
         for &(first, at, len) in &spans {
             let block_keys = keys.read(at, len, &mut widened);
