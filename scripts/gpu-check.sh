@@ -3,8 +3,9 @@
 # tests of the LLM and the encoders (with `SWITCHYARD_CUDA_TESTS=gpu`, so a missing GPU, driver,
 # NVRTC or cuBLAS fails them instead of skipping), both CUDA benches, and, when the bundle holds
 # `switchyard-worker`, the worker binary on `--device cuda:0` answering the same greedy requests
-# as on `--device cpu`, and the end-to-end multimodal test (gateway, two `switchyard-encoder`s
-# and `switchyard-worker`, the three on `cuda:0`). From the repository root:
+# as on `--device cpu` (with f32 and with f16 KV caches), and the end-to-end multimodal test
+# (gateway, two `switchyard-encoder`s and `switchyard-worker`, the three on `cuda:0`). From the
+# repository root:
 #
 #   bash scripts/gpu-check.sh            # logs under $OUT if set, else .gpu/out
 #   SKIP="encoders_cuda llm_cuda" bash scripts/gpu-check.sh   # leaves those steps out
@@ -65,6 +66,7 @@ step encoders_cuda "${LIMIT_BENCH:-150}" .gpu/encoders_cuda --bench --runs "${RU
 
 if [ -x .gpu/switchyard-worker ]; then
     step worker_binary 60 python3 scripts/gpu-worker-smoke.py .gpu/switchyard-worker .gpu/fixtures/tiny-llama
+    step worker_binary_f16 60 python3 scripts/gpu-worker-smoke.py .gpu/switchyard-worker .gpu/fixtures/tiny-llama f16
 fi
 
 if [ -x .gpu/e2e/native_multimodal ] && [ -x .gpu/switchyard-worker ]; then

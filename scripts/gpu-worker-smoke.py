@@ -6,7 +6,9 @@ each the same greedy chat requests (whole and streamed, a shared prefix so the s
 prefix cache) and fails unless both devices give the same tokens. Standard library only: the GPU
 machine has no Rust and nothing to fetch.
 
-usage: gpu-worker-smoke.py WORKER_BINARY MODEL_DIR
+usage: gpu-worker-smoke.py WORKER_BINARY MODEL_DIR [KV_CACHE_DTYPE]
+
+KV_CACHE_DTYPE (`f32`, the default, or `f16`) is passed to both workers as `--kv-cache-dtype`.
 """
 
 import json
@@ -17,10 +19,10 @@ import time
 import urllib.request
 
 
-def start(binary, model, device):
+def start(binary, model, device, kv_dtype):
     process = subprocess.Popen(
         [binary, "--model", model, "--device", device, "--port", "0", "--served-model-name", "tiny",
-         "--block-size", "4", "--kv-cache-mib", "16", "--threads", "2"],
+         "--block-size", "4", "--kv-cache-mib", "16", "--threads", "2", "--kv-cache-dtype", kv_dtype],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     address = None
     deadline = time.time() + 30
@@ -60,11 +62,12 @@ def chat(address, content, stream):
 
 def main():
     binary, model = sys.argv[1], sys.argv[2]
+    kv_dtype = sys.argv[3] if len(sys.argv) > 3 else "f32"
     prompts = ["hello world, hello switchyard", "hello world, hello switchyard, and again",
                "a different question entirely"]
     answers = {}
     for device in ["cpu", "cuda:0"]:
-        process, address = start(binary, model, device)
+        process, address = start(binary, model, device, kv_dtype)
         try:
             answers[device] = [chat(address, p, stream) for p in prompts for stream in (False, True)]
             with urllib.request.urlopen(address + "/metrics", timeout=10) as reply:

@@ -8,10 +8,11 @@
 //! one token id back per sequence): kernel by kernel (the baseline), then by CUDA graph replay
 //! (the default), in the same run on the same executor (batches of 24 and 100 pay for their
 //! buckets' padding, 32 and 128); then, at the batch sizes that take it, the default decode
-//! attention kernel against the first one on the graphs' steps again. The anchor is a device-to-device copy in the same run: a
-//! decode step must read every weight and every sequence's cached keys and values once, so
-//! `bandwidth / bytes read` steps per second is the roofline; the batch-1 row also says what
-//! fraction of the copy bandwidth the step reached. Without a GPU it says so and exits.
+//! attention kernel against the first one on the graphs' steps again; then decode at batch 32
+//! and 128 past a 1,024-token context with the KV cache in f32 and in f16. The anchor is a
+//! device-to-device copy in the same run: a decode step must read every weight and every
+//! sequence's cached keys and values once, so `bandwidth / bytes read` steps per second is the
+//! roofline; the batch-1 row also says what fraction of the copy bandwidth the step reached. Without a GPU it says so and exits.
 
 mod common;
 
@@ -19,8 +20,8 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use common::{decode_bytes, write_random_llama};
-use switchyard_llm::Model;
 use switchyard_llm::cuda::{self, AttentionKernel, CudaExecutor};
+use switchyard_llm::{KvPrecision, Model};
 use switchyard_workers::engine::{Executor, Sampler, SamplingParams, StepItem};
 
 /// Device-to-device copy bandwidth (read + write), best of 10, 1 GiB each way.
@@ -178,6 +179,39 @@ fn measure(label: &str, path: &Path, bandwidth: f64) -> Vec<String> {
     kernel_rows
 }
 
+/// Decode with graphs at a 1,024-token context, where the cache's bytes outweigh the weights',
+/// in an f32 cache and in an f16 one; the model's rows of the cache table.
+fn cache_rows(label: &str, path: &Path) -> Vec<String> {
+    let model = Model::load(path).expect("model loads");
+    let vocab = model.config().vocab_size as u32;
+    let (block, context, steps): (usize, usize, usize) = (16, 1024, 32);
+    let mut rows = Vec::new();
+    for batch in [32usize, 128] {
+        let blocks_each = (context + steps).div_ceil(block);
+        let rate = |precision: KvPrecision| {
+            let mut executor =
+                CudaExecutor::with_precision(&model, 0, block, batch * blocks_each, precision).expect("backend");
+            let mut sequences = Sequences::new(batch, context + steps, blocks_each, vocab);
+            for first in (0..batch).step_by(32) {
+                sequences.step(&mut executor, first..(first + 32).min(batch), 0, context);
+            }
+            // The first step captures the bucket's graph.
+            sequences.step(&mut executor, 0..batch, context, 1);
+            let start = Instant::now();
+            for position in context + 1..context + steps {
+                sequences.step(&mut executor, 0..batch, position, 1);
+            }
+            ((steps - 1) * batch) as f64 / start.elapsed().as_secs_f64()
+        };
+        let (f32_rate, f16_rate) = (rate(KvPrecision::F32), rate(KvPrecision::F16));
+        rows.push(format!(
+            "| {label} | {batch} | {context} | {f32_rate:.0} tok/s | {f16_rate:.0} tok/s | {:.2}x |",
+            f16_rate / f32_rate
+        ));
+    }
+    rows
+}
+
 fn main() {
     if !cuda::driver_present() {
         println!("no CUDA driver on this machine: nothing to measure (run on a GPU machine)");
@@ -199,8 +233,10 @@ fn main() {
     let dir = tempfile::tempdir().expect("tempdir");
     write_random_llama(dir.path(), 768, 8, 12, 4, 2048, 32_000);
     let mut kernels = measure("random Llama 8×768 (f32)", dir.path(), bandwidth);
+    let mut caches = cache_rows("random Llama 8×768 (f32)", dir.path());
     if let Some(gguf) = std::env::var_os("SWITCHYARD_SMOLLM2_GGUF") {
         kernels.extend(measure("SmolLM2-135M (f32)", Path::new(&gguf), bandwidth));
+        caches.extend(cache_rows("SmolLM2-135M (f32)", Path::new(&gguf)));
     }
     println!(
         "\nDecode with graphs: the attention kernel (a thread per key, the default) against the first (a warp per key)\n"
@@ -208,6 +244,12 @@ fn main() {
     println!("| model | decode batch | thread per key | warp per key | speed-up |");
     println!("|---|---:|---:|---:|---:|");
     for row in kernels {
+        println!("{row}");
+    }
+    println!("\nDecode with graphs at a long context: the KV cache in f32 against f16 (`--kv-cache-dtype f16`)\n");
+    println!("| model | decode batch | context | f32 cache | f16 cache | speed-up |");
+    println!("|---|---:|---:|---:|---:|---:|");
+    for row in caches {
         println!("{row}");
     }
 }

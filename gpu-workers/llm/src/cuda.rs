@@ -8,7 +8,9 @@
 //! SiLU-multiply, greedy argmax) are compiled by NVRTC when the backend starts;
 //! products are cuBLAS SGEMMs, with the query/key/value and gate/up projections fused into one
 //! product each and the residual adds folded into the output products (β = 1). Weights are f32
-//! and laid out as on the CPU, so both backends can be compared value by value. Greedy
+//! and laid out as on the CPU, so both backends can be compared value by value; the paged KV
+//! cache is f32, or f16 ([`CudaExecutor::with_precision`]: twice the tokens in the same memory,
+//! rounded as the CPU's f16 cache rounds them). Greedy
 //! sequences take their token from the GPU's argmax (4 bytes back per sequence); others copy
 //! their logits back and sample on the host with their own seeded sampler.
 //!
@@ -26,14 +28,17 @@ use cudarc::cublas::{CudaBlas, Gemm, GemmConfig};
 use cudarc::driver::{CudaContext, CudaFunction, CudaGraph, CudaSlice, CudaStream, LaunchConfig, PushKernelArg};
 
 use crate::config::ModelConfig;
+use crate::kv::KvPrecision;
 use crate::model::{MediaRows, Model};
 use switchyard_workers::engine::{Executor, ModelLimits, StepItem};
 
 /// The kernels' CUDA C source.
 pub const KERNELS: &str = include_str!("cuda_kernels.cu");
 
-/// The kernels the backend launches, by their `extern "C"` names.
-pub const KERNEL_NAMES: [&str; 9] = [
+/// The kernels the backend launches, by their `extern "C"` names: those of an f32 cache, then
+/// the three that read or write an f16 one ([`F16_CACHE_KERNELS`] stand in for the fifth,
+/// sixth and ninth).
+pub const KERNEL_NAMES: [&str; 12] = [
     "embed",
     "gather_rows",
     "rms_norm",
@@ -43,7 +48,14 @@ pub const KERNEL_NAMES: [&str; 9] = [
     "silu_mul",
     "argmax",
     "paged_attention_by_key",
+    "rope_and_store_f16",
+    "paged_attention_f16",
+    "paged_attention_by_key_f16",
 ];
+
+/// The indices in [`KERNEL_NAMES`] of the f16 cache's `rope_and_store`, `paged_attention` and
+/// `paged_attention_by_key`.
+const F16_CACHE_KERNELS: [usize; 3] = [9, 10, 11];
 
 /// Why the CUDA backend could not start or run.
 #[derive(Debug, thiserror::Error)]
@@ -136,9 +148,10 @@ struct GpuLayer {
     /// `[2·intermediate, hidden]`: gate then up.
     gate_up: CudaSlice<f32>,
     down: CudaSlice<f32>,
-    /// `[num_blocks · block_size, kv_width]`.
-    keys: CudaSlice<f32>,
-    values: CudaSlice<f32>,
+    /// `[num_blocks · block_size, kv_width]`, f32 or f16 (the kernels take the pointer as
+    /// either; here it is counted in 16-bit units, two to an f32).
+    keys: CudaSlice<u16>,
+    values: CudaSlice<u16>,
 }
 
 /// Media rows to copy over a step's embedded rows: the index in `x` of their first value, and
@@ -299,6 +312,22 @@ impl CudaExecutor {
     /// [`CudaError`] when the driver, NVRTC, cuBLAS or the device is missing, memory runs out,
     /// or the kernels do not compile.
     pub fn new(model: &Model, ordinal: usize, block_size: usize, num_blocks: usize) -> Result<CudaExecutor, CudaError> {
+        CudaExecutor::with_precision(model, ordinal, block_size, num_blocks, KvPrecision::F32)
+    }
+
+    /// [`CudaExecutor::new`] with the cache in `precision`: f16 holds twice the tokens in the
+    /// same memory, rounded once as they are written, as the CPU backend's f16 cache does.
+    ///
+    /// # Errors
+    ///
+    /// As [`CudaExecutor::new`].
+    pub fn with_precision(
+        model: &Model,
+        ordinal: usize,
+        block_size: usize,
+        num_blocks: usize,
+        precision: KvPrecision,
+    ) -> Result<CudaExecutor, CudaError> {
         if !driver_present() {
             return Err(CudaError::NoDriver);
         }
@@ -328,16 +357,20 @@ impl CudaExecutor {
         let stream = context.new_stream().map_err(driver)?;
         let module = context.load_module(ptx).map_err(driver)?;
         let load = |name: &str| module.load_function(name).map_err(driver);
+        let [rope_and_store, paged_attention, paged_attention_by_key] = match precision {
+            KvPrecision::F32 => [4, 5, 8],
+            KvPrecision::F16 => F16_CACHE_KERNELS,
+        };
         let kernels = Kernels {
             embed: load(KERNEL_NAMES[0])?,
             gather_rows: load(KERNEL_NAMES[1])?,
             rms_norm: load(KERNEL_NAMES[2])?,
             add_bias: load(KERNEL_NAMES[3])?,
-            rope_and_store: load(KERNEL_NAMES[4])?,
-            paged_attention: load(KERNEL_NAMES[5])?,
+            rope_and_store: load(KERNEL_NAMES[rope_and_store])?,
+            paged_attention: load(KERNEL_NAMES[paged_attention])?,
             silu_mul: load(KERNEL_NAMES[6])?,
             argmax: load(KERNEL_NAMES[7])?,
-            paged_attention_by_key: load(KERNEL_NAMES[8])?,
+            paged_attention_by_key: load(KERNEL_NAMES[paged_attention_by_key])?,
         };
         let blas = CudaBlas::new(stream.clone()).map_err(|err| CudaError::Blas(err.to_string()))?;
         let workspace = stream.alloc_zeros::<u8>(CUBLAS_WORKSPACE).map_err(driver)?;
@@ -359,7 +392,8 @@ impl CudaExecutor {
         }
         let upload = |values: &[f32]| stream.clone_htod(values).map_err(driver);
         // One block more than the engine hands out: the decode graphs' padding rows write there.
-        let kv_rows = (num_blocks + 1) * block_size * config.num_kv_heads * config.head_dim;
+        let kv_values = (num_blocks + 1) * block_size * config.num_kv_heads * config.head_dim;
+        let kv_units = kv_values * precision.bytes() / 2;
         let mut layers = Vec::with_capacity(config.num_layers);
         for layer in model.layers() {
             // Quantized matrices are widened here: the CUDA kernels take f32.
@@ -385,8 +419,8 @@ impl CudaExecutor {
                 post_attention_norm: upload(&layer.post_attention_norm)?,
                 gate_up: upload(&gate_up)?,
                 down: upload(&layer.down.weight.to_f32())?,
-                keys: stream.alloc_zeros(kv_rows).map_err(driver)?,
-                values: stream.alloc_zeros(kv_rows).map_err(driver)?,
+                keys: stream.alloc_zeros(kv_units).map_err(driver)?,
+                values: stream.alloc_zeros(kv_units).map_err(driver)?,
             });
         }
         let embed = upload(&model.embedding().to_f32())?;
@@ -946,8 +980,9 @@ pub fn spawn_cuda_engine(
     model: &Model,
     ordinal: usize,
     config: switchyard_workers::engine::EngineConfig,
+    precision: KvPrecision,
 ) -> Result<switchyard_workers::engine::EngineHandle, CudaError> {
-    let executor = CudaExecutor::new(model, ordinal, config.block_size, config.num_gpu_blocks)?;
+    let executor = CudaExecutor::with_precision(model, ordinal, config.block_size, config.num_gpu_blocks, precision)?;
     let limits = executor.limits();
     switchyard_workers::engine::spawn_native(config, limits, executor, "switchyard-llm-cuda")
         .map_err(|err| CudaError::Driver(format!("cannot start the engine thread: {err}")))

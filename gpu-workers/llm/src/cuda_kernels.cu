@@ -1,6 +1,7 @@
 // Kernels of the native LLM's CUDA backend, compiled at run time by NVRTC (no CUDA headers
-// needed). Everything is f32 and row-major, laid out exactly as the CPU backend lays it out, so
-// the two can be compared value by value. Launch shapes are set by `cuda.rs`.
+// needed). Everything is f32 (the KV cache also f16) and row-major, laid out exactly as the CPU
+// backend lays it out, so the two can be compared value by value. Launch shapes are set by
+// `cuda.rs`.
 
 #define WARP 32
 // No CUDA headers under NVRTC, so no INFINITY macro.
@@ -34,6 +35,27 @@ __device__ float block_reduce(float v, float* scratch) {
     for (int w = 0; w < warps; ++w) result = Op::apply(result, scratch[w]);
     return result;
 }
+
+// The paged cache holds f32 as computed, or f16 bit patterns (`--kv-cache-dtype f16`), rounded
+// to nearest even on the way in as the CPU backend's are, and widened as they are read. Each
+// kernel that touches the cache is a template over its element, with an `extern "C"` entry per
+// element (`_f16` names the f16 one).
+#ifdef __CUDACC_RTC__
+__device__ __forceinline__ float widen(unsigned short h) {
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+    return f;
+}
+__device__ __forceinline__ unsigned short narrow(float f) {
+    unsigned short h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+    return h;
+}
+#endif
+__device__ __forceinline__ float load_cache(const float* p) { return *p; }
+__device__ __forceinline__ float load_cache(const unsigned short* p) { return widen(*p); }
+__device__ __forceinline__ void store_cache(float* p, float v) { *p = v; }
+__device__ __forceinline__ void store_cache(unsigned short* p, float v) { *p = narrow(v); }
 
 // out[r] = table[ids[r]]; one block per row.
 extern "C" __global__ void embed(const unsigned int* ids, const float* table, float* out, int width) {
@@ -70,9 +92,10 @@ extern "C" __global__ void add_bias(float* x, const float* bias, int width) {
 // Rotates the query and key heads of each row of `qkv` ([rows, q | k | v]) by the row's
 // position (rotate-half layout: pairs (i, i + d/2)), rotates the queries in place, and writes
 // the rotated keys and the values into the caches at the row's slot. One block per row.
-extern "C" __global__ void rope_and_store(float* qkv, const int* positions, const int* slots, const float* inv_freq,
-                                          float* key_cache, float* value_cache, int num_heads, int num_kv_heads,
-                                          int head_dim) {
+template <typename Cache>
+__device__ void rope_and_store_into(float* qkv, const int* positions, const int* slots, const float* inv_freq,
+                                    Cache* key_cache, Cache* value_cache, int num_heads, int num_kv_heads,
+                                    int head_dim) {
     const size_t row = blockIdx.x;
     const int half = head_dim / 2;
     const int q_width = num_heads * head_dim, kv_width = num_kv_heads * head_dim;
@@ -80,8 +103,8 @@ extern "C" __global__ void rope_and_store(float* qkv, const int* positions, cons
     const float* k = q + q_width;
     const float* v = k + kv_width;
     const float position = (float)positions[row];
-    float* key = key_cache + (size_t)slots[row] * kv_width;
-    float* value = value_cache + (size_t)slots[row] * kv_width;
+    Cache* key = key_cache + (size_t)slots[row] * kv_width;
+    Cache* value = value_cache + (size_t)slots[row] * kv_width;
     for (int pair = threadIdx.x; pair < (num_heads + num_kv_heads) * half; pair += blockDim.x) {
         const int head = pair / half, i = pair % half;
         float s, c;
@@ -95,11 +118,24 @@ extern "C" __global__ void rope_and_store(float* qkv, const int* positions, cons
             const int kv = head - num_heads;
             const float* h = k + kv * head_dim;
             const float a = h[i], b = h[i + half];
-            key[kv * head_dim + i] = a * c - b * s;
-            key[kv * head_dim + i + half] = b * c + a * s;
+            store_cache(&key[kv * head_dim + i], a * c - b * s);
+            store_cache(&key[kv * head_dim + i + half], b * c + a * s);
         }
     }
-    for (int i = threadIdx.x; i < kv_width; i += blockDim.x) value[i] = v[i];
+    for (int i = threadIdx.x; i < kv_width; i += blockDim.x) store_cache(&value[i], v[i]);
+}
+
+extern "C" __global__ void rope_and_store(float* qkv, const int* positions, const int* slots, const float* inv_freq,
+                                          float* key_cache, float* value_cache, int num_heads, int num_kv_heads,
+                                          int head_dim) {
+    rope_and_store_into(qkv, positions, slots, inv_freq, key_cache, value_cache, num_heads, num_kv_heads, head_dim);
+}
+
+extern "C" __global__ void rope_and_store_f16(float* qkv, const int* positions, const int* slots,
+                                              const float* inv_freq, unsigned short* key_cache,
+                                              unsigned short* value_cache, int num_heads, int num_kv_heads,
+                                              int head_dim) {
+    rope_and_store_into(qkv, positions, slots, inv_freq, key_cache, value_cache, num_heads, num_kv_heads, head_dim);
 }
 
 #define TILE 512
@@ -107,10 +143,11 @@ extern "C" __global__ void rope_and_store(float* qkv, const int* positions, cons
 // Causal attention of one query row and one head over its sequence's paged keys and values
 // (positions 0..=positions[row]), with a running (online) softmax over tiles of positions.
 // Grid (rows, num_heads); 128 threads; head_dim ≤ 512.
-extern "C" __global__ void paged_attention(const float* qkv, const float* key_cache, const float* value_cache,
-                                           const int* block_tables, const int* row_sequence, const int* positions,
-                                           float* out, int max_blocks, int block_size, int num_heads,
-                                           int num_kv_heads, int head_dim, float scale) {
+template <typename Cache>
+__device__ void paged_attention_over(const float* qkv, const Cache* key_cache, const Cache* value_cache,
+                                     const int* block_tables, const int* row_sequence, const int* positions,
+                                     float* out, int max_blocks, int block_size, int num_heads, int num_kv_heads,
+                                     int head_dim, float scale) {
     __shared__ float scores[TILE];
     __shared__ int tile_slots[TILE];
     __shared__ float query[512];
@@ -135,9 +172,9 @@ extern "C" __global__ void paged_attention(const float* qkv, const float* key_ca
         }
         __syncthreads();
         for (int t = warp; t < n; t += warps) {
-            const float* key = key_cache + (size_t)tile_slots[t] * kv_width + kv_head * head_dim;
+            const Cache* key = key_cache + (size_t)tile_slots[t] * kv_width + kv_head * head_dim;
             float dot = 0.0f;
-            for (int d = lane; d < head_dim; d += WARP) dot += query[d] * key[d];
+            for (int d = lane; d < head_dim; d += WARP) dot += query[d] * load_cache(&key[d]);
             dot = warp_reduce<Sum>(dot);
             if (lane == 0) scores[t] = dot * scale;
         }
@@ -160,7 +197,8 @@ extern "C" __global__ void paged_attention(const float* qkv, const float* key_ca
             const int d = threadIdx.x + j * blockDim.x;
             if (d < head_dim) {
                 float a = acc[j] * correction;
-                for (int t = 0; t < n; ++t) a += scores[t] * value_cache[(size_t)tile_slots[t] * kv_width + kv_head * head_dim + d];
+                for (int t = 0; t < n; ++t)
+                    a += scores[t] * load_cache(&value_cache[(size_t)tile_slots[t] * kv_width + kv_head * head_dim + d]);
                 acc[j] = a;
             }
         }
@@ -174,6 +212,23 @@ extern "C" __global__ void paged_attention(const float* qkv, const float* key_ca
     }
 }
 
+extern "C" __global__ void paged_attention(const float* qkv, const float* key_cache, const float* value_cache,
+                                           const int* block_tables, const int* row_sequence, const int* positions,
+                                           float* out, int max_blocks, int block_size, int num_heads,
+                                           int num_kv_heads, int head_dim, float scale) {
+    paged_attention_over(qkv, key_cache, value_cache, block_tables, row_sequence, positions, out, max_blocks,
+                         block_size, num_heads, num_kv_heads, head_dim, scale);
+}
+
+extern "C" __global__ void paged_attention_f16(const float* qkv, const unsigned short* key_cache,
+                                               const unsigned short* value_cache, const int* block_tables,
+                                               const int* row_sequence, const int* positions, float* out,
+                                               int max_blocks, int block_size, int num_heads, int num_kv_heads,
+                                               int head_dim, float scale) {
+    paged_attention_over(qkv, key_cache, value_cache, block_tables, row_sequence, positions, out, max_blocks,
+                         block_size, num_heads, num_kv_heads, head_dim, scale);
+}
+
 #define KEY_TILE 128
 
 // The same attention as `paged_attention`, laid out for decode steps, where a step has few rows
@@ -183,11 +238,11 @@ extern "C" __global__ void paged_attention(const float* qkv, const float* key_ca
 // and the values are summed by `128 / head_dim` groups of threads, each over its share of the
 // tile's keys, their partial sums combined at the end. Grid (rows, num_heads); 128 threads;
 // head_dim ≤ 128.
-extern "C" __global__ void paged_attention_by_key(const float* qkv, const float* key_cache,
-                                                  const float* value_cache, const int* block_tables,
-                                                  const int* row_sequence, const int* positions, float* out,
-                                                  int max_blocks, int block_size, int num_heads, int num_kv_heads,
-                                                  int head_dim, float scale) {
+template <typename Cache>
+__device__ void paged_attention_by_key_over(const float* qkv, const Cache* key_cache, const Cache* value_cache,
+                                            const int* block_tables, const int* row_sequence, const int* positions,
+                                            float* out, int max_blocks, int block_size, int num_heads,
+                                            int num_kv_heads, int head_dim, float scale) {
     __shared__ float scores[KEY_TILE];
     __shared__ int tile_slots[KEY_TILE];
     __shared__ float query[128];
@@ -214,10 +269,10 @@ extern "C" __global__ void paged_attention_by_key(const float* qkv, const float*
             const int pos = start + t;
             const int slot = table[pos / block_size] * block_size + pos % block_size;
             tile_slots[t] = slot;
-            const float* key = key_cache + (size_t)slot * kv_width + kv_head * head_dim;
+            const Cache* key = key_cache + (size_t)slot * kv_width + kv_head * head_dim;
             float dot = 0.0f;
 #pragma unroll 8
-            for (int k = 0; k < head_dim; ++k) dot += query[k] * key[k];
+            for (int k = 0; k < head_dim; ++k) dot += query[k] * load_cache(&key[k]);
             score = dot * scale;
         }
         // Key `start` is inside, so the new max is finite; the first tile's correction is
@@ -235,7 +290,7 @@ extern "C" __global__ void paged_attention_by_key(const float* qkv, const float*
             float a = 0.0f;
 #pragma unroll 4
             for (int k = g; k < n; k += groups)
-                a += scores[k] * value_cache[(size_t)tile_slots[k] * kv_width + kv_head * head_dim + d];
+                a += scores[k] * load_cache(&value_cache[(size_t)tile_slots[k] * kv_width + kv_head * head_dim + d]);
             acc += a;
         }
         running_max = new_max;
@@ -248,6 +303,24 @@ extern "C" __global__ void paged_attention_by_key(const float* qkv, const float*
         for (int k = 0; k < groups; ++k) sum += partial[k * head_dim + d];
         out[row * (size_t)q_width + head * head_dim + d] = sum / running_sum;
     }
+}
+
+extern "C" __global__ void paged_attention_by_key(const float* qkv, const float* key_cache,
+                                                  const float* value_cache, const int* block_tables,
+                                                  const int* row_sequence, const int* positions, float* out,
+                                                  int max_blocks, int block_size, int num_heads, int num_kv_heads,
+                                                  int head_dim, float scale) {
+    paged_attention_by_key_over(qkv, key_cache, value_cache, block_tables, row_sequence, positions, out, max_blocks,
+                                block_size, num_heads, num_kv_heads, head_dim, scale);
+}
+
+extern "C" __global__ void paged_attention_by_key_f16(const float* qkv, const unsigned short* key_cache,
+                                                      const unsigned short* value_cache, const int* block_tables,
+                                                      const int* row_sequence, const int* positions, float* out,
+                                                      int max_blocks, int block_size, int num_heads,
+                                                      int num_kv_heads, int head_dim, float scale) {
+    paged_attention_by_key_over(qkv, key_cache, value_cache, block_tables, row_sequence, positions, out, max_blocks,
+                                block_size, num_heads, num_kv_heads, head_dim, scale);
 }
 
 // emulated: end (`tests/kernel_emulation.rs` runs the kernels above on the CPU)

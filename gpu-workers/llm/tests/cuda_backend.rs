@@ -9,7 +9,7 @@
 use std::path::{Path, PathBuf};
 
 use switchyard_llm::cuda::{self, AttentionKernel, CudaError, CudaExecutor, GpuChunk};
-use switchyard_llm::{Chunk, Logits, MediaRows, Model, PagedKv, SequenceKv, spawn_cpu_engine};
+use switchyard_llm::{Chunk, KvPrecision, Logits, MediaRows, Model, PagedKv, SequenceKv, spawn_cpu_engine};
 use switchyard_workers::engine::{EngineConfig, Output, SamplingParams};
 
 fn required(level: &str) -> bool {
@@ -75,56 +75,57 @@ fn gpu_logits_match_the_cpu_backend() {
     for name in ["tiny-llama", "tiny-qwen2"] {
         let model = model(name);
         let Some(mut gpu) = gpu(&model, 32) else { return };
-        // Two sequences in one step (a chunk of 11 and one of 19 tokens), then both decode one
-        // more token together: prefill, paged caches and batched decode all compared.
-        let a_blocks: Vec<u32> = vec![9, 2, 14, 0, 5, 11];
-        let b_blocks: Vec<u32> = vec![20, 21, 7, 30, 31, 8];
-        let mut kv = PagedKv::new(model.config(), 4, 32);
-        let mut a = SequenceKv {
-            blocks: a_blocks.clone(),
-            computed: 0,
-        };
-        let mut b = SequenceKv {
-            blocks: b_blocks.clone(),
-            computed: 0,
-        };
-        let cpu_first = model
-            .forward_batch(
-                &mut kv,
-                &mut [
-                    Chunk {
-                        sequence: &mut a,
-                        tokens: &PROMPT[..11],
-                    },
-                    Chunk {
-                        sequence: &mut b,
-                        tokens: &PROMPT,
-                    },
-                ],
-                Logits::Last,
-            )
-            .expect("cpu step");
-        let gpu_first = gpu
-            .forward(&[
-                GpuChunk {
-                    tokens: &PROMPT,
-                    start: 0,
-                    count: 11,
-                    blocks: &a_blocks,
-                    media: &[],
+        let cpu_f32 = two_steps_on_the_cpu(&model, KvPrecision::F32);
+        let difference = max_difference(&cpu_f32, &two_steps_on_the_gpu(&mut gpu));
+        assert!(difference < 1e-3, "{name}: max |Δlogit| {difference}");
+        // With f16 caches both backends round the same values once: the GPU's logits are the
+        // CPU's f16 ones, nearer them than the f32 ones (which an f32 cache would give).
+        let mut gpu = CudaExecutor::with_precision(&model, 0, 4, 32, KvPrecision::F16).expect("an f16 cache");
+        let gpu_f16 = two_steps_on_the_gpu(&mut gpu);
+        let cpu_f16 = two_steps_on_the_cpu(&model, KvPrecision::F16);
+        let (to_f16, to_f32) = (max_difference(&cpu_f16, &gpu_f16), max_difference(&cpu_f32, &gpu_f16));
+        eprintln!("{name}, f16 caches: max |Δlogit| {to_f16} from the CPU's f16, {to_f32} from its f32");
+        assert!(
+            to_f16 < 1e-3 && to_f16 < to_f32,
+            "{name}: {to_f16} from f16, {to_f32} from f32"
+        );
+    }
+}
+
+// Two sequences in one step (a chunk of 11 and one of 19 tokens), then both decode one more
+// token together: prefill, paged caches and batched decode all compared.
+const A_BLOCKS: [u32; 6] = [9, 2, 14, 0, 5, 11];
+const B_BLOCKS: [u32; 6] = [20, 21, 7, 30, 31, 8];
+
+/// The two steps' logits on the CPU backend with a cache in `precision`.
+fn two_steps_on_the_cpu(model: &Model, precision: KvPrecision) -> Vec<Vec<f32>> {
+    let mut kv = PagedKv::with_precision(model.config(), 4, 32, precision);
+    let mut a = SequenceKv {
+        blocks: A_BLOCKS.to_vec(),
+        computed: 0,
+    };
+    let mut b = SequenceKv {
+        blocks: B_BLOCKS.to_vec(),
+        computed: 0,
+    };
+    let mut logits = model
+        .forward_batch(
+            &mut kv,
+            &mut [
+                Chunk {
+                    sequence: &mut a,
+                    tokens: &PROMPT[..11],
                 },
-                GpuChunk {
+                Chunk {
+                    sequence: &mut b,
                     tokens: &PROMPT,
-                    start: 0,
-                    count: 19,
-                    blocks: &b_blocks,
-                    media: &[],
                 },
-            ])
-            .expect("gpu step");
-        let mut longer = PROMPT.to_vec();
-        longer.push(123);
-        let cpu_second = model
+            ],
+            Logits::Last,
+        )
+        .expect("cpu step");
+    logits.extend(
+        model
             .forward_batch(
                 &mut kv,
                 &mut [
@@ -134,39 +135,58 @@ fn gpu_logits_match_the_cpu_backend() {
                     },
                     Chunk {
                         sequence: &mut b,
-                        tokens: &longer[19..],
+                        tokens: &[123],
                     },
                 ],
                 Logits::Last,
             )
-            .expect("cpu step");
-        let gpu_second = gpu
-            .forward(&[
-                GpuChunk {
-                    tokens: &PROMPT,
-                    start: 11,
-                    count: 1,
-                    blocks: &a_blocks,
-                    media: &[],
-                },
-                GpuChunk {
-                    tokens: &longer,
-                    start: 19,
-                    count: 1,
-                    blocks: &b_blocks,
-                    media: &[],
-                },
-            ])
-            .expect("gpu step");
-        for (cpu, gpu) in cpu_first
-            .iter()
-            .chain(&cpu_second)
-            .zip(gpu_first.iter().chain(&gpu_second))
-        {
-            let difference = cpu.iter().zip(gpu).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max);
-            assert!(difference < 1e-3, "{name}: max |Δlogit| {difference}");
-        }
-    }
+            .expect("cpu step"),
+    );
+    logits
+}
+
+/// The two steps' logits on `gpu`.
+fn two_steps_on_the_gpu(gpu: &mut CudaExecutor) -> Vec<Vec<f32>> {
+    let mut longer = PROMPT.to_vec();
+    longer.push(123);
+    let mut logits = gpu
+        .forward(&[
+            GpuChunk {
+                tokens: &PROMPT,
+                start: 0,
+                count: 11,
+                blocks: &A_BLOCKS,
+                media: &[],
+            },
+            GpuChunk {
+                tokens: &PROMPT,
+                start: 0,
+                count: 19,
+                blocks: &B_BLOCKS,
+                media: &[],
+            },
+        ])
+        .expect("gpu step");
+    logits.extend(
+        gpu.forward(&[
+            GpuChunk {
+                tokens: &PROMPT,
+                start: 11,
+                count: 1,
+                blocks: &A_BLOCKS,
+                media: &[],
+            },
+            GpuChunk {
+                tokens: &longer,
+                start: 19,
+                count: 1,
+                blocks: &B_BLOCKS,
+                media: &[],
+            },
+        ])
+        .expect("gpu step"),
+    );
+    logits
 }
 
 /// The tiny LLaVA checkpoint (its language model) of the encoder fixtures.

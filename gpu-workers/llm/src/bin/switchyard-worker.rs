@@ -45,9 +45,8 @@ struct Args {
     /// KV blocks in the cache.
     #[arg(long)]
     num_gpu_blocks: Option<usize>,
-    /// How the CPU backend stores keys and values: `f32` (as computed), or `f16` (twice the
-    /// tokens in the same `--kv-cache-mib`; values rounded to f16, decoding a little slower).
-    /// The CUDA backend keeps f32.
+    /// How the KV cache stores keys and values: `f32` (as computed), or `f16` (twice the
+    /// tokens in the same `--kv-cache-mib`; values rounded to f16), on either backend.
     #[arg(long, default_value = "f32")]
     kv_cache_dtype: llm::KvPrecision,
     /// Token budget per step.
@@ -212,9 +211,6 @@ async fn run() -> anyhow::Result<()> {
              `cargo build -p switchyard-workers --features cuda`, or run with --device cpu"
         );
     }
-    if !matches!(args.device, Device::Cpu) && args.kv_cache_dtype != llm::KvPrecision::F32 {
-        anyhow::bail!("--kv-cache-dtype f16 is for --device cpu; the CUDA backend keeps its cache in f32");
-    }
     if let Some(threads) = args.threads {
         anyhow::ensure!(threads > 0, "--threads must be at least 1");
         rayon::ThreadPoolBuilder::new()
@@ -271,7 +267,7 @@ async fn run() -> anyhow::Result<()> {
         Device::Cpu => llm::spawn_cpu_engine_with(model, engine_config, args.kv_cache_dtype)
             .context("cannot start the engine thread")?,
         #[cfg(feature = "cuda")]
-        Device::Cuda(ordinal) => llm::cuda::spawn_cuda_engine(&model, ordinal, engine_config)
+        Device::Cuda(ordinal) => llm::cuda::spawn_cuda_engine(&model, ordinal, engine_config, args.kv_cache_dtype)
             .with_context(|| format!("--device cuda:{ordinal}"))?,
         #[cfg(not(feature = "cuda"))]
         Device::Cuda(_) => unreachable!("refused above"),

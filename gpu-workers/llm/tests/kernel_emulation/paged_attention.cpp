@@ -1,9 +1,9 @@
-// Runs both paged-attention kernels (`src/cuda_kernels.cu` up to its `emulated: end` line, put
-// into `kernel.inc` by `tests/kernel_emulation.rs`) on the CPU: every block's 128 threads are
+// Runs both paged-attention kernels, over an f32 and an f16 cache (`src/cuda_kernels.cu` up to
+// its `emulated: end` line, put into `kernel.inc` by `tests/kernel_emulation.rs`) on the CPU: every block's 128 threads are
 // real threads, `__syncthreads` is a barrier among them, `__shfl_xor_sync` an exchange among a
 // warp's 32 threads with a barrier of their own, and `__shared__` arrays are statics (blocks
 // run one after another). Each case's output is compared with causal attention computed in f64
-// over the same paged caches; the program prints the worst difference per kernel and case and
+// over the same paged caches (the f16 one's values as rounded); the program prints the worst difference per kernel and case and
 // exits 1 above 1e-4.
 #include <algorithm>
 #include <barrier>
@@ -44,10 +44,31 @@ static float __shfl_xor_sync(unsigned, float v, int lane_mask) {
     return other;
 }
 
+// NVRTC's conversions (inline PTX there) as the host compiler does them: `_Float16` rounds to
+// nearest even, as `cvt.rn.f16.f32` does.
+static float widen(unsigned short h) {
+    _Float16 f;
+    std::memcpy(&f, &h, sizeof f);
+    return float(f);
+}
+
+static unsigned short narrow(float v) {
+    const _Float16 f = _Float16(v);
+    unsigned short h;
+    std::memcpy(&h, &f, sizeof h);
+    return h;
+}
+
 using std::max;
 using std::min;
 
 #include "kernel.inc"
+
+static std::vector<float> widened(const std::vector<unsigned short>& bits) {
+    std::vector<float> values(bits.size());
+    for (size_t i = 0; i < bits.size(); ++i) values[i] = widen(bits[i]);
+    return values;
+}
 
 struct Case {
     int heads, kv_heads, head_dim, block_size;
@@ -73,65 +94,83 @@ int main() {
         for (auto& v : qkv) v = normal(rng);
         for (auto& v : keys) v = normal(rng);
         for (auto& v : values) v = normal(rng);
-        // Each row its own sequence, its blocks scattered over the cache.
-        std::vector<int> tables(size_t(rows) * max_blocks), sequence(rows);
-        for (int i = 0; i < num_blocks; ++i) tables[i] = i;
-        std::shuffle(tables.begin(), tables.end(), rng);
-        for (int r = 0; r < rows; ++r) sequence[r] = r;
-        const float scale = 1.0f / std::sqrt(float(c.head_dim));
-        std::vector<double> expected(size_t(rows) * q_width);
-        for (int r = 0; r < rows; ++r)
-            for (int h = 0; h < c.heads; ++h) {
-                const int kv = h / (c.heads / c.kv_heads);
-                const float* q = &qkv[size_t(r) * (q_width + 2 * kv_width) + h * c.head_dim];
-                const int context = c.positions[r] + 1;
-                std::vector<double> scores(context);
-                double top = -INFINITY, sum = 0.0;
-                auto slot = [&](int pos) {
-                    return size_t(tables[size_t(r) * max_blocks + pos / c.block_size]) * c.block_size + pos % c.block_size;
-                };
-                for (int p = 0; p < context; ++p) {
-                    double dot = 0.0;
-                    for (int d = 0; d < c.head_dim; ++d) dot += double(q[d]) * keys[slot(p) * kv_width + kv * c.head_dim + d];
-                    scores[p] = dot * scale;
-                    top = std::max(top, scores[p]);
-                }
-                for (auto& s : scores) sum += (s = std::exp(s - top));
-                for (int d = 0; d < c.head_dim; ++d) {
-                    double acc = 0.0;
-                    for (int p = 0; p < context; ++p) acc += scores[p] * values[slot(p) * kv_width + kv * c.head_dim + d];
-                    expected[size_t(r) * q_width + h * c.head_dim + d] = acc / sum;
-                }
-            }
-        for (int kernel = 0; kernel < 2; ++kernel) {
-            std::vector<float> out(size_t(rows) * q_width, NAN);
-            blockDim.x = 128;
+        // The f16 kernels read the caches rounded to f16; the expected attention is computed
+        // over the rounded values, so both cases hold the kernels to the same bound.
+        std::vector<unsigned short> keys_f16(keys.size()), values_f16(values.size());
+        for (size_t i = 0; i < keys.size(); ++i) keys_f16[i] = narrow(keys[i]), values_f16[i] = narrow(values[i]);
+        for (int half = 0; half < 2; ++half) {
+            const std::vector<float> cache_keys = half ? widened(keys_f16) : keys;
+            const std::vector<float> cache_values = half ? widened(values_f16) : values;
+            // Each row its own sequence, its blocks scattered over the cache.
+            std::vector<int> tables(size_t(rows) * max_blocks), sequence(rows);
+            for (int i = 0; i < num_blocks; ++i) tables[i] = i;
+            std::shuffle(tables.begin(), tables.end(), rng);
+            for (int r = 0; r < rows; ++r) sequence[r] = r;
+            const float scale = 1.0f / std::sqrt(float(c.head_dim));
+            std::vector<double> expected(size_t(rows) * q_width);
             for (int r = 0; r < rows; ++r)
                 for (int h = 0; h < c.heads; ++h) {
-                    blockIdx = {unsigned(r), unsigned(h), 0};
-                    std::barrier<> block(128), w0(32), w1(32), w2(32), w3(32);
-                    block_barrier = &block;
-                    warp_barriers[0] = &w0, warp_barriers[1] = &w1, warp_barriers[2] = &w2, warp_barriers[3] = &w3;
-                    std::vector<std::thread> threads;
-                    for (unsigned t = 0; t < 128; ++t)
-                        threads.emplace_back([&, t] {
-                            threadIdx.x = t;
-                            auto run = kernel == 0 ? paged_attention : paged_attention_by_key;
-                            run(qkv.data(), keys.data(), values.data(), tables.data(), sequence.data(),
-                                c.positions.data(), out.data(), max_blocks, c.block_size, c.heads, c.kv_heads,
-                                c.head_dim, scale);
-                        });
-                    for (auto& thread : threads) thread.join();
+                    const int kv = h / (c.heads / c.kv_heads);
+                    const float* q = &qkv[size_t(r) * (q_width + 2 * kv_width) + h * c.head_dim];
+                    const int context = c.positions[r] + 1;
+                    std::vector<double> scores(context);
+                    double top = -INFINITY, sum = 0.0;
+                    auto slot = [&](int pos) {
+                        return size_t(tables[size_t(r) * max_blocks + pos / c.block_size]) * c.block_size +
+                               pos % c.block_size;
+                    };
+                    for (int p = 0; p < context; ++p) {
+                        double dot = 0.0;
+                        for (int d = 0; d < c.head_dim; ++d)
+                            dot += double(q[d]) * cache_keys[slot(p) * kv_width + kv * c.head_dim + d];
+                        scores[p] = dot * scale;
+                        top = std::max(top, scores[p]);
+                    }
+                    for (auto& s : scores) sum += (s = std::exp(s - top));
+                    for (int d = 0; d < c.head_dim; ++d) {
+                        double acc = 0.0;
+                        for (int p = 0; p < context; ++p)
+                            acc += scores[p] * cache_values[slot(p) * kv_width + kv * c.head_dim + d];
+                        expected[size_t(r) * q_width + h * c.head_dim + d] = acc / sum;
+                    }
                 }
-            double difference = 0.0;
-            for (size_t i = 0; i < out.size(); ++i) {
-                const double d = std::fabs(double(out[i]) - expected[i]);
-                difference = std::isnan(d) ? INFINITY : std::max(difference, d);
+            for (int kernel = 0; kernel < 2; ++kernel) {
+                std::vector<float> out(size_t(rows) * q_width, NAN);
+                blockDim.x = 128;
+                for (int r = 0; r < rows; ++r)
+                    for (int h = 0; h < c.heads; ++h) {
+                        blockIdx = {unsigned(r), unsigned(h), 0};
+                        std::barrier<> block(128), w0(32), w1(32), w2(32), w3(32);
+                        block_barrier = &block;
+                        warp_barriers[0] = &w0, warp_barriers[1] = &w1, warp_barriers[2] = &w2, warp_barriers[3] = &w3;
+                        std::vector<std::thread> threads;
+                        for (unsigned t = 0; t < 128; ++t)
+                            threads.emplace_back([&, t] {
+                                threadIdx.x = t;
+                                if (half) {
+                                    auto run = kernel == 0 ? paged_attention_f16 : paged_attention_by_key_f16;
+                                    run(qkv.data(), keys_f16.data(), values_f16.data(), tables.data(), sequence.data(),
+                                        c.positions.data(), out.data(), max_blocks, c.block_size, c.heads, c.kv_heads,
+                                        c.head_dim, scale);
+                                } else {
+                                    auto run = kernel == 0 ? paged_attention : paged_attention_by_key;
+                                    run(qkv.data(), keys.data(), values.data(), tables.data(), sequence.data(),
+                                        c.positions.data(), out.data(), max_blocks, c.block_size, c.heads, c.kv_heads,
+                                        c.head_dim, scale);
+                                }
+                            });
+                        for (auto& thread : threads) thread.join();
+                    }
+                double difference = 0.0;
+                for (size_t i = 0; i < out.size(); ++i) {
+                    const double d = std::fabs(double(out[i]) - expected[i]);
+                    difference = std::isnan(d) ? INFINITY : std::max(difference, d);
+                }
+                std::printf("%s%s: %d rows, heads %d/%d, head_dim %d: max |difference| %.3g\n",
+                            kernel == 0 ? "paged_attention" : "paged_attention_by_key", half ? "_f16" : "", rows,
+                            c.heads, c.kv_heads, c.head_dim, difference);
+                worst = std::max(worst, difference);
             }
-            std::printf("%s: %d rows, heads %d/%d, head_dim %d: max |difference| %.3g\n",
-                        kernel == 0 ? "paged_attention" : "paged_attention_by_key", rows, c.heads, c.kv_heads,
-                        c.head_dim, difference);
-            worst = std::max(worst, difference);
         }
     }
     return worst <= 1e-4 ? 0 : 1;
