@@ -8,8 +8,9 @@
 //! F16C, whose kernel (module `avx2`) widens f16 in its loads, f16 decodes as fast as f32 at
 //! short contexts and faster at long ones (SmolLM2 at 1,024 tokens: ~1.1×); the portable loops
 //! widen a block at a time into a buffer and are 3–12 % slower than in f32. The values round
-//! to f16's 11 significant bits on the way in, which moves the
-//! logits by up to ~3e-4 of their size on the tiny test model, so f32 stays the default.
+//! to f16's 11 significant bits on the way in, which moves the logits by up to ~3e-4 of their
+//! size on the tiny test model, so f32 stays the default. The CUDA backend keeps the same two
+//! precisions, rounded alike.
 
 use half::f16;
 use half::slice::{HalfBitsSliceExt, HalfFloatSliceExt};
