@@ -9,7 +9,9 @@
 //! (the default), in the same run on the same executor (batches of 24 and 100 pay for their
 //! buckets' padding, 32 and 128); then, at the batch sizes that take it, the default decode
 //! attention kernel against the first one on the graphs' steps again; then decode at batch 32
-//! and 128 past a 1,024-token context with the KV cache in f32 and in f16. The anchor is a
+//! and 128 past a 1,024-token context with the KV cache in f32 and in f16; then decode at batch
+//! 1 to 64 past a 1,024-token context with each (row, head)'s keys split over several blocks
+//! (flash-decoding, the default) and in one block. The anchor is a
 //! device-to-device copy in the same run: a decode step must read every weight and every
 //! sequence's cached keys and values once, so `bandwidth / bytes read` steps per second is the
 //! roofline; the batch-1 row also says what fraction of the copy bandwidth the step reached. Without a GPU it says so and exits.
@@ -212,6 +214,39 @@ fn cache_rows(label: &str, path: &Path) -> Vec<String> {
     rows
 }
 
+/// Decode with graphs at a 1,024-token context with each (row, head)'s keys split over several
+/// blocks (flash-decoding, the default) and in one block; the model's rows of the split table.
+fn split_rows(label: &str, path: &Path) -> Vec<String> {
+    let model = Model::load(path).expect("model loads");
+    let vocab = model.config().vocab_size as u32;
+    let (block, context, steps): (usize, usize, usize) = (16, 1024, 32);
+    let mut rows = Vec::new();
+    for batch in [1usize, 8, 32, 64] {
+        let blocks_each = (context + steps).div_ceil(block);
+        let rate = |kernel: AttentionKernel| {
+            let mut executor = CudaExecutor::new(&model, 0, block, batch * blocks_each).expect("backend");
+            executor.set_attention_kernel(kernel);
+            let mut sequences = Sequences::new(batch, context + steps, blocks_each, vocab);
+            for first in (0..batch).step_by(32) {
+                sequences.step(&mut executor, first..(first + 32).min(batch), 0, context);
+            }
+            // The first step captures the bucket's graph.
+            sequences.step(&mut executor, 0..batch, context, 1);
+            let start = Instant::now();
+            for position in context + 1..context + steps {
+                sequences.step(&mut executor, 0..batch, position, 1);
+            }
+            ((steps - 1) * batch) as f64 / start.elapsed().as_secs_f64()
+        };
+        let (split, whole) = (rate(AttentionKernel::ByKey), rate(AttentionKernel::ByKeyUnsplit));
+        rows.push(format!(
+            "| {label} | {batch} | {context} | {split:.0} tok/s | {whole:.0} tok/s | {:.2}x |",
+            split / whole
+        ));
+    }
+    rows
+}
+
 fn main() {
     if !cuda::driver_present() {
         println!("no CUDA driver on this machine: nothing to measure (run on a GPU machine)");
@@ -234,9 +269,11 @@ fn main() {
     write_random_llama(dir.path(), 768, 8, 12, 4, 2048, 32_000);
     let mut kernels = measure("random Llama 8×768 (f32)", dir.path(), bandwidth);
     let mut caches = cache_rows("random Llama 8×768 (f32)", dir.path());
+    let mut splits = split_rows("random Llama 8×768 (f32)", dir.path());
     if let Some(gguf) = std::env::var_os("SWITCHYARD_SMOLLM2_GGUF") {
         kernels.extend(measure("SmolLM2-135M (f32)", Path::new(&gguf), bandwidth));
         caches.extend(cache_rows("SmolLM2-135M (f32)", Path::new(&gguf)));
+        splits.extend(split_rows("SmolLM2-135M (f32)", Path::new(&gguf)));
     }
     println!(
         "\nDecode with graphs: the attention kernel (a thread per key, the default) against the first (a warp per key)\n"
@@ -250,6 +287,14 @@ fn main() {
     println!("| model | decode batch | context | f32 cache | f16 cache | speed-up |");
     println!("|---|---:|---:|---:|---:|---:|");
     for row in caches {
+        println!("{row}");
+    }
+    println!(
+        "\nDecode with graphs at a long context: each (row, head)'s keys split over several blocks (flash-decoding, the default) against one block\n"
+    );
+    println!("| model | decode batch | context | split | one block | speed-up |");
+    println!("|---|---:|---:|---:|---:|---:|");
+    for row in splits {
         println!("{row}");
     }
 }

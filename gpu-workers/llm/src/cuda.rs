@@ -4,8 +4,9 @@
 //! cuBLAS), so this module builds on machines without CUDA and a worker asked for a GPU that
 //! is not there gets an error saying which part is missing. The kernels in `cuda_kernels.cu`
 //! (embedding, RMSNorm, bias, RoPE with the paged-cache write, paged attention with an online
-//! softmax — a thread per key for small decode steps, a warp per key otherwise —
-//! SiLU-multiply, greedy argmax) are compiled by NVRTC when the backend starts;
+//! softmax — a thread per key for small decode steps, each (row, head)'s keys split over
+//! several blocks and merged where the step has too few rows to fill the GPU
+//! (flash-decoding), a warp per key otherwise — SiLU-multiply, greedy argmax) are compiled by NVRTC when the backend starts;
 //! products are cuBLAS SGEMMs, with the query/key/value and gate/up projections fused into one
 //! product each and the residual adds folded into the output products (β = 1). Weights are f32
 //! and laid out as on the CPU, so both backends can be compared value by value; the paged KV
@@ -36,9 +37,9 @@ use switchyard_workers::engine::{Executor, ModelLimits, StepItem};
 pub const KERNELS: &str = include_str!("cuda_kernels.cu");
 
 /// The kernels the backend launches, by their `extern "C"` names: those of an f32 cache, then
-/// the three that read or write an f16 one ([`F16_CACHE_KERNELS`] stand in for the fifth,
-/// sixth and ninth).
-pub const KERNEL_NAMES: [&str; 12] = [
+/// the three that read or write an f16 one (`F16_CACHE_KERNELS` stand in for the fifth,
+/// sixth and ninth), then the merge of split attention.
+pub const KERNEL_NAMES: [&str; 13] = [
     "embed",
     "gather_rows",
     "rms_norm",
@@ -51,6 +52,7 @@ pub const KERNEL_NAMES: [&str; 12] = [
     "rope_and_store_f16",
     "paged_attention_f16",
     "paged_attention_by_key_f16",
+    "combine_splits",
 ];
 
 /// The indices in [`KERNEL_NAMES`] of the f16 cache's `rope_and_store`, `paged_attention` and
@@ -136,6 +138,7 @@ struct Kernels {
     silu_mul: CudaFunction,
     argmax: CudaFunction,
     paged_attention_by_key: CudaFunction,
+    combine_splits: CudaFunction,
 }
 
 struct GpuLayer {
@@ -203,14 +206,43 @@ pub struct CudaExecutor {
 /// the GPU; with more, and for prefill, a warp per key reads the keys coalesced and wins.
 const BY_KEY_MAX_ROWS: usize = 64;
 
+/// (Row, head, split) blocks a split decode step's attention aims for: about 16 per
+/// multiprocessor of an H100 (132), so that a step of a few sequences does not leave most of
+/// them idle while each block walks its whole context. Measured against 1,024 on an H100
+/// (BENCHMARKS.md): the same at batch 1 and 8, faster past a long context at 32 and 64 rows.
+const SPLIT_BLOCKS: usize = 2048;
+
+/// Most splits of one (row, head)'s keys.
+const MAX_SPLITS: usize = 16;
+
+/// How many ways a decode step of `rows` rows splits each (row, head)'s keys: enough blocks for
+/// [`SPLIT_BLOCKS`], at most [`MAX_SPLITS`]. Fixed by the step's shape, not its contexts, so a
+/// captured graph holds for every context; splits a short context does not reach take no keys
+/// and cost a block that returns at once.
+fn attention_splits(rows: usize, heads: usize) -> usize {
+    (SPLIT_BLOCKS / (rows * heads).max(1)).clamp(1, MAX_SPLITS)
+}
+
+/// Room for the partial results of split attention in any decode step of up to `rows` rows:
+/// a step of `r` rows has `r · heads · attention_splits(r)` (row, head, split) blocks, at most
+/// [`SPLIT_BLOCKS`] where it splits and `r · heads` where it does not, and steps past
+/// [`BY_KEY_MAX_ROWS`] rows do not split.
+fn partial_floats(rows: usize, heads: usize, head_dim: usize) -> usize {
+    (rows.min(BY_KEY_MAX_ROWS) * heads).max(SPLIT_BLOCKS) * (head_dim + 2)
+}
+
 /// Which paged-attention kernel the steps launch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum AttentionKernel {
     /// `paged_attention_by_key` for decode steps of up to 64 sequences (every thread scores a
-    /// key of its own and groups of threads sum the values; heads of up to 128 dimensions), and
-    /// `paged_attention` for everything else.
+    /// key of its own and groups of threads sum the values; heads of up to 128 dimensions),
+    /// each (row, head)'s keys split over several blocks where the step has few rows
+    /// (flash-decoding, merged by `combine_splits`), and `paged_attention` for everything else.
     #[default]
     ByKey,
+    /// As [`AttentionKernel::ByKey`], every (row, head) in one block (the bench's baseline for
+    /// the splits).
+    ByKeyUnsplit,
     /// `paged_attention` for every step: a warp per key in turn (the bench's baseline).
     ByWarp,
 }
@@ -282,6 +314,9 @@ struct StepBuffers {
     kept_normed: CudaSlice<f32>,
     /// `[sequences, vocab]`: each sequence's last-position logits.
     logits: CudaSlice<f32>,
+    /// Split attention's partial results: per row, head and split, `head_dim` values, their max
+    /// score and their sum of weights.
+    partials: CudaSlice<f32>,
 }
 
 /// A step's shape: rows computed, sequences (logit rows), block-table stride.
@@ -371,6 +406,7 @@ impl CudaExecutor {
             silu_mul: load(KERNEL_NAMES[6])?,
             argmax: load(KERNEL_NAMES[7])?,
             paged_attention_by_key: load(KERNEL_NAMES[paged_attention_by_key])?,
+            combine_splits: load(KERNEL_NAMES[12])?,
         };
         let blas = CudaBlas::new(stream.clone()).map_err(|err| CudaError::Blas(err.to_string()))?;
         let workspace = stream.alloc_zeros::<u8>(CUBLAS_WORKSPACE).map_err(driver)?;
@@ -626,6 +662,7 @@ impl CudaExecutor {
             kept: floats(sequences * c.hidden_size)?,
             kept_normed: floats(sequences * c.hidden_size)?,
             logits: floats(sequences * c.vocab_size)?,
+            partials: floats(partial_floats(rows, c.num_heads, c.head_dim))?,
         })
     }
 
@@ -705,37 +742,77 @@ impl CudaExecutor {
             // SAFETY: every slot lies inside the cache (block ids checked in `host_step`; the
             // padding rows' block is the cache's extra one).
             unsafe { launch.launch(Self::rows_launch(rows, 128)) }.map_err(driver)?;
-            let by_key = self.attention == AttentionKernel::ByKey
+            let by_key = self.attention != AttentionKernel::ByWarp
                 && c.head_dim <= 128
                 && shape.rows == shape.sequences
                 && shape.rows <= BY_KEY_MAX_ROWS;
-            let kernel = if by_key {
-                &self.kernels.paged_attention_by_key
+            let splits = if by_key && self.attention == AttentionKernel::ByKey {
+                attention_splits(rows, c.num_heads)
             } else {
-                &self.kernels.paged_attention
+                1
             };
-            let mut launch = self.stream.launch_builder(kernel);
-            launch
-                .arg(&b.qkv)
-                .arg(&layer.keys)
-                .arg(&layer.values)
-                .arg(&b.block_tables)
-                .arg(&b.row_sequence)
-                .arg(&b.positions)
-                .arg(&mut b.attention)
-                .arg(&max_blocks)
-                .arg(&block_size)
-                .arg(&num_heads)
-                .arg(&num_kv_heads)
-                .arg(&head_dim)
-                .arg(&scale);
             let grid = LaunchConfig {
-                grid_dim: (rows as u32, c.num_heads as u32, 1),
+                grid_dim: (rows as u32, c.num_heads as u32, splits as u32),
                 block_dim: (128, 1, 1),
                 shared_mem_bytes: 0,
             };
-            // SAFETY: block tables cover every row's positions (checked in `host_step`).
-            unsafe { launch.launch(grid) }.map_err(driver)?;
+            if by_key {
+                let mut launch = self.stream.launch_builder(&self.kernels.paged_attention_by_key);
+                launch
+                    .arg(&b.qkv)
+                    .arg(&layer.keys)
+                    .arg(&layer.values)
+                    .arg(&b.block_tables)
+                    .arg(&b.row_sequence)
+                    .arg(&b.positions)
+                    .arg(&mut b.attention)
+                    .arg(&mut b.partials)
+                    .arg(&max_blocks)
+                    .arg(&block_size)
+                    .arg(&num_heads)
+                    .arg(&num_kv_heads)
+                    .arg(&head_dim)
+                    .arg(&scale);
+                // SAFETY: block tables cover every row's positions (checked in `host_step`);
+                // `partials` has room for this step's (row, head, split) blocks
+                // (`partial_floats`, for buffers of at least `rows` rows).
+                unsafe { launch.launch(grid) }.map_err(driver)?;
+                if splits > 1 {
+                    let splits = splits as i32;
+                    let mut launch = self.stream.launch_builder(&self.kernels.combine_splits);
+                    launch
+                        .arg(&b.partials)
+                        .arg(&mut b.attention)
+                        .arg(&num_heads)
+                        .arg(&head_dim)
+                        .arg(&splits);
+                    let merge = LaunchConfig {
+                        grid_dim: (rows as u32, c.num_heads as u32, 1),
+                        block_dim: (c.head_dim as u32, 1, 1),
+                        shared_mem_bytes: 0,
+                    };
+                    // SAFETY: every split of every row and head wrote its partial result.
+                    unsafe { launch.launch(merge) }.map_err(driver)?;
+                }
+            } else {
+                let mut launch = self.stream.launch_builder(&self.kernels.paged_attention);
+                launch
+                    .arg(&b.qkv)
+                    .arg(&layer.keys)
+                    .arg(&layer.values)
+                    .arg(&b.block_tables)
+                    .arg(&b.row_sequence)
+                    .arg(&b.positions)
+                    .arg(&mut b.attention)
+                    .arg(&max_blocks)
+                    .arg(&block_size)
+                    .arg(&num_heads)
+                    .arg(&num_kv_heads)
+                    .arg(&head_dim)
+                    .arg(&scale);
+                // SAFETY: block tables cover every row's positions (checked in `host_step`).
+                unsafe { launch.launch(grid) }.map_err(driver)?;
+            }
             let layer = &self.layers[index];
             self.linear(&b.attention, &layer.o, &mut b.x, (rows, q, h), true)?;
             self.rms_norm(&b.x, &layer.post_attention_norm, &mut b.normed, rows)?;
@@ -986,4 +1063,32 @@ pub fn spawn_cuda_engine(
     let limits = executor.limits();
     switchyard_workers::engine::spawn_native(config, limits, executor, "switchyard-llm-cuda")
         .map_err(|err| CudaError::Driver(format!("cannot start the engine thread: {err}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_step_a_buffer_serves_has_room_for_its_split_partials() {
+        // Decode graphs' buffers are allocated once for the largest bucket and eager ones per
+        // step; either way a step of up to their rows must find room for every (row, head,
+        // split) block it launches.
+        for heads in 1..=64 {
+            for rows in [1, 2, 3, 5, 8, 24, 32, 43, 64, 100, MAX_DECODE_GRAPH_BATCH] {
+                let room = partial_floats(rows, heads, 128);
+                for step_rows in 1..=rows.min(BY_KEY_MAX_ROWS) {
+                    let splits = attention_splits(step_rows, heads);
+                    assert!((1..=MAX_SPLITS).contains(&splits));
+                    assert!(
+                        step_rows * heads * splits * (128 + 2) <= room,
+                        "{step_rows} rows × {heads} heads × {splits} splits in a buffer for {rows} rows"
+                    );
+                }
+            }
+        }
+        // A step of few rows splits; one that fills the GPU does not.
+        assert_eq!(attention_splits(1, 12), MAX_SPLITS);
+        assert_eq!(attention_splits(64, 32), 1);
+    }
 }

@@ -236,17 +236,22 @@ extern "C" __global__ void paged_attention_f16(const float* qkv, const unsigned 
 // time (a dependent load and a reduction per key) and 64 threads walk every value in turn.
 // Here each of the 128 threads scores a key of its own (its loads independent of the others'),
 // and the values are summed by `128 / head_dim` groups of threads, each over its share of the
-// tile's keys, their partial sums combined at the end. Grid (rows, num_heads); 128 threads;
-// head_dim ≤ 128.
+// tile's keys, their partial sums combined at the end. Grid (rows, num_heads, splits); 128
+// threads; head_dim ≤ 128. With one split a block writes its row's head to `out`; with more
+// (flash-decoding: a step of few rows has too few blocks to keep the GPU's multiprocessors
+// busy, and each block walks its whole context alone), split `z` takes its share of the keys,
+// whole tiles of them, and writes to `partial` its unnormalized values, their max score and
+// their sum of weights, which `combine_splits` merges.
+#define PARTIAL_WIDTH(head_dim) ((head_dim) + 2)
 template <typename Cache>
 __device__ void paged_attention_by_key_over(const float* qkv, const Cache* key_cache, const Cache* value_cache,
                                             const int* block_tables, const int* row_sequence, const int* positions,
-                                            float* out, int max_blocks, int block_size, int num_heads,
-                                            int num_kv_heads, int head_dim, float scale) {
+                                            float* out, float* partial, int max_blocks, int block_size,
+                                            int num_heads, int num_kv_heads, int head_dim, float scale) {
     __shared__ float scores[KEY_TILE];
     __shared__ int tile_slots[KEY_TILE];
     __shared__ float query[128];
-    __shared__ float partial[128];
+    __shared__ float group_sums[128];
     __shared__ float scratch[32];
     const size_t row = blockIdx.x;
     const int head = blockIdx.y;
@@ -261,8 +266,13 @@ __device__ void paged_attention_by_key_over(const float* qkv, const Cache* key_c
     const int groups = blockDim.x / head_dim;
     const int d = threadIdx.x % head_dim, g = threadIdx.x / head_dim;
     float running_max = NEG_INF, running_sum = 0.0f, acc = 0.0f;
-    for (int start = 0; start < context; start += KEY_TILE) {
-        const int n = min(KEY_TILE, context - start);
+    // This split's keys: whole tiles, so a short context leaves the last splits none.
+    const int splits = gridDim.z, split = blockIdx.z;
+    const int share = (context + splits - 1) / splits;
+    const int chunk = (share + KEY_TILE - 1) / KEY_TILE * KEY_TILE;
+    const int first = min(context, split * chunk), end = min(context, first + chunk);
+    for (int start = first; start < end; start += KEY_TILE) {
+        const int n = min(KEY_TILE, end - start);
         const int t = threadIdx.x;
         float score = NEG_INF;
         if (t < n) {
@@ -296,31 +306,61 @@ __device__ void paged_attention_by_key_over(const float* qkv, const Cache* key_c
         running_max = new_max;
         __syncthreads();
     }
-    partial[threadIdx.x] = g < groups ? acc : 0.0f;
+    group_sums[threadIdx.x] = g < groups ? acc : 0.0f;
     __syncthreads();
     if (g == 0) {
         float sum = 0.0f;
-        for (int k = 0; k < groups; ++k) sum += partial[k * head_dim + d];
-        out[row * (size_t)q_width + head * head_dim + d] = sum / running_sum;
+        for (int k = 0; k < groups; ++k) sum += group_sums[k * head_dim + d];
+        if (splits == 1) {
+            out[row * (size_t)q_width + head * head_dim + d] = sum / running_sum;
+        } else {
+            float* mine = partial + ((row * num_heads + head) * (size_t)splits + split) * PARTIAL_WIDTH(head_dim);
+            mine[d] = sum;
+            if (d == 0) {
+                mine[head_dim] = running_max;
+                mine[head_dim + 1] = running_sum;
+            }
+        }
     }
 }
 
 extern "C" __global__ void paged_attention_by_key(const float* qkv, const float* key_cache,
                                                   const float* value_cache, const int* block_tables,
                                                   const int* row_sequence, const int* positions, float* out,
-                                                  int max_blocks, int block_size, int num_heads, int num_kv_heads,
-                                                  int head_dim, float scale) {
-    paged_attention_by_key_over(qkv, key_cache, value_cache, block_tables, row_sequence, positions, out, max_blocks,
-                                block_size, num_heads, num_kv_heads, head_dim, scale);
+                                                  float* partial, int max_blocks, int block_size, int num_heads,
+                                                  int num_kv_heads, int head_dim, float scale) {
+    paged_attention_by_key_over(qkv, key_cache, value_cache, block_tables, row_sequence, positions, out, partial,
+                                max_blocks, block_size, num_heads, num_kv_heads, head_dim, scale);
 }
 
 extern "C" __global__ void paged_attention_by_key_f16(const float* qkv, const unsigned short* key_cache,
                                                       const unsigned short* value_cache, const int* block_tables,
                                                       const int* row_sequence, const int* positions, float* out,
-                                                      int max_blocks, int block_size, int num_heads,
+                                                      float* partial, int max_blocks, int block_size, int num_heads,
                                                       int num_kv_heads, int head_dim, float scale) {
-    paged_attention_by_key_over(qkv, key_cache, value_cache, block_tables, row_sequence, positions, out, max_blocks,
-                                block_size, num_heads, num_kv_heads, head_dim, scale);
+    paged_attention_by_key_over(qkv, key_cache, value_cache, block_tables, row_sequence, positions, out, partial,
+                                max_blocks, block_size, num_heads, num_kv_heads, head_dim, scale);
+}
+
+// Merges the `splits` partial results `paged_attention_by_key` wrote for each row and head:
+// each split's values and sum of weights rescaled from its max score to the largest, summed,
+// and divided. A split without keys has max −inf and weighs nothing. Grid (rows, num_heads);
+// head_dim threads.
+extern "C" __global__ void combine_splits(const float* partial, float* out, int num_heads, int head_dim,
+                                          int splits) {
+    const size_t row = blockIdx.x;
+    const int head = blockIdx.y, d = threadIdx.x;
+    const float* first = partial + (row * num_heads + head) * (size_t)splits * PARTIAL_WIDTH(head_dim);
+    float top = NEG_INF;
+    for (int s = 0; s < splits; ++s) top = fmaxf(top, first[s * PARTIAL_WIDTH(head_dim) + head_dim]);
+    float value = 0.0f, weight = 0.0f;
+    for (int s = 0; s < splits; ++s) {
+        const float* split = first + s * PARTIAL_WIDTH(head_dim);
+        const float factor = expf(split[head_dim] - top);
+        value += split[d] * factor;
+        weight += split[head_dim + 1] * factor;
+    }
+    out[row * (size_t)(num_heads * head_dim) + head * head_dim + d] = value / weight;
 }
 
 // emulated: end (`tests/kernel_emulation.rs` runs the kernels above on the CPU)

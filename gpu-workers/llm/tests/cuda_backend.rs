@@ -423,6 +423,47 @@ fn decode_graphs_give_the_eager_steps_logits() {
     assert_eq!(eager.decode_graph_stats().replays, 0);
 }
 
+#[test]
+fn split_attention_merges_to_the_unsplit_logits() {
+    // Two sequences past a 128-key tile: a decode step of 2 rows × 4 heads splits each
+    // (row, head)'s keys 16 ways (two of the splits hold keys, the rest none), and the merged
+    // result must be what one block over all the keys gives.
+    let model = model("tiny-llama");
+    let Some(mut split) = gpu(&model, 160) else { return };
+    let Some(mut whole) = gpu(&model, 160) else { return };
+    whole.set_attention_kernel(AttentionKernel::ByKeyUnsplit);
+    let vocab = model.config().vocab_size as u32;
+    let mut tokens: Vec<Vec<u32>> = (0..2u32)
+        .map(|s| (0..240u32).map(|t| (t * 7 + s * 11) % vocab).collect())
+        .collect();
+    let blocks: Vec<Vec<u32>> = (0..2u32).map(|s| (s * 80..s * 80 + 80).collect()).collect();
+    let step = |executor: &mut CudaExecutor, tokens: &[Vec<u32>], prefill: bool| {
+        let chunks: Vec<GpuChunk<'_>> = (0..2)
+            .map(|i| GpuChunk {
+                tokens: &tokens[i],
+                start: if prefill { 0 } else { tokens[i].len() - 1 },
+                count: if prefill { tokens[i].len() } else { 1 },
+                blocks: &blocks[i],
+                media: &[],
+            })
+            .collect();
+        executor.forward(&chunks).expect("step")
+    };
+    assert_eq!(
+        max_difference(&step(&mut split, &tokens, true), &step(&mut whole, &tokens, true)),
+        0.0,
+        "prefill does not split"
+    );
+    for round in 0..4u32 {
+        for (i, tokens) in tokens.iter_mut().enumerate() {
+            tokens.push((round * 5 + i as u32 * 3 + 1) % vocab);
+        }
+        let difference = max_difference(&step(&mut split, &tokens, false), &step(&mut whole, &tokens, false));
+        println!("decode round {round}: split vs unsplit max |Δlogit| {difference:e}");
+        assert!(difference < 1e-4, "round {round}: max |Δlogit| {difference}");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_gpu_engine_generates_the_cpu_engines_tokens() {
     let model = model("tiny-llama");

@@ -2,7 +2,8 @@
 //! its `emulated: end` line (the reductions and both attention kernels) is compiled as C++ with
 //! a shim that runs each block's 128 threads as real threads, with barriers for
 //! `__syncthreads` and for a warp's shuffles (`kernel_emulation/paged_attention.cpp`), and both
-//! kernels, over f32 and f16 caches, are compared with causal attention computed plainly over
+//! kernels (the thread-per-key one also split over the keys and merged by `combine_splits`),
+//! over f32 and f16 caches, are compared with causal attention computed plainly over
 //! the same paged caches:
 //! one position, contexts of several tiles, grouped-query heads, heads of 32 to 128. NVRTC
 //! only proves the kernels compile; this proves the paging, the tiling, the online softmax and
@@ -30,7 +31,7 @@ fn both_attention_kernels_match_plain_attention_on_the_cpu() {
     };
     assert_eq!(
         report.lines().count(),
-        20,
-        "both kernels, f32 and f16 caches, on every case"
+        30,
+        "both kernels and the split one, f32 and f16 caches, on every case"
     );
 }

@@ -1,4 +1,5 @@
-// Runs both paged-attention kernels, over an f32 and an f16 cache (`src/cuda_kernels.cu` up to
+// Runs both paged-attention kernels (the second also split four ways over the keys and merged),
+// over an f32 and an f16 cache (`src/cuda_kernels.cu` up to
 // its `emulated: end` line, put into `kernel.inc` by `tests/kernel_emulation.rs`) on the CPU: every block's 128 threads are
 // real threads, `__syncthreads` is a barrier among them, `__shfl_xor_sync` an exchange among a
 // warp's 32 threads with a barrier of their own, and `__shared__` arrays are statics (blocks
@@ -18,7 +19,7 @@ struct Dim3 {
     unsigned x = 0, y = 0, z = 0;
 };
 thread_local Dim3 threadIdx;
-static Dim3 blockIdx, blockDim;
+static Dim3 blockIdx, blockDim, gridDim;
 static std::barrier<>* block_barrier;
 static std::barrier<>* warp_barriers[4];
 static float exchange[128];
@@ -134,40 +135,69 @@ int main() {
                         expected[size_t(r) * q_width + h * c.head_dim + d] = acc / sum;
                     }
                 }
-            for (int kernel = 0; kernel < 2; ++kernel) {
+            // Kernel 2 is `paged_attention_by_key` split four ways over the keys (whole tiles a
+            // split, so short contexts leave splits empty), merged by `combine_splits`.
+            const int splits = 4;
+            for (int kernel = 0; kernel < 3; ++kernel) {
                 std::vector<float> out(size_t(rows) * q_width, NAN);
+                std::vector<float> partial(size_t(rows) * c.heads * splits * (c.head_dim + 2), NAN);
                 blockDim.x = 128;
+                gridDim = {unsigned(rows), unsigned(c.heads), unsigned(kernel == 2 ? splits : 1)};
                 for (int r = 0; r < rows; ++r)
-                    for (int h = 0; h < c.heads; ++h) {
-                        blockIdx = {unsigned(r), unsigned(h), 0};
-                        std::barrier<> block(128), w0(32), w1(32), w2(32), w3(32);
-                        block_barrier = &block;
-                        warp_barriers[0] = &w0, warp_barriers[1] = &w1, warp_barriers[2] = &w2, warp_barriers[3] = &w3;
-                        std::vector<std::thread> threads;
-                        for (unsigned t = 0; t < 128; ++t)
-                            threads.emplace_back([&, t] {
-                                threadIdx.x = t;
-                                if (half) {
-                                    auto run = kernel == 0 ? paged_attention_f16 : paged_attention_by_key_f16;
-                                    run(qkv.data(), keys_f16.data(), values_f16.data(), tables.data(), sequence.data(),
-                                        c.positions.data(), out.data(), max_blocks, c.block_size, c.heads, c.kv_heads,
-                                        c.head_dim, scale);
-                                } else {
-                                    auto run = kernel == 0 ? paged_attention : paged_attention_by_key;
-                                    run(qkv.data(), keys.data(), values.data(), tables.data(), sequence.data(),
-                                        c.positions.data(), out.data(), max_blocks, c.block_size, c.heads, c.kv_heads,
-                                        c.head_dim, scale);
-                                }
-                            });
-                        for (auto& thread : threads) thread.join();
-                    }
+                    for (int h = 0; h < c.heads; ++h)
+                        for (unsigned z = 0; z < gridDim.z; ++z) {
+                            blockIdx = {unsigned(r), unsigned(h), z};
+                            std::barrier<> block(128), w0(32), w1(32), w2(32), w3(32);
+                            block_barrier = &block;
+                            warp_barriers[0] = &w0, warp_barriers[1] = &w1, warp_barriers[2] = &w2,
+                            warp_barriers[3] = &w3;
+                            std::vector<std::thread> threads;
+                            for (unsigned t = 0; t < 128; ++t)
+                                threads.emplace_back([&, t] {
+                                    threadIdx.x = t;
+                                    if (kernel == 0 && half) {
+                                        paged_attention_f16(qkv.data(), keys_f16.data(), values_f16.data(),
+                                                            tables.data(), sequence.data(), c.positions.data(),
+                                                            out.data(), max_blocks, c.block_size, c.heads,
+                                                            c.kv_heads, c.head_dim, scale);
+                                    } else if (kernel == 0) {
+                                        paged_attention(qkv.data(), keys.data(), values.data(), tables.data(),
+                                                        sequence.data(), c.positions.data(), out.data(), max_blocks,
+                                                        c.block_size, c.heads, c.kv_heads, c.head_dim, scale);
+                                    } else if (half) {
+                                        paged_attention_by_key_f16(qkv.data(), keys_f16.data(), values_f16.data(),
+                                                                   tables.data(), sequence.data(), c.positions.data(),
+                                                                   out.data(), partial.data(), max_blocks,
+                                                                   c.block_size, c.heads, c.kv_heads, c.head_dim,
+                                                                   scale);
+                                    } else {
+                                        paged_attention_by_key(qkv.data(), keys.data(), values.data(), tables.data(),
+                                                               sequence.data(), c.positions.data(), out.data(),
+                                                               partial.data(), max_blocks, c.block_size, c.heads,
+                                                               c.kv_heads, c.head_dim, scale);
+                                    }
+                                });
+                            for (auto& thread : threads) thread.join();
+                        }
+                if (kernel == 2) {
+                    // No barriers in the merge: its threads run one after another.
+                    for (int r = 0; r < rows; ++r)
+                        for (int h = 0; h < c.heads; ++h) {
+                            blockIdx = {unsigned(r), unsigned(h), 0};
+                            for (int t = 0; t < c.head_dim; ++t) {
+                                threadIdx.x = unsigned(t);
+                                combine_splits(partial.data(), out.data(), c.heads, c.head_dim, splits);
+                            }
+                        }
+                }
                 double difference = 0.0;
                 for (size_t i = 0; i < out.size(); ++i) {
                     const double d = std::fabs(double(out[i]) - expected[i]);
                     difference = std::isnan(d) ? INFINITY : std::max(difference, d);
                 }
-                std::printf("%s%s: %d rows, heads %d/%d, head_dim %d: max |difference| %.3g\n",
-                            kernel == 0 ? "paged_attention" : "paged_attention_by_key", half ? "_f16" : "", rows,
+                std::printf("%s%s%s: %d rows, heads %d/%d, head_dim %d: max |difference| %.3g\n",
+                            kernel == 0 ? "paged_attention" : "paged_attention_by_key", half ? "_f16" : "",
+                            kernel == 2 ? ", 4 splits" : "", rows,
                             c.heads, c.kv_heads, c.head_dim, difference);
                 worst = std::max(worst, difference);
             }
