@@ -15,7 +15,10 @@
 //! sums. llama.cpp quantizes the
 //! activations to 8 bits; tried here, that moved SmolLM2's logits by up to ~1 (of ~25) against
 //! the widened weights and flipped its greedy answer to a chat question (the f32 path answers
-//! "Paris", 8-bit activations "L'Étoile…"). 16 bits keep the error ~250× smaller and the dot
+//! "Paris", 8-bit activations "L'Étoile…"). The flip comes from blocks holding one of the hidden
+//! state's outlier channels, whose other values a `max / 127` scale leaves a few levels; 8 bits
+//! only where a block has no outlier keeps the answer but gained ~1.1× at batch 32
+//! (BENCHMARKS.md, "Tried and not kept"). 16 bits keep the error ~250× smaller and the dot
 //! products integer. Output rows are split over rayon's threads, and within a thread a run of
 //! weight rows meets a tile of activation rows so both stay in cache. From 16 activation rows
 //! on (batched decoding, prefill), CPUs with AVX-512 VNNI run the `panel` kernels instead,
