@@ -6,9 +6,10 @@
 //! (embedding, RMSNorm, bias, RoPE with the paged-cache write, paged attention with an online
 //! softmax — a thread per key for small decode steps, each (row, head)'s keys split over
 //! several blocks and merged where the step has too few rows to fill the GPU
-//! (flash-decoding), a warp per key otherwise — SiLU-multiply, greedy argmax) are compiled by NVRTC when the backend starts;
-//! products are cuBLAS SGEMMs, with the query/key/value and gate/up projections fused into one
-//! product each and the residual adds folded into the output products (β = 1). Weights are f32
+//! (flash-decoding), a warp per key otherwise — SiLU-multiply, greedy argmax) are compiled by
+//! NVRTC when the backend starts; products are cuBLAS SGEMMs, with the query/key/value and
+//! gate/up projections fused into one product each and the residual adds folded into the
+//! output products (β = 1). Weights are f32
 //! and laid out as on the CPU, so both backends can be compared value by value; the paged KV
 //! cache is f32, or f16 ([`CudaExecutor::with_precision`]: twice the tokens in the same memory,
 //! rounded as the CPU's f16 cache rounds them). Greedy
