@@ -181,33 +181,45 @@ fn measure(label: &str, path: &Path, bandwidth: f64) -> Vec<String> {
     kernel_rows
 }
 
+/// The long-context tables' decode: 32 steps past a 1,024-token context, in 16-token blocks.
+const LONG_CONTEXT: usize = 1024;
+const LONG_STEPS: usize = 32;
+const LONG_BLOCK: usize = 16;
+
+/// KV blocks each sequence of a long-context run takes.
+const LONG_BLOCKS_EACH: usize = (LONG_CONTEXT + LONG_STEPS).div_ceil(LONG_BLOCK);
+
+/// Tokens per second of `batch` sequences decoding with graphs past a [`LONG_CONTEXT`]-token
+/// context on `executor` (its cache `batch × LONG_BLOCKS_EACH` blocks of [`LONG_BLOCK`]
+/// tokens): prefilled 32 at a time, one step to capture the bucket's graph, then timed.
+fn long_context_rate(executor: &mut CudaExecutor, batch: usize, vocab: u32) -> f64 {
+    let mut sequences = Sequences::new(batch, LONG_CONTEXT + LONG_STEPS, LONG_BLOCKS_EACH, vocab);
+    for first in (0..batch).step_by(32) {
+        sequences.step(executor, first..(first + 32).min(batch), 0, LONG_CONTEXT);
+    }
+    sequences.step(executor, 0..batch, LONG_CONTEXT, 1);
+    let start = Instant::now();
+    for position in LONG_CONTEXT + 1..LONG_CONTEXT + LONG_STEPS {
+        sequences.step(executor, 0..batch, position, 1);
+    }
+    ((LONG_STEPS - 1) * batch) as f64 / start.elapsed().as_secs_f64()
+}
+
 /// Decode with graphs at a 1,024-token context, where the cache's bytes outweigh the weights',
 /// in an f32 cache and in an f16 one; the model's rows of the cache table.
 fn cache_rows(label: &str, path: &Path) -> Vec<String> {
     let model = Model::load(path).expect("model loads");
     let vocab = model.config().vocab_size as u32;
-    let (block, context, steps): (usize, usize, usize) = (16, 1024, 32);
     let mut rows = Vec::new();
     for batch in [32usize, 128] {
-        let blocks_each = (context + steps).div_ceil(block);
         let rate = |precision: KvPrecision| {
-            let mut executor =
-                CudaExecutor::with_precision(&model, 0, block, batch * blocks_each, precision).expect("backend");
-            let mut sequences = Sequences::new(batch, context + steps, blocks_each, vocab);
-            for first in (0..batch).step_by(32) {
-                sequences.step(&mut executor, first..(first + 32).min(batch), 0, context);
-            }
-            // The first step captures the bucket's graph.
-            sequences.step(&mut executor, 0..batch, context, 1);
-            let start = Instant::now();
-            for position in context + 1..context + steps {
-                sequences.step(&mut executor, 0..batch, position, 1);
-            }
-            ((steps - 1) * batch) as f64 / start.elapsed().as_secs_f64()
+            let blocks = batch * LONG_BLOCKS_EACH;
+            let mut executor = CudaExecutor::with_precision(&model, 0, LONG_BLOCK, blocks, precision).expect("backend");
+            long_context_rate(&mut executor, batch, vocab)
         };
         let (f32_rate, f16_rate) = (rate(KvPrecision::F32), rate(KvPrecision::F16));
         rows.push(format!(
-            "| {label} | {batch} | {context} | {f32_rate:.0} tok/s | {f16_rate:.0} tok/s | {:.2}x |",
+            "| {label} | {batch} | {LONG_CONTEXT} | {f32_rate:.0} tok/s | {f16_rate:.0} tok/s | {:.2}x |",
             f16_rate / f32_rate
         ));
     }
@@ -219,28 +231,16 @@ fn cache_rows(label: &str, path: &Path) -> Vec<String> {
 fn split_rows(label: &str, path: &Path) -> Vec<String> {
     let model = Model::load(path).expect("model loads");
     let vocab = model.config().vocab_size as u32;
-    let (block, context, steps): (usize, usize, usize) = (16, 1024, 32);
     let mut rows = Vec::new();
     for batch in [1usize, 8, 32, 64] {
-        let blocks_each = (context + steps).div_ceil(block);
         let rate = |kernel: AttentionKernel| {
-            let mut executor = CudaExecutor::new(&model, 0, block, batch * blocks_each).expect("backend");
+            let mut executor = CudaExecutor::new(&model, 0, LONG_BLOCK, batch * LONG_BLOCKS_EACH).expect("backend");
             executor.set_attention_kernel(kernel);
-            let mut sequences = Sequences::new(batch, context + steps, blocks_each, vocab);
-            for first in (0..batch).step_by(32) {
-                sequences.step(&mut executor, first..(first + 32).min(batch), 0, context);
-            }
-            // The first step captures the bucket's graph.
-            sequences.step(&mut executor, 0..batch, context, 1);
-            let start = Instant::now();
-            for position in context + 1..context + steps {
-                sequences.step(&mut executor, 0..batch, position, 1);
-            }
-            ((steps - 1) * batch) as f64 / start.elapsed().as_secs_f64()
+            long_context_rate(&mut executor, batch, vocab)
         };
         let (split, whole) = (rate(AttentionKernel::ByKey), rate(AttentionKernel::ByKeyUnsplit));
         rows.push(format!(
-            "| {label} | {batch} | {context} | {split:.0} tok/s | {whole:.0} tok/s | {:.2}x |",
+            "| {label} | {batch} | {LONG_CONTEXT} | {split:.0} tok/s | {whole:.0} tok/s | {:.2}x |",
             split / whole
         ));
     }

@@ -757,8 +757,13 @@ impl CudaExecutor {
                 block_dim: (128, 1, 1),
                 shared_mem_bytes: 0,
             };
-            if by_key {
-                let mut launch = self.stream.launch_builder(&self.kernels.paged_attention_by_key);
+            let kernel = if by_key {
+                &self.kernels.paged_attention_by_key
+            } else {
+                &self.kernels.paged_attention
+            };
+            {
+                let mut launch = self.stream.launch_builder(kernel);
                 launch
                     .arg(&b.qkv)
                     .arg(&layer.keys)
@@ -766,8 +771,11 @@ impl CudaExecutor {
                     .arg(&b.block_tables)
                     .arg(&b.row_sequence)
                     .arg(&b.positions)
-                    .arg(&mut b.attention)
-                    .arg(&mut b.partials)
+                    .arg(&mut b.attention);
+                if by_key {
+                    launch.arg(&mut b.partials);
+                }
+                launch
                     .arg(&max_blocks)
                     .arg(&block_size)
                     .arg(&num_heads)
@@ -775,44 +783,27 @@ impl CudaExecutor {
                     .arg(&head_dim)
                     .arg(&scale);
                 // SAFETY: block tables cover every row's positions (checked in `host_step`);
-                // `partials` has room for this step's (row, head, split) blocks
-                // (`partial_floats`, for buffers of at least `rows` rows).
+                // `partials`, passed to the thread-per-key kernel, has room for this step's
+                // (row, head, split) blocks (`partial_floats`, for buffers of at least `rows`
+                // rows).
                 unsafe { launch.launch(grid) }.map_err(driver)?;
-                if splits > 1 {
-                    let splits = splits as i32;
-                    let mut launch = self.stream.launch_builder(&self.kernels.combine_splits);
-                    launch
-                        .arg(&b.partials)
-                        .arg(&mut b.attention)
-                        .arg(&num_heads)
-                        .arg(&head_dim)
-                        .arg(&splits);
-                    let merge = LaunchConfig {
-                        grid_dim: (rows as u32, c.num_heads as u32, 1),
-                        block_dim: (c.head_dim as u32, 1, 1),
-                        shared_mem_bytes: 0,
-                    };
-                    // SAFETY: every split of every row and head wrote its partial result.
-                    unsafe { launch.launch(merge) }.map_err(driver)?;
-                }
-            } else {
-                let mut launch = self.stream.launch_builder(&self.kernels.paged_attention);
+            }
+            if splits > 1 {
+                let splits = splits as i32;
+                let mut launch = self.stream.launch_builder(&self.kernels.combine_splits);
                 launch
-                    .arg(&b.qkv)
-                    .arg(&layer.keys)
-                    .arg(&layer.values)
-                    .arg(&b.block_tables)
-                    .arg(&b.row_sequence)
-                    .arg(&b.positions)
+                    .arg(&b.partials)
                     .arg(&mut b.attention)
-                    .arg(&max_blocks)
-                    .arg(&block_size)
                     .arg(&num_heads)
-                    .arg(&num_kv_heads)
                     .arg(&head_dim)
-                    .arg(&scale);
-                // SAFETY: block tables cover every row's positions (checked in `host_step`).
-                unsafe { launch.launch(grid) }.map_err(driver)?;
+                    .arg(&splits);
+                let merge = LaunchConfig {
+                    grid_dim: (rows as u32, c.num_heads as u32, 1),
+                    block_dim: (c.head_dim as u32, 1, 1),
+                    shared_mem_bytes: 0,
+                };
+                // SAFETY: every split of every row and head wrote its partial result.
+                unsafe { launch.launch(merge) }.map_err(driver)?;
             }
             let layer = &self.layers[index];
             self.linear(&b.attention, &layer.o, &mut b.x, (rows, q, h), true)?;

@@ -356,6 +356,28 @@ fn gpu_merges_media_rows_as_the_cpu_backend_does() {
     assert!(err.to_string().contains("do not fit"), "{err}");
 }
 
+/// One step of the sequences `members` (indices into `tokens` and `blocks`): each one's whole
+/// prompt when `prefill`, else its last token; their last positions' logits.
+fn step_of(
+    executor: &mut CudaExecutor,
+    tokens: &[Vec<u32>],
+    blocks: &[Vec<u32>],
+    members: &[usize],
+    prefill: bool,
+) -> Vec<Vec<f32>> {
+    let chunks: Vec<GpuChunk<'_>> = members
+        .iter()
+        .map(|&i| GpuChunk {
+            tokens: &tokens[i],
+            start: if prefill { 0 } else { tokens[i].len() - 1 },
+            count: if prefill { tokens[i].len() } else { 1 },
+            blocks: &blocks[i],
+            media: &[],
+        })
+        .collect();
+    executor.forward(&chunks).expect("step")
+}
+
 #[test]
 fn decode_graphs_give_the_eager_steps_logits() {
     let model = model("tiny-llama");
@@ -375,17 +397,7 @@ fn decode_graphs_give_the_eager_steps_logits() {
         .collect();
     let blocks: Vec<Vec<u32>> = (0..5u32).map(|i| (i * 6..i * 6 + 6).collect()).collect();
     let step = |executor: &mut CudaExecutor, tokens: &[Vec<u32>], members: &[usize], prefill: bool| {
-        let chunks: Vec<GpuChunk<'_>> = members
-            .iter()
-            .map(|&i| GpuChunk {
-                tokens: &tokens[i],
-                start: if prefill { 0 } else { tokens[i].len() - 1 },
-                count: if prefill { tokens[i].len() } else { 1 },
-                blocks: &blocks[i],
-                media: &[],
-            })
-            .collect();
-        executor.forward(&chunks).expect("step")
+        step_of(executor, tokens, &blocks, members, prefill)
     };
     let all = [0, 1, 2, 3, 4];
     let prefilled = step(&mut graphs, &tokens, &all, true);
@@ -438,16 +450,7 @@ fn split_attention_merges_to_the_unsplit_logits() {
         .collect();
     let blocks: Vec<Vec<u32>> = (0..2u32).map(|s| (s * 80..s * 80 + 80).collect()).collect();
     let step = |executor: &mut CudaExecutor, tokens: &[Vec<u32>], prefill: bool| {
-        let chunks: Vec<GpuChunk<'_>> = (0..2)
-            .map(|i| GpuChunk {
-                tokens: &tokens[i],
-                start: if prefill { 0 } else { tokens[i].len() - 1 },
-                count: if prefill { tokens[i].len() } else { 1 },
-                blocks: &blocks[i],
-                media: &[],
-            })
-            .collect();
-        executor.forward(&chunks).expect("step")
+        step_of(executor, tokens, &blocks, &[0, 1], prefill)
     };
     assert_eq!(
         max_difference(&step(&mut split, &tokens, true), &step(&mut whole, &tokens, true)),
