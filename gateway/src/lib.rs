@@ -178,6 +178,7 @@ pub struct Gateway {
     addr: SocketAddr,
     admin_addr: Option<SocketAddr>,
     admin_token: Option<String>,
+    admin_tls: bool,
     tls: Option<server::tls::Tls>,
     state: Arc<AppState>,
     tasks: Vec<JoinHandle<()>>,
@@ -500,6 +501,7 @@ impl Gateway {
             )));
             admin_token = Some(token);
         }
+        let admin_tls = config.admin.as_ref().is_some_and(|admin| admin.tls.is_some());
         let fetcher = fetch::Fetcher::new(&config.media).map_err(|err| Error::Fetch(err.to_string()))?;
         let state = Arc::new(AppState {
             server: config.server.clone(),
@@ -532,6 +534,7 @@ impl Gateway {
             state,
             admin_addr,
             admin_token,
+            admin_tls,
             tasks: {
                 tasks.push(accept);
                 tasks
@@ -585,6 +588,13 @@ impl Gateway {
     /// The address of the admin listener, if the admin API is configured.
     pub fn admin_addr(&self) -> Option<SocketAddr> {
         self.admin_addr
+    }
+
+    /// The admin API's `https://ADDR` (when `[admin.tls]` is set) or `http://ADDR`, if the admin
+    /// API is configured.
+    pub fn admin_url(&self) -> Option<String> {
+        let scheme = if self.admin_tls { "https" } else { "http" };
+        self.admin_addr.map(|addr| format!("{scheme}://{addr}"))
     }
 
     /// `https://ADDR` or `http://ADDR`.

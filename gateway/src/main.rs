@@ -227,9 +227,19 @@ async fn run(config: Config) -> anyhow::Result<()> {
     for (name, addr) in gateway.embedded_encoders() {
         println!("embedded encoder {name} at http://{addr}");
     }
-    if let (Some(admin), Some(token)) = (gateway.admin_addr(), gateway.admin_token()) {
-        println!("admin API listening on http://{admin} (token {token})");
-        println!("swap the router live: {}", push_example(admin, token));
+    if let (Some(admin), Some(admin_url), Some(token)) =
+        (gateway.admin_addr(), gateway.admin_url(), gateway.admin_token())
+    {
+        println!("admin API listening on {admin_url} (token {token})");
+        if admin_url.starts_with("http://") {
+            println!("swap the router live: {}", push_example(admin, token));
+        } else {
+            // The `policy` subcommands speak plain HTTP; a TLS admin API wants a client
+            // certificate they do not carry.
+            println!(
+                "swap the router live: PUT {admin_url}/admin/policies/NAME?activate=true with a client certificate"
+            );
+        }
     }
     let insecure = if url.starts_with("https") { "-k " } else { "" };
     let key = if gateway.needs_api_key() {

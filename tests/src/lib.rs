@@ -315,24 +315,53 @@ impl NatsServer {
                 })
             })
             .context("nats-server is not installed (Debian: `apt-get install nats-server`; .ci/run installs it)")?;
-        let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+        // `-p -1` lets the server pick its own port and `--ports_file_dir` makes it write the
+        // port down: a port found free here and handed over could be taken before it binds.
+        let ports = tempfile::tempdir()?;
         let store = if jetstream { Some(tempfile::tempdir()?) } else { None };
-        let mut args = vec!["-a".to_string(), "127.0.0.1".into(), "-p".into(), port.to_string()];
+        let mut args = vec!["-a".to_string(), "127.0.0.1".into(), "-p".into(), "-1".into()];
+        args.extend(["--ports_file_dir".to_string(), ports.path().display().to_string()]);
         if let Some(store) = &store {
             args.extend(["-js".to_string(), "-sd".into(), store.path().display().to_string()]);
         }
-        let child = Command::new(&program)
+        let mut child = Command::new(&program)
             .args(&args)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
             .with_context(|| format!("starting {}", program.display()))?;
+        // Named `<executable>_<pid>.ports`; the executable may be a wrapper, so take any.
+        let ports_file = || -> Option<PathBuf> {
+            std::fs::read_dir(ports.path())
+                .ok()?
+                .filter_map(Result::ok)
+                .map(|entry| entry.path())
+                .find(|path| path.extension().is_some_and(|extension| extension == "ports"))
+        };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let port = loop {
+            let written = ports_file()
+                .and_then(|path| std::fs::read(path).ok())
+                .and_then(|bytes| serde_json::from_slice::<serde_json::Value>(&bytes).ok());
+            let port = written.as_ref().and_then(|ports| {
+                let url = ports["nats"].get(0)?.as_str()?;
+                url.rsplit(':').next()?.parse::<u16>().ok()
+            });
+            if let Some(port) = port {
+                break port;
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                bail!("nats-server wrote no ports file within 10 s");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
         let server = NatsServer {
             child,
             url: format!("nats://127.0.0.1:{port}"),
             _store: store,
         };
-        let deadline = Instant::now() + Duration::from_secs(10);
         while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
             if Instant::now() > deadline {
                 bail!("nats-server did not listen on port {port} within 10 s");
@@ -517,6 +546,8 @@ pub struct Gateway {
     pub mockers: Vec<(String, SocketAddr)>,
     /// Name and address of each embedded encoder, as the gateway printed them.
     pub encoders: Vec<(String, SocketAddr)>,
+    /// The admin listener's address as the gateway printed it, when `[admin]` is configured.
+    pub admin: Option<SocketAddr>,
     /// The folder holding its config file.
     pub dir: tempfile::TempDir,
 }
@@ -558,6 +589,12 @@ impl Gateway {
             .context("no listening line")?
             .parse()
             .context("bad listening address")?;
+        let admin = lines
+            .iter()
+            .find_map(|line| line.strip_prefix("admin API listening on "))
+            .and_then(|rest| rest.split_whitespace().next())
+            .and_then(|url| url.split_once("://"))
+            .and_then(|(_, addr)| addr.parse().ok());
         let embedded = |prefix: &str| -> Vec<(String, SocketAddr)> {
             lines
                 .iter()
@@ -573,6 +610,7 @@ impl Gateway {
             addr,
             mockers: embedded("embedded mocker "),
             encoders: embedded("embedded encoder "),
+            admin,
             dir,
         })
     }
@@ -586,11 +624,13 @@ impl Gateway {
     ///
     /// Fails if the gateway does not start.
     pub fn start_with_admin(config: &str, token: &str) -> anyhow::Result<(Gateway, Admin)> {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
-        let config = format!("{config}\n[admin]\nlisten = \"127.0.0.1:{port}\"\ntoken = \"{token}\"\n");
+        // Port 0, read back from the gateway's own line: a port found free here and handed over
+        // can be taken by any other socket before the gateway binds it.
+        let config = format!("{config}\n[admin]\nlisten = \"127.0.0.1:0\"\ntoken = \"{token}\"\n");
         let gateway = Gateway::start(&config)?;
+        let admin_addr = gateway.admin.context("the gateway printed no admin API line")?;
         let admin = Admin {
-            client: Client::plain(([127, 0, 0, 1], port).into()),
+            client: Client::plain(admin_addr),
             token: token.to_string(),
         };
         Ok((gateway, admin))

@@ -3,6 +3,7 @@
 //! one stays), and SIGHUP reloads too. The admin listener speaks TLS when asked, and can require
 //! client certificates.
 
+use anyhow::Context;
 use std::process::Command;
 use std::time::Duration;
 
@@ -118,16 +119,15 @@ async fn certificates_are_reloaded_without_dropping_connections() -> anyhow::Res
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_admin_listener_speaks_tls_and_requires_client_certificates() -> anyhow::Result<()> {
     let ca = TestCa::new()?;
-    let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
-    let _gateway = Gateway::start(&format!(
+    let gateway = Gateway::start(&format!(
         "[server]\nplaintext = true\n[embedded_mockers]\ncount = 1\n\
-         [admin]\nlisten = \"127.0.0.1:{port}\"\ntoken = \"admin-secret-0123456789\"\n\
+         [admin]\nlisten = \"127.0.0.1:0\"\ntoken = \"admin-secret-0123456789\"\n\
          [admin.tls]\ncert = {:?}\nkey = {:?}\nclient_ca = {:?}\n",
         ca.cert_path.display().to_string(),
         ca.key_path.display().to_string(),
         ca.ca_path.display().to_string(),
     ))?;
-    let admin_addr = ([127, 0, 0, 1], port).into();
+    let admin_addr = gateway.admin.context("no admin API line")?;
 
     let (chain, key) = ca.client_identity()?;
     let operator = Client::tls_with_identity(admin_addr, &ca.ca_der, chain, key)?;
