@@ -535,6 +535,33 @@ fn replace(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// A loopback address nothing listens on, held for as long as this value lives: the socket
+/// is bound but never listens, so connecting fails at once and no other socket can take the
+/// port meanwhile (a port bound, noted and released could be handed to the next socket that
+/// asks for any, such as the gateway's own embedded mockers).
+#[derive(Debug)]
+pub struct DeadAddress {
+    /// The address.
+    pub addr: SocketAddr,
+    _socket: tokio::net::TcpSocket,
+}
+
+impl DeadAddress {
+    /// Binds a loopback socket to a port the kernel picks, without listening.
+    ///
+    /// # Errors
+    ///
+    /// Fails if the socket cannot be created or bound.
+    pub fn new() -> anyhow::Result<DeadAddress> {
+        let socket = tokio::net::TcpSocket::new_v4()?;
+        socket.bind(([127, 0, 0, 1], 0).into())?;
+        Ok(DeadAddress {
+            addr: socket.local_addr()?,
+            _socket: socket,
+        })
+    }
+}
+
 /// The `switchyard` gateway running as a child process.
 #[derive(Debug)]
 pub struct Gateway {

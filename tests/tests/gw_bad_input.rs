@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use switchyard_e2e::{Alpn, Client, Gateway, TestCa, chat_body};
+use switchyard_e2e::{Alpn, Client, DeadAddress, Gateway, TestCa, chat_body};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 fn assert_error(reply: &switchyard_e2e::Reply, status: u16, code: &str) {
@@ -155,8 +155,9 @@ async fn each_bad_input_gets_its_error_and_good_requests_continue() -> anyhow::R
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_healthy_worker_is_a_clear_503() -> anyhow::Result<()> {
-    // A port nothing listens on: bind, note, release.
-    let dead = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
+    // A port nothing listens on, held by this test.
+    let dead_address = DeadAddress::new()?;
+    let dead = dead_address.addr;
     let config = format!(
         "[server]\nplaintext = true\n[health]\ninterval_ms = 100\nfailures_to_eject = 1\n[[workers]]\nname = \"gone\"\nurl = \"http://{dead}\"\nmodel = \"mock\"\n"
     );

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use switchyard_e2e::{Client, Gateway, Mockers, chat_body, eventually, metric_sum};
+use switchyard_e2e::{Client, DeadAddress, Gateway, Mockers, chat_body, eventually, metric_sum};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_worker_fails_its_streams_cleanly_and_returns_after_restart() -> anyhow::Result<()> {
@@ -107,7 +107,8 @@ async fn a_killed_worker_fails_its_streams_cleanly_and_returns_after_restart() -
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_that_cannot_be_reached_is_retried_elsewhere() -> anyhow::Result<()> {
     let live = Mockers::start(&["--num-workers", "1", "--speedup", "10"])?;
-    let dead = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
+    let dead_address = DeadAddress::new()?;
+    let dead = dead_address.addr;
     // Health checks are slow here, so only forwarding can discover the dead worker.
     let config = format!(
         "[server]\nplaintext = true\n[health]\ninterval_ms = 600000\n\

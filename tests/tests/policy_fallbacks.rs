@@ -4,7 +4,7 @@
 
 use std::path::PathBuf;
 
-use switchyard_e2e::{Client, Gateway, Mockers, chat_body};
+use switchyard_e2e::{Client, DeadAddress, Gateway, Mockers, chat_body};
 
 const TOKEN: &str = "fallbacks-test-token-0123456789";
 
@@ -12,7 +12,8 @@ const TOKEN: &str = "fallbacks-test-token-0123456789";
 async fn a_failed_first_choice_is_retried_on_the_policys_first_fallback() -> anyhow::Result<()> {
     let mockers = Mockers::start(&["--num-workers", "2", "--speedup", "50"])?;
     // A port nothing listens on: connecting to it fails at once.
-    let dead = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
+    let dead_address = DeadAddress::new()?;
+    let dead = dead_address.addr;
     let mut config = String::from(
         // A generous deadline (wall-clock time on two busy cores): this test is about what the
         // host does with the policy's answer, which a fallback decision would not exercise.
