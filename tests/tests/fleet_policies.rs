@@ -61,7 +61,8 @@ async fn a_policy_pushed_to_one_replica_runs_on_all_and_rolls_back_everywhere() 
     let (b, admin_b) = replica(&nats, "b")?;
     let (c, admin_c) = replica(&nats, "c")?;
 
-    // Pushed to a through its admin API: all three route with it within a second of the answer.
+    // Pushed to a through its admin API: all three route with it (within a second of the
+    // answer on a quiet machine; the deadlines here are wide for busy ones, as elsewhere).
     let (status, body) = admin_a
         .call(
             "PUT",
@@ -71,7 +72,7 @@ async fn a_policy_pushed_to_one_replica_runs_on_all_and_rolls_back_everywhere() 
         .await?;
     assert_eq!(status, 200, "{body}");
     assert!(body["fleet_revision"].as_u64().is_some_and(|r| r > 0), "{body}");
-    all_route_with(&[&a, &b, &c], "fleet-ll", Duration::from_secs(1)).await?;
+    all_route_with(&[&a, &b, &c], "fleet-ll", Duration::from_secs(10)).await?;
 
     // Pushed to b with the command line's --fleet.
     let rr = format!("{}/round_robin.wasm", env!("SWITCHYARD_PLUGINS_DIR"));
@@ -89,11 +90,11 @@ async fn a_policy_pushed_to_one_replica_runs_on_all_and_rolls_back_everywhere() 
         ])
         .output()?;
     assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
-    all_route_with(&[&a, &b, &c], "fleet-rr", Duration::from_secs(1)).await?;
+    all_route_with(&[&a, &b, &c], "fleet-rr", Duration::from_secs(10)).await?;
 
     // A replica that starts later converges to the fleet's version.
     let (d, _admin_d) = replica(&nats, "d")?;
-    all_route_with(&[&d], "fleet-rr", Duration::from_secs(5)).await?;
+    all_route_with(&[&d], "fleet-rr", Duration::from_secs(10)).await?;
 
     // A split rollout started on c is tried on every replica.
     let (status, body) = admin_c
@@ -104,17 +105,17 @@ async fn a_policy_pushed_to_one_replica_runs_on_all_and_rolls_back_everywhere() 
         .call("POST", "/admin/policies/fleet-ll2/split?percent=100", Vec::new())
         .await?;
     assert_eq!(status, 200, "{body}");
-    all_route_with(&[&a, &b, &c, &d], "fleet-ll2", Duration::from_secs(2)).await?;
+    all_route_with(&[&a, &b, &c, &d], "fleet-ll2", Duration::from_secs(10)).await?;
     let (status, _) = admin_a.call("DELETE", "/admin/rollout", Vec::new()).await?;
     assert_eq!(status, 200);
-    all_route_with(&[&a, &b, &c, &d], "fleet-rr", Duration::from_secs(2)).await?;
+    all_route_with(&[&a, &b, &c, &d], "fleet-rr", Duration::from_secs(10)).await?;
 
     // Rolled back on c: every replica goes back to the fleet's previous policy.
     let (status, body) = admin_c
         .call("POST", "/admin/policies/active/rollback", Vec::new())
         .await?;
     assert_eq!(status, 200, "{body}");
-    all_route_with(&[&a, &b, &c, &d], "fleet-ll", Duration::from_secs(2)).await?;
+    all_route_with(&[&a, &b, &c, &d], "fleet-ll", Duration::from_secs(10)).await?;
 
     // The fleet's listing: every replica runs the latest revision.
     let output = std::process::Command::new(binary("switchyard")?)
@@ -150,7 +151,7 @@ async fn a_refusal_is_visible_and_a_nats_outage_keeps_every_replica_serving() ->
         )
         .await?;
     assert_eq!(status, 200, "{body}");
-    all_route_with(&[&a, &b], "fleet-ll", Duration::from_secs(1)).await?;
+    all_route_with(&[&a, &b], "fleet-ll", Duration::from_secs(10)).await?;
 
     // The fleet's state names a component that is not in the store: each replica refuses it,
     // says why, and keeps its policy.
@@ -181,12 +182,12 @@ async fn a_refusal_is_visible_and_a_nats_outage_keeps_every_replica_serving() ->
         "both replicas report the refusal: {}",
         admin_a.call("GET", "/admin/fleet", Vec::new()).await?.1
     );
-    all_route_with(&[&a, &b], "fleet-ll", Duration::from_secs(1)).await?;
+    all_route_with(&[&a, &b], "fleet-ll", Duration::from_secs(10)).await?;
 
     // NATS goes away: both replicas keep serving with the version they run.
     nats.kill();
     for _ in 0..3 {
-        all_route_with(&[&a, &b], "fleet-ll", Duration::from_secs(2)).await?;
+        all_route_with(&[&a, &b], "fleet-ll", Duration::from_secs(10)).await?;
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
     // Pushing needs the fleet: refused with a clear error while NATS is down.
