@@ -6,6 +6,8 @@
 //! ([`ask_for_usage`]) and, where the client did not, takes that chunk out of the client's
 //! stream ([`UsageTap`]), so the client sees what OpenAI would have sent it.
 
+use std::sync::LazyLock;
+
 use bytes::Bytes;
 use memchr::memmem;
 use serde::Deserialize;
@@ -79,7 +81,9 @@ impl UsageTap {
     /// Takes one frame of the worker's stream; answers what goes on to the client (complete
     /// events only: part of an event waits for the rest).
     pub(crate) fn feed(&mut self, data: Bytes) -> Bytes {
-        let finder = memmem::Finder::new(b"\"usage\"");
+        // Built once, as the relay's stream timing builds its own: this runs for every frame.
+        static USAGE: LazyLock<memmem::Finder<'static>> = LazyLock::new(|| memmem::Finder::new(b"\"usage\""));
+        let finder = &*USAGE;
         if self.partial.is_empty() && ends_event(&data) && finder.find(&data).is_none() {
             // The common frame: whole events, none about usage.
             return data;
