@@ -762,32 +762,30 @@ impl CudaExecutor {
             } else {
                 &self.kernels.paged_attention
             };
-            {
-                let mut launch = self.stream.launch_builder(kernel);
-                launch
-                    .arg(&b.qkv)
-                    .arg(&layer.keys)
-                    .arg(&layer.values)
-                    .arg(&b.block_tables)
-                    .arg(&b.row_sequence)
-                    .arg(&b.positions)
-                    .arg(&mut b.attention);
-                if by_key {
-                    launch.arg(&mut b.partials);
-                }
-                launch
-                    .arg(&max_blocks)
-                    .arg(&block_size)
-                    .arg(&num_heads)
-                    .arg(&num_kv_heads)
-                    .arg(&head_dim)
-                    .arg(&scale);
-                // SAFETY: block tables cover every row's positions (checked in `host_step`);
-                // `partials`, passed to the thread-per-key kernel, has room for this step's
-                // (row, head, split) blocks (`partial_floats`, for buffers of at least `rows`
-                // rows).
-                unsafe { launch.launch(grid) }.map_err(driver)?;
+            let mut launch = self.stream.launch_builder(kernel);
+            launch
+                .arg(&b.qkv)
+                .arg(&layer.keys)
+                .arg(&layer.values)
+                .arg(&b.block_tables)
+                .arg(&b.row_sequence)
+                .arg(&b.positions)
+                .arg(&mut b.attention);
+            if by_key {
+                launch.arg(&mut b.partials);
             }
+            launch
+                .arg(&max_blocks)
+                .arg(&block_size)
+                .arg(&num_heads)
+                .arg(&num_kv_heads)
+                .arg(&head_dim)
+                .arg(&scale);
+            // SAFETY: block tables cover every row's positions (checked in `host_step`);
+            // `partials`, passed to the thread-per-key kernel, has room for this step's
+            // (row, head, split) blocks (`partial_floats`, for buffers of at least `rows`
+            // rows).
+            unsafe { launch.launch(grid) }.map_err(driver)?;
             if splits > 1 {
                 let splits = splits as i32;
                 let mut launch = self.stream.launch_builder(&self.kernels.combine_splits);
