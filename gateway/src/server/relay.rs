@@ -45,6 +45,7 @@ use crate::state::AppState;
 use crate::tenants::usage::{self, UsageTap};
 use crate::tenants::{Charge, Grant};
 use crate::workers::Worker;
+use crate::workers::upstream::UpstreamBody;
 
 /// Largest whole (non-streamed) answer accepted from a worker.
 const MAX_WORKER_RESPONSE_BYTES: usize = 64 << 20;
@@ -440,7 +441,7 @@ pub(crate) async fn generate(
 struct Answer {
     response: http::response::Parts,
     first: Option<Bytes>,
-    rest: Incoming,
+    rest: UpstreamBody,
 }
 
 enum Attempt {
@@ -549,7 +550,7 @@ async fn attempt_on(
         Ok(request) => request,
         Err(err) => return Attempt::Failed(format!("could not build the request: {err}")),
     };
-    let response = match state.client.send(request).await {
+    let response = match state.client.answer(request).await {
         Ok(response) => response,
         Err(err) => {
             if err.is_connect() {
@@ -601,7 +602,7 @@ async fn attempt_on(
     }
 }
 
-async fn read_error_message(body: Incoming) -> String {
+async fn read_error_message(body: UpstreamBody) -> String {
     match http_body_util::Limited::new(body, 64 << 10).collect().await {
         Ok(collected) => {
             let bytes = collected.to_bytes();
@@ -770,7 +771,7 @@ fn with_routing_headers(mut response: Response<Body>, worker: &str, policy: Stri
 /// (its in-flight count and active sequence) until the stream ends or the client goes away.
 struct RelayBody {
     first: Option<Bytes>,
-    inner: Incoming,
+    inner: UpstreamBody,
     done: bool,
     lease: Option<Lease>,
     metrics: Arc<Metrics>,

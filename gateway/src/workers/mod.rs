@@ -3,8 +3,8 @@
 //! This module owns the worker registry ([`WorkerPool`]: configured, embedded and registered
 //! workers, and the healthy candidates of a model), each worker's in-flight count
 //! ([`InFlight`]) and measured prefill ([`prefill_fit`]), passive and active health
-//! ([`health`], which reports ejections through a callback), the pooled HTTP client that
-//! reaches workers ([`client`]), and simulated workers started in-process for the embedded
+//! ([`health`], which reports ejections through a callback), the pooled HTTP clients that
+//! reach workers ([`client`], and [`upstream`] for the answers the relay reads), and simulated workers started in-process for the embedded
 //! default (`embedded`, feature `embedded-mockers`). It knows nothing about client
 //! connections, OpenAI bodies, the KV index or policies: the routing core (`crate::routing`)
 //! puts them together.
@@ -15,5 +15,6 @@ pub mod embedded;
 pub mod health;
 pub mod prefill_fit;
 mod registry;
+pub mod upstream;
 
 pub use registry::{InFlight, Worker, WorkerPool};

@@ -1,0 +1,505 @@
+//! Keep-alive connections to workers that the task reading an answer drives itself.
+//!
+//! hyper's pooled client runs each connection in a task of its own and hands a response body
+//! over through a channel that holds one frame: every event a worker streams costs a task
+//! switch each way, and the events of one read reach the relay one scheduler turn at a time,
+//! so they leave to the client in several writes. Here a connection
+//! (`hyper::client::conn::http1`) travels with its answer: [`UpstreamBody`] polls the
+//! connection before the body, so one poll decodes everything a read brought and the relay
+//! sees the whole read at once, with no second task. When the answer ends cleanly the
+//! connection goes back to an idle list per worker (at most `pool_max_idle_per_worker`,
+//! dropped after [`IDLE_TIMEOUT`]); an answer dropped midway closes it, which is how a worker
+//! hears that its client went away. A request that finds a reused connection closed before it
+//! was sent is sent again on another one, as hyper's pooled client does.
+
+use std::collections::HashMap;
+use std::future::{Future, poll_fn};
+use std::pin::{Pin, pin};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::uri::{Authority, PathAndQuery};
+use http::{HeaderValue, Request, Response, Uri, header};
+use http_body::{Body, Frame, SizeHint};
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper::client::conn::http1;
+use hyper_util::rt::TokioIo;
+use parking_lot::Mutex;
+use tokio::net::TcpStream;
+
+use super::client::ForwardError;
+
+/// How long a connection may wait unused before it is closed rather than reused.
+pub const IDLE_TIMEOUT: Duration = Duration::from_secs(90);
+
+/// One HTTP/1.1 connection to a worker: the handle requests go through and the connection
+/// itself, which does the I/O whenever it is polled.
+struct Link {
+    sender: http1::SendRequest<Full<Bytes>>,
+    connection: http1::Connection<TokioIo<TcpStream>, Full<Bytes>>,
+    /// The worker it goes to: its key in the pool.
+    authority: Authority,
+}
+
+impl Link {
+    /// Polls the connection once; `false` once it has ended (closed, broken or told to close),
+    /// after which it must not be polled again.
+    fn drive(&mut self, cx: &mut Context<'_>) -> bool {
+        Pin::new(&mut self.connection).poll(cx).is_pending()
+    }
+}
+
+/// A connection waiting for its next request.
+struct Idle {
+    link: Box<Link>,
+    since: Instant,
+}
+
+/// The idle connections, per worker address.
+struct Pool {
+    idle: Mutex<HashMap<Authority, Vec<Idle>>>,
+    max_idle_per_worker: usize,
+}
+
+impl Pool {
+    /// The most recently used live connection to `authority`, if one waits.
+    fn checkout(&self, authority: &Authority) -> Option<Box<Link>> {
+        let mut idle = self.idle.lock();
+        let links = idle.get_mut(authority)?;
+        while let Some(Idle { link, since }) = links.pop() {
+            if since.elapsed() < IDLE_TIMEOUT && !link.sender.is_closed() {
+                return Some(link);
+            }
+        }
+        None
+    }
+
+    /// Keeps `link` for the next request to `authority`, if there is room.
+    fn release(&self, link: Box<Link>) {
+        let mut idle = self.idle.lock();
+        let links = idle.entry(link.authority.clone()).or_default();
+        // The oldest go first when the list is full or they have waited too long.
+        links.retain(|idle| idle.since.elapsed() < IDLE_TIMEOUT);
+        if links.len() < self.max_idle_per_worker {
+            links.push(Idle {
+                link,
+                since: Instant::now(),
+            });
+        }
+    }
+}
+
+/// Sends requests to workers over connections their answers drive (see the module docs).
+#[derive(Clone)]
+pub struct UpstreamClient {
+    pool: Arc<Pool>,
+    connect_timeout: Duration,
+}
+
+impl std::fmt::Debug for UpstreamClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("UpstreamClient")
+            .field("max_idle_per_worker", &self.pool.max_idle_per_worker)
+            .field("connect_timeout", &self.connect_timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+impl UpstreamClient {
+    /// A client keeping at most `max_idle_per_worker` idle connections to each worker.
+    pub fn new(max_idle_per_worker: usize, connect_timeout: Duration) -> UpstreamClient {
+        UpstreamClient {
+            pool: Arc::new(Pool {
+                idle: Mutex::new(HashMap::new()),
+                max_idle_per_worker,
+            }),
+            connect_timeout,
+        }
+    }
+
+    /// Sends `request` (an absolute `http://` URI) and waits up to `timeout` for the answer's
+    /// headers; its body drives the connection from then on.
+    ///
+    /// # Errors
+    ///
+    /// [`ForwardError::Connect`] when the worker cannot be reached, [`ForwardError::Upstream`]
+    /// when the connection breaks or the answer is malformed, [`ForwardError::Timeout`] when
+    /// the headers do not come in time.
+    pub async fn send(
+        &self,
+        request: Request<Full<Bytes>>,
+        timeout: Duration,
+    ) -> Result<Response<UpstreamBody>, ForwardError> {
+        let (authority, request) = origin_form(request)?;
+        match tokio::time::timeout(timeout, self.send_on_some_link(&authority, request)).await {
+            Ok(Ok((response, link))) => Ok(response.map(|body| UpstreamBody {
+                body,
+                link: Some(link),
+                pool: Arc::clone(&self.pool),
+            })),
+            Ok(Err(err)) => Err(err),
+            Err(_) => Err(ForwardError::Timeout(timeout)),
+        }
+    }
+
+    /// Sends `request` on an idle connection, or a new one when none is left or a reused one
+    /// turns out closed before the request went out.
+    async fn send_on_some_link(
+        &self,
+        authority: &Authority,
+        mut request: Request<Full<Bytes>>,
+    ) -> Result<(Response<Incoming>, Box<Link>), ForwardError> {
+        loop {
+            let (mut link, reused) = match self.pool.checkout(authority) {
+                Some(link) => (link, true),
+                None => (self.connect(authority).await?, false),
+            };
+            match send_on(&mut link, request).await {
+                Ok(response) => return Ok((response, link)),
+                Err(Unsent::Again(again)) if reused => request = *again,
+                Err(Unsent::Again(_)) => {
+                    return Err(ForwardError::Upstream(
+                        "a new connection closed before the request went out".into(),
+                    ));
+                }
+                Err(Unsent::Failed(err)) => return Err(ForwardError::Upstream(err)),
+            }
+        }
+    }
+
+    /// A new connection to `authority`.
+    async fn connect(&self, authority: &Authority) -> Result<Box<Link>, ForwardError> {
+        let address = (authority.host(), authority.port_u16().unwrap_or(80));
+        let stream = match tokio::time::timeout(self.connect_timeout, TcpStream::connect(address)).await {
+            Ok(Ok(stream)) => stream,
+            Ok(Err(err)) => return Err(ForwardError::Connect(format!("cannot connect to {authority}: {err}"))),
+            Err(_) => {
+                return Err(ForwardError::Connect(format!(
+                    "cannot connect to {authority} within {:?}",
+                    self.connect_timeout
+                )));
+            }
+        };
+        // Each event is one small write; Nagle's algorithm would hold it back.
+        stream
+            .set_nodelay(true)
+            .map_err(|err| ForwardError::Connect(format!("cannot set TCP_NODELAY to {authority}: {err}")))?;
+        let (sender, connection) = http1::handshake(TokioIo::new(stream))
+            .await
+            .map_err(|err| ForwardError::Connect(format!("cannot open HTTP/1.1 to {authority}: {err}")))?;
+        // Boxed: a connection is large, and it moves between the pool and answers.
+        Ok(Box::new(Link {
+            sender,
+            connection,
+            authority: authority.clone(),
+        }))
+    }
+}
+
+/// Why a request got no answer on a connection.
+enum Unsent {
+    /// The connection was closed before the request went out: it may be sent elsewhere.
+    Again(Box<Request<Full<Bytes>>>),
+    /// It failed after going out (or could not go out for a reason another connection
+    /// would share).
+    Failed(String),
+}
+
+/// Sends `request` on `link`, driving the connection until the answer's headers arrive.
+async fn send_on(link: &mut Link, request: Request<Full<Bytes>>) -> Result<Response<Incoming>, Unsent> {
+    let Link { sender, connection, .. } = link;
+    let mut ended = false;
+    // The connection takes a request only once it has said it wants one.
+    let ready = poll_fn(|cx| {
+        if !ended {
+            ended = Pin::new(&mut *connection).poll(cx).is_ready();
+        }
+        match sender.poll_ready(cx) {
+            Poll::Ready(result) => Poll::Ready(result.is_ok()),
+            Poll::Pending if ended => Poll::Ready(false),
+            Poll::Pending => Poll::Pending,
+        }
+    })
+    .await;
+    if !ready {
+        return Err(Unsent::Again(Box::new(request)));
+    }
+    let mut answer = pin!(sender.try_send_request(request));
+    poll_fn(|cx| {
+        if !ended {
+            ended = Pin::new(&mut *connection).poll(cx).is_ready();
+        }
+        match answer.as_mut().poll(cx) {
+            Poll::Ready(Ok(response)) => Poll::Ready(Ok(response)),
+            Poll::Ready(Err(mut err)) => Poll::Ready(Err(match err.take_message() {
+                Some(request) => Unsent::Again(Box::new(request)),
+                None => Unsent::Failed(err.into_error().to_string()),
+            })),
+            // The connection ended and hyper will say why through the answer; it has
+            // resolved it by now, so this is only reached if it did not.
+            Poll::Pending if ended => Poll::Ready(Err(Unsent::Failed("the connection ended without an answer".into()))),
+            Poll::Pending => Poll::Pending,
+        }
+    })
+    .await
+}
+
+/// `request` with its URI in origin form and a `Host` header, as HTTP/1.1 sends it to an
+/// origin server, and the authority it goes to.
+fn origin_form(request: Request<Full<Bytes>>) -> Result<(Authority, Request<Full<Bytes>>), ForwardError> {
+    let (mut parts, body) = request.into_parts();
+    let uri = std::mem::take(&mut parts.uri).into_parts();
+    if uri
+        .scheme
+        .as_ref()
+        .is_some_and(|scheme| scheme != &http::uri::Scheme::HTTP)
+    {
+        return Err(ForwardError::Connect("workers are reached over plain http://".into()));
+    }
+    let Some(authority) = uri.authority else {
+        return Err(ForwardError::Connect("a worker's URL has no host".into()));
+    };
+    let path = uri.path_and_query.unwrap_or_else(|| PathAndQuery::from_static("/"));
+    parts.uri = Uri::from(path);
+    if !parts.headers.contains_key(header::HOST)
+        && let Ok(host) = HeaderValue::from_str(authority.as_str())
+    {
+        parts.headers.insert(header::HOST, host);
+    }
+    Ok((authority, Request::from_parts(parts, body)))
+}
+
+/// A worker's answer body, which drives its connection as it is read (see the module docs).
+pub struct UpstreamBody {
+    body: Incoming,
+    /// `None` once the connection has ended or gone back to the pool.
+    link: Option<Box<Link>>,
+    pool: Arc<Pool>,
+}
+
+impl std::fmt::Debug for UpstreamBody {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("UpstreamBody")
+            .field("worker", &self.link.as_ref().map(|link| &link.authority))
+            .finish_non_exhaustive()
+    }
+}
+
+impl Body for UpstreamBody {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        let this = self.get_mut();
+        // The connection first: it decodes what the socket holds into the body.
+        if let Some(link) = &mut this.link
+            && !link.drive(cx)
+        {
+            // Ended: what it decoded (or why it failed) is in the body.
+            this.link = None;
+        }
+        let frame = Pin::new(&mut this.body).poll_frame(cx);
+        if let Poll::Ready(None) = frame
+            && let Some(mut link) = this.link.take()
+        {
+            // One more poll lets the connection take in the answer's end and ask for the next
+            // request; a connection that ends on it is not kept.
+            if link.drive(cx) && !link.sender.is_closed() {
+                this.pool.release(link);
+            }
+        }
+        frame
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.body.size_hint()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::convert::Infallible;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use http_body_util::{BodyExt, StreamBody};
+    use hyper::service::service_fn;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpListener;
+
+    use super::*;
+
+    /// A worker that answers `GET /n` with `n` chunks and counts the connections it accepted;
+    /// each answer names the request's `Host` and URI, so the tests see what was sent.
+    async fn worker() -> (String, Arc<AtomicUsize>) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let address = listener.local_addr().expect("address");
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let counter = Arc::clone(&accepted);
+        tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                counter.fetch_add(1, Ordering::SeqCst);
+                tokio::spawn(async move {
+                    let service = service_fn(|request: Request<Incoming>| async move {
+                        let host = request.headers().get(header::HOST).cloned();
+                        let seen = format!("{host:?} {}", request.uri());
+                        let chunks: usize = request.uri().path().trim_start_matches('/').parse().unwrap_or(1);
+                        let frames = (0..chunks).map(move |n| {
+                            let text = if n == 0 { seen.clone() } else { format!("|{n}") };
+                            Ok::<_, Infallible>(Frame::data(Bytes::from(text)))
+                        });
+                        let stream = futures_util::stream::iter(frames).then(|frame| async move {
+                            tokio::time::sleep(Duration::from_millis(2)).await;
+                            frame
+                        });
+                        Ok::<_, Infallible>(Response::new(StreamBody::new(stream)))
+                    });
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(stream), service)
+                        .await;
+                });
+            }
+        });
+        (format!("http://{address}"), accepted)
+    }
+
+    fn get(url: &str) -> Request<Full<Bytes>> {
+        Request::get(url).body(Full::new(Bytes::new())).expect("request")
+    }
+
+    fn client() -> UpstreamClient {
+        UpstreamClient::new(8, Duration::from_secs(2))
+    }
+
+    async fn read_all(response: Response<UpstreamBody>) -> String {
+        let body = response.into_body().collect().await.expect("body").to_bytes();
+        String::from_utf8(body.to_vec()).expect("utf-8")
+    }
+
+    use futures_util::StreamExt;
+
+    #[tokio::test]
+    async fn answers_stream_and_reuse_one_connection() {
+        let (base, accepted) = worker().await;
+        let client = client();
+        for _ in 0..3 {
+            let response = client.send(get(&format!("{base}/3?x=1")), Duration::from_secs(5)).await;
+            let text = read_all(response.expect("answer")).await;
+            let authority = base.trim_start_matches("http://");
+            assert_eq!(
+                text,
+                format!("Some({authority:?}) /3?x=1|1|2"),
+                "origin form, with Host"
+            );
+        }
+        assert_eq!(
+            accepted.load(Ordering::SeqCst),
+            1,
+            "one keep-alive connection for all three"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_body_dropped_midway_closes_its_connection() {
+        let (base, accepted) = worker().await;
+        let client = client();
+        let mut body = client
+            .send(get(&format!("{base}/50")), Duration::from_secs(5))
+            .await
+            .expect("answer")
+            .into_body();
+        let first = body.frame().await.expect("a frame").expect("data");
+        assert!(first.is_data());
+        drop(body);
+        let text = read_all(
+            client
+                .send(get(&format!("{base}/2")), Duration::from_secs(5))
+                .await
+                .expect("answer"),
+        )
+        .await;
+        assert!(text.ends_with("/2|1"), "{text}");
+        assert_eq!(
+            accepted.load(Ordering::SeqCst),
+            2,
+            "the half-read connection was not reused"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_connection_the_worker_closed_while_idle_is_replaced() {
+        // A worker that answers one request per connection and then closes it, saying nothing.
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let address = listener.local_addr().expect("address");
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let counter = Arc::clone(&accepted);
+        tokio::spawn(async move {
+            while let Ok((mut stream, _)) = listener.accept().await {
+                counter.fetch_add(1, Ordering::SeqCst);
+                let mut request = vec![0; 4096];
+                let _ = stream.read(&mut request).await;
+                let _ = stream
+                    .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+                    .await;
+            }
+        });
+        let client = client();
+        for round in 0..3 {
+            let response = client
+                .send(get(&format!("http://{address}/")), Duration::from_secs(5))
+                .await;
+            assert_eq!(read_all(response.expect("answer")).await, "ok", "round {round}");
+            // Let the worker's close reach the idle connection.
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert_eq!(accepted.load(Ordering::SeqCst), 3);
+    }
+
+    #[tokio::test]
+    async fn an_unreachable_worker_is_a_connect_error() {
+        // Bound but never listening: connecting is refused at once, and no one else can take
+        // the port meanwhile.
+        let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+        socket.bind("127.0.0.1:0".parse().expect("address")).expect("bind");
+        let address = socket.local_addr().expect("address");
+        let err = client()
+            .send(get(&format!("http://{address}/")), Duration::from_secs(5))
+            .await
+            .expect_err("nothing listens");
+        assert!(err.is_connect(), "{err}");
+    }
+
+    #[tokio::test]
+    async fn headers_that_do_not_come_in_time_are_a_timeout() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let address = listener.local_addr().expect("address");
+        // Accepts and reads, never answers.
+        tokio::spawn(async move {
+            let mut held = Vec::new();
+            while let Ok((stream, _)) = listener.accept().await {
+                held.push(stream);
+            }
+        });
+        let err = client()
+            .send(get(&format!("http://{address}/")), Duration::from_millis(100))
+            .await
+            .expect_err("no answer");
+        assert!(matches!(err, ForwardError::Timeout(_)), "{err}");
+        assert!(!err.is_connect());
+    }
+
+    #[tokio::test]
+    async fn only_plain_http_workers_are_reached() {
+        let err = client()
+            .send(get("https://127.0.0.1:1/"), Duration::from_secs(1))
+            .await
+            .expect_err("https");
+        assert!(err.to_string().contains("plain http"), "{err}");
+    }
+}
