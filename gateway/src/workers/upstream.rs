@@ -8,7 +8,7 @@
 //! connection before the body, so one poll decodes everything a read brought and the relay
 //! sees the whole read at once, with no second task. When the answer ends cleanly the
 //! connection goes back to an idle list per worker (at most `pool_max_idle_per_worker`,
-//! dropped after [`IDLE_TIMEOUT`]); an answer dropped midway closes it, which is how a worker
+//! closed after [`IDLE_TIMEOUT`], a departed worker's too); an answer dropped midway closes it, which is how a worker
 //! hears that its client went away. A request that finds a reused connection closed before it
 //! was sent is sent again on another one, as hyper's pooled client does.
 
@@ -17,7 +17,7 @@ use std::future::{Future, poll_fn};
 use std::pin::{Pin, pin};
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::uri::{Authority, PathAndQuery};
@@ -29,11 +29,16 @@ use hyper::client::conn::http1;
 use hyper_util::rt::TokioIo;
 use parking_lot::Mutex;
 use tokio::net::TcpStream;
+use tokio::time::Instant;
 
 use super::client::ForwardError;
 
 /// How long a connection may wait unused before it is closed rather than reused.
 pub const IDLE_TIMEOUT: Duration = Duration::from_secs(90);
+
+/// How often the idle lists of every worker are swept of connections past [`IDLE_TIMEOUT`]:
+/// a worker that left the fleet would otherwise keep its sockets open for good.
+const SWEEP_EVERY: Duration = Duration::from_secs(10);
 
 /// One HTTP/1.1 connection to a worker: the handle requests go through and the connection
 /// itself, which does the I/O whenever it is polled.
@@ -60,15 +65,21 @@ struct Idle {
 
 /// The idle connections, per worker address.
 struct Pool {
-    idle: Mutex<HashMap<Authority, Vec<Idle>>>,
+    idle: Mutex<Idling>,
     max_idle_per_worker: usize,
+}
+
+/// What the pool's lock guards.
+struct Idling {
+    links: HashMap<Authority, Vec<Idle>>,
+    last_sweep: Instant,
 }
 
 impl Pool {
     /// The most recently used live connection to `authority`, if one waits.
     fn checkout(&self, authority: &Authority) -> Option<Box<Link>> {
         let mut idle = self.idle.lock();
-        let links = idle.get_mut(authority)?;
+        let links = idle.links.get_mut(authority)?;
         while let Some(Idle { link, since }) = links.pop() {
             if since.elapsed() < IDLE_TIMEOUT && !link.sender.is_closed() {
                 return Some(link);
@@ -79,16 +90,30 @@ impl Pool {
 
     /// Keeps `link` for the next request to `authority`, if there is room.
     fn release(&self, link: Box<Link>) {
+        let now = Instant::now();
         let mut idle = self.idle.lock();
-        let links = idle.entry(link.authority.clone()).or_default();
-        // The oldest go first when the list is full or they have waited too long.
-        links.retain(|idle| idle.since.elapsed() < IDLE_TIMEOUT);
-        if links.len() < self.max_idle_per_worker {
-            links.push(Idle {
-                link,
-                since: Instant::now(),
+        if now.duration_since(idle.last_sweep) >= SWEEP_EVERY {
+            idle.last_sweep = now;
+            idle.links.retain(|_, links| {
+                links.retain(|idle| now.duration_since(idle.since) < IDLE_TIMEOUT);
+                !links.is_empty()
             });
         }
+        let links = idle.links.entry(link.authority.clone()).or_default();
+        links.retain(|idle| now.duration_since(idle.since) < IDLE_TIMEOUT);
+        if links.len() < self.max_idle_per_worker {
+            links.push(Idle { link, since: now });
+        }
+    }
+
+    /// Idle connections kept, per worker (for tests).
+    #[cfg(test)]
+    fn idle_counts(&self) -> HashMap<String, usize> {
+        let idle = self.idle.lock();
+        idle.links
+            .iter()
+            .map(|(authority, links)| (authority.to_string(), links.len()))
+            .collect()
     }
 }
 
@@ -113,7 +138,10 @@ impl UpstreamClient {
     pub fn new(max_idle_per_worker: usize, connect_timeout: Duration) -> UpstreamClient {
         UpstreamClient {
             pool: Arc::new(Pool {
-                idle: Mutex::new(HashMap::new()),
+                idle: Mutex::new(Idling {
+                    links: HashMap::new(),
+                    last_sweep: Instant::now(),
+                }),
                 max_idle_per_worker,
             }),
             connect_timeout,
@@ -459,6 +487,29 @@ mod tests {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
         assert_eq!(accepted.load(Ordering::SeqCst), 3);
+    }
+
+    #[tokio::test]
+    async fn idle_connections_are_closed_after_the_idle_timeout_even_to_departed_workers() {
+        let ((first, _), (second, _)) = (worker().await, worker().await);
+        let client = client();
+        for base in [&first, &second] {
+            let response = client.send(get(&format!("{base}/1")), Duration::from_secs(5)).await;
+            read_all(response.expect("answer")).await;
+        }
+        let key = |base: &str| base.trim_start_matches("http://").to_string();
+        assert_eq!(
+            client.pool.idle_counts(),
+            HashMap::from([(key(&first), 1), (key(&second), 1)])
+        );
+        // The second worker gets no more requests; past the idle timeout a request to the
+        // first sweeps its connection out.
+        tokio::time::pause();
+        tokio::time::advance(IDLE_TIMEOUT + SWEEP_EVERY).await;
+        tokio::time::resume();
+        let response = client.send(get(&format!("{first}/1")), Duration::from_secs(5)).await;
+        read_all(response.expect("answer")).await;
+        assert_eq!(client.pool.idle_counts(), HashMap::from([(key(&first), 1)]));
     }
 
     #[tokio::test]
