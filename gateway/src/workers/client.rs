@@ -21,7 +21,7 @@ use crate::config::ForwardingConfig;
 /// Why a request to a worker produced no response.
 #[derive(Debug, thiserror::Error)]
 pub enum ForwardError {
-    /// Connecting or sending failed.
+    /// Connecting or sending one of the gateway's own calls failed.
     #[error("{0}")]
     Transport(#[from] hyper_util::client::legacy::Error),
     /// The worker could not be reached.

@@ -4,8 +4,9 @@
 //! workers, and the healthy candidates of a model), each worker's in-flight count
 //! ([`InFlight`]) and measured prefill ([`prefill_fit`]), passive and active health
 //! ([`health`], which reports ejections through a callback), the pooled HTTP clients that
-//! reach workers ([`client`], and [`upstream`] for the answers the relay reads), and simulated workers started in-process for the embedded
-//! default (`embedded`, feature `embedded-mockers`). It knows nothing about client
+//! reach workers ([`client`], and [`upstream`] for the answers the relay reads), and
+//! simulated workers started in-process for the embedded default (`embedded`, feature
+//! `embedded-mockers`). It knows nothing about client
 //! connections, OpenAI bodies, the KV index or policies: the routing core (`crate::routing`)
 //! puts them together.
 

@@ -44,16 +44,25 @@ const SWEEP_EVERY: Duration = Duration::from_secs(10);
 /// itself, which does the I/O whenever it is polled.
 struct Link {
     sender: http1::SendRequest<Full<Bytes>>,
-    connection: http1::Connection<TokioIo<TcpStream>, Full<Bytes>>,
+    connection: Connection,
     /// The worker it goes to: its key in the pool.
     authority: Authority,
 }
 
-impl Link {
-    /// Polls the connection once; `false` once it has ended (closed, broken or told to close),
-    /// after which it must not be polled again.
+/// A connection's I/O half, polled by whoever reads its current answer.
+struct Connection {
+    io: http1::Connection<TokioIo<TcpStream>, Full<Bytes>>,
+    /// It has ended (closed, broken or told to close) and must not be polled again.
+    ended: bool,
+}
+
+impl Connection {
+    /// Polls the connection once, unless it has ended; `false` once it has.
     fn drive(&mut self, cx: &mut Context<'_>) -> bool {
-        Pin::new(&mut self.connection).poll(cx).is_pending()
+        if !self.ended {
+            self.ended = Pin::new(&mut self.io).poll(cx).is_ready();
+        }
+        !self.ended
     }
 }
 
@@ -221,7 +230,10 @@ impl UpstreamClient {
         // Boxed: a connection is large, and it moves between the pool and answers.
         Ok(Box::new(Link {
             sender,
-            connection,
+            connection: Connection {
+                io: connection,
+                ended: false,
+            },
             authority: authority.clone(),
         }))
     }
@@ -239,15 +251,12 @@ enum Unsent {
 /// Sends `request` on `link`, driving the connection until the answer's headers arrive.
 async fn send_on(link: &mut Link, request: Request<Full<Bytes>>) -> Result<Response<Incoming>, Unsent> {
     let Link { sender, connection, .. } = link;
-    let mut ended = false;
     // The connection takes a request only once it has said it wants one.
     let ready = poll_fn(|cx| {
-        if !ended {
-            ended = Pin::new(&mut *connection).poll(cx).is_ready();
-        }
+        let live = connection.drive(cx);
         match sender.poll_ready(cx) {
             Poll::Ready(result) => Poll::Ready(result.is_ok()),
-            Poll::Pending if ended => Poll::Ready(false),
+            Poll::Pending if !live => Poll::Ready(false),
             Poll::Pending => Poll::Pending,
         }
     })
@@ -257,9 +266,7 @@ async fn send_on(link: &mut Link, request: Request<Full<Bytes>>) -> Result<Respo
     }
     let mut answer = pin!(sender.try_send_request(request));
     poll_fn(|cx| {
-        if !ended {
-            ended = Pin::new(&mut *connection).poll(cx).is_ready();
-        }
+        let live = connection.drive(cx);
         match answer.as_mut().poll(cx) {
             Poll::Ready(Ok(response)) => Poll::Ready(Ok(response)),
             Poll::Ready(Err(mut err)) => Poll::Ready(Err(match err.take_message() {
@@ -268,7 +275,7 @@ async fn send_on(link: &mut Link, request: Request<Full<Bytes>>) -> Result<Respo
             })),
             // The connection ended and hyper will say why through the answer; it has
             // resolved it by now, so this is only reached if it did not.
-            Poll::Pending if ended => Poll::Ready(Err(Unsent::Failed("the connection ended without an answer".into()))),
+            Poll::Pending if !live => Poll::Ready(Err(Unsent::Failed("the connection ended without an answer".into()))),
             Poll::Pending => Poll::Pending,
         }
     })
@@ -324,7 +331,7 @@ impl Body for UpstreamBody {
         let this = self.get_mut();
         // The connection first: it decodes what the socket holds into the body.
         if let Some(link) = &mut this.link
-            && !link.drive(cx)
+            && !link.connection.drive(cx)
         {
             // Ended: what it decoded (or why it failed) is in the body.
             this.link = None;
@@ -335,7 +342,7 @@ impl Body for UpstreamBody {
         {
             // One more poll lets the connection take in the answer's end and ask for the next
             // request; a connection that ends on it is not kept.
-            if link.drive(cx) && !link.sender.is_closed() {
+            if link.connection.drive(cx) && !link.sender.is_closed() {
                 this.pool.release(link);
             }
         }
@@ -460,9 +467,9 @@ mod tests {
         );
     }
 
-    #[tokio::test]
-    async fn a_connection_the_worker_closed_while_idle_is_replaced() {
-        // A worker that answers one request per connection and then closes it, saying nothing.
+    /// A worker that answers one request per connection with `answer`, then closes it; the
+    /// address and the connections it accepted.
+    async fn one_shot_worker(answer: &'static [u8]) -> (std::net::SocketAddr, Arc<AtomicUsize>) {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let address = listener.local_addr().expect("address");
         let accepted = Arc::new(AtomicUsize::new(0));
@@ -472,11 +479,16 @@ mod tests {
                 counter.fetch_add(1, Ordering::SeqCst);
                 let mut request = vec![0; 4096];
                 let _ = stream.read(&mut request).await;
-                let _ = stream
-                    .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
-                    .await;
+                let _ = stream.write_all(answer).await;
             }
         });
+        (address, accepted)
+    }
+
+    #[tokio::test]
+    async fn a_connection_the_worker_closed_while_idle_is_replaced() {
+        // It says nothing of closing.
+        let (address, accepted) = one_shot_worker(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok").await;
         let client = client();
         for round in 0..3 {
             let response = client
@@ -487,6 +499,21 @@ mod tests {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
         assert_eq!(accepted.load(Ordering::SeqCst), 3);
+    }
+
+    #[tokio::test]
+    async fn an_answer_on_a_connection_told_to_close_is_read_whole_and_not_kept() {
+        let (address, accepted) =
+            one_shot_worker(b"HTTP/1.1 200 OK\r\nconnection: close\r\ncontent-length: 5\r\n\r\nclose").await;
+        let client = client();
+        for _ in 0..3 {
+            let response = client
+                .send(get(&format!("http://{address}/")), Duration::from_secs(5))
+                .await;
+            assert_eq!(read_all(response.expect("answer")).await, "close");
+        }
+        assert_eq!(accepted.load(Ordering::SeqCst), 3);
+        assert_eq!(client.pool.idle_counts().values().sum::<usize>(), 0);
     }
 
     #[tokio::test]
