@@ -8,9 +8,10 @@
 //! connection before the body, so one poll decodes everything a read brought and the relay
 //! sees the whole read at once, with no second task. When the answer ends cleanly the
 //! connection goes back to an idle list per worker (at most `pool_max_idle_per_worker`,
-//! closed after [`IDLE_TIMEOUT`], a departed worker's too); an answer dropped midway closes it, which is how a worker
-//! hears that its client went away. A request that finds a reused connection closed before it
-//! was sent is sent again on another one, as hyper's pooled client does.
+//! closed after [`IDLE_TIMEOUT`], a departed worker's too); an answer dropped midway closes
+//! it, which is how a worker hears that its client went away. A request that finds a reused
+//! connection closed before it was sent is sent again on another one, as hyper's pooled client
+//! does.
 
 use std::collections::HashMap;
 use std::future::{Future, poll_fn};
