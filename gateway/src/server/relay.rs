@@ -926,8 +926,8 @@ impl http_body::Body for RelayBody {
             return Poll::Ready(None);
         }
         // Read everything upstream has ready (so its pace is measured as it comes), writing at
-        // once what the coalescer lets through, then what it held once it says so (its window
-        // ended, or polls stopped bringing more of an opening event's read).
+        // once what the coalescer lets through, then what it held once it says so (at once for
+        // an opening write, else when its window ends).
         loop {
             match Pin::new(&mut this.inner).poll_frame(cx) {
                 Poll::Pending => {

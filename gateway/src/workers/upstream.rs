@@ -98,19 +98,19 @@ impl Pool {
         None
     }
 
-    /// Keeps `link` for the next request to `authority`, if there is room.
+    /// Keeps `link` for the next request to its worker, if there is room.
     fn release(&self, link: Box<Link>) {
         let now = Instant::now();
         let mut idle = self.idle.lock();
         if now.duration_since(idle.last_sweep) >= SWEEP_EVERY {
             idle.last_sweep = now;
             idle.links.retain(|_, links| {
-                links.retain(|idle| now.duration_since(idle.since) < IDLE_TIMEOUT);
+                drop_expired(links, now);
                 !links.is_empty()
             });
         }
         let links = idle.links.entry(link.authority.clone()).or_default();
-        links.retain(|idle| now.duration_since(idle.since) < IDLE_TIMEOUT);
+        drop_expired(links, now);
         if links.len() < self.max_idle_per_worker {
             links.push(Idle { link, since: now });
         }
@@ -125,6 +125,14 @@ impl Pool {
             .map(|(authority, links)| (authority.to_string(), links.len()))
             .collect()
     }
+}
+
+/// Closes the connections of `links` idle for [`IDLE_TIMEOUT`] or more at `now`. A list is kept
+/// oldest first (connections are pushed as they go idle and taken from the back), so they are
+/// a prefix of it, found by bisection: releasing a connection does not scan the whole list.
+fn drop_expired(links: &mut Vec<Idle>, now: Instant) {
+    let expired = links.partition_point(|idle| now.duration_since(idle.since) >= IDLE_TIMEOUT);
+    links.drain(..expired);
 }
 
 /// Sends requests to workers over connections their answers drive (see the module docs).
