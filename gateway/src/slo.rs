@@ -13,7 +13,9 @@
 //! reported them, else the prompt as the gateway counted it and one completion token per
 //! streamed chunk), in `switchyard_cost_served_total{model}`.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, OnceLock};
 
 use http::{HeaderMap, StatusCode};
 use prometheus_client::metrics::counter::Counter;
@@ -84,15 +86,38 @@ pub(crate) struct Observed {
 
 type Labels = Vec<(&'static str, String)>;
 
+/// The cost counter's type: cost units are fractional.
+type CostCounter = Counter<f64, AtomicU64>;
+
 /// The SLO and cost metric families.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct SloMetrics {
     requests: Family<Labels, Counter>,
-    cost: Family<Labels, Counter<f64, std::sync::atomic::AtomicU64>>,
+    cost: Family<Labels, CostCounter>,
     tokens: Family<Labels, Counter>,
+    /// Each (model, worker)'s counters, looked up once: every answer is judged, and building
+    /// the label strings of a lookup cost more allocations than the rest of a request's
+    /// bookkeeping.
+    handles: Arc<parking_lot::RwLock<HandlesByModel>>,
     /// The planner's window, when there is a planner: it sees every judged answer.
     planner: Option<Arc<crate::planner::window::Window>>,
 }
+
+/// [`Handles`] by model, then by worker.
+type HandlesByModel = HashMap<String, HashMap<String, Arc<Handles>>>;
+
+/// One (model, worker)'s counters.
+#[derive(Debug)]
+struct Handles {
+    /// `slo_requests` by target (ttft, itl) and whether it was met (false, true): each made
+    /// on first use, so a series appears only once counted.
+    judged: [[OnceLock<Counter>; 2]; 2],
+    cost: CostCounter,
+    tokens: Counter,
+}
+
+/// The `target` label of [`Handles::judged`]'s rows.
+const JUDGED_TARGETS: [&str; 2] = ["ttft", "itl"];
 
 impl SloMetrics {
     /// Reports every judged answer (and, through [`SloMetrics::arrived`], every request) to
@@ -127,38 +152,57 @@ impl SloMetrics {
         );
     }
 
+    /// The counters of `model` served by `worker`.
+    fn handles(&self, model: &str, worker: &str) -> Arc<Handles> {
+        if let Some(handles) = self
+            .handles
+            .read()
+            .get(model)
+            .and_then(|by_worker| by_worker.get(worker))
+        {
+            return handles.clone();
+        }
+        let handles = Handles {
+            judged: Default::default(),
+            cost: self.cost.get_or_create_owned(&vec![("model", model.to_string())]),
+            tokens: self
+                .tokens
+                .get_or_create_owned(&vec![("model", model.to_string()), ("worker", worker.to_string())]),
+        };
+        self.handles
+            .write()
+            .entry(model.to_string())
+            .or_default()
+            .entry(worker.to_string())
+            .or_insert_with(|| Arc::new(handles))
+            .clone()
+    }
+
     /// Judges one answer of `worker` (of `cost` per token) for `model` against `targets`.
     pub(crate) fn judge(&self, model: &str, worker: &str, cost: f64, targets: Targets, observed: Observed) {
+        let handles = self.handles(model, worker);
         let judged = [
-            (
-                "ttft",
-                targets.ttft_ms.map(|target| observed.ttft_ms <= f64::from(target)),
-            ),
-            (
-                "itl",
-                targets
-                    .itl_ms
-                    .zip(observed.itl_ms)
-                    .map(|(target, itl)| itl <= f64::from(target)),
-            ),
+            targets.ttft_ms.map(|target| observed.ttft_ms <= f64::from(target)),
+            targets
+                .itl_ms
+                .zip(observed.itl_ms)
+                .map(|(target, itl)| itl <= f64::from(target)),
         ];
-        for (target, met) in judged {
+        for (row, met) in judged.into_iter().enumerate() {
             let Some(met) = met else { continue };
-            self.requests
-                .get_or_create(&vec![
-                    ("model", model.to_string()),
-                    ("worker", worker.to_string()),
-                    ("target", target.to_string()),
-                    ("met", met.to_string()),
-                ])
+            handles.judged[row][usize::from(met)]
+                .get_or_init(|| {
+                    self.requests.get_or_create_owned(&vec![
+                        ("model", model.to_string()),
+                        ("worker", worker.to_string()),
+                        ("target", JUDGED_TARGETS[row].to_string()),
+                        ("met", met.to_string()),
+                    ])
+                })
                 .inc();
         }
-        self.cost
-            .get_or_create(&vec![("model", model.to_string())])
-            .inc_by(cost * observed.tokens as f64);
-        self.tokens
-            .get_or_create(&vec![("model", model.to_string()), ("worker", worker.to_string())])
-            .inc_by(observed.tokens);
+        handles.cost.inc_by(cost * observed.tokens as f64);
+        handles.tokens.inc_by(observed.tokens);
         if let Some(window) = &self.planner {
             window.ended(model, observed.ttft_ms, observed.itl_ms, observed.completion_tokens);
         }

@@ -417,6 +417,14 @@ pub fn parse_generate_request(endpoint: Endpoint, body: &[u8]) -> Result<Generat
 }
 
 fn parse_json<T: serde::de::DeserializeOwned>(text: &str) -> Result<T, ApiError> {
+    // Most bodies parse: the path of an error is tracked only when building its message, as
+    // tracking it costs an allocation per key on every request.
+    let mut deserializer = serde_json::Deserializer::from_str(text);
+    if let Ok(value) = T::deserialize(&mut deserializer)
+        && deserializer.end().is_ok()
+    {
+        return Ok(value);
+    }
     let mut deserializer = serde_json::Deserializer::from_str(text);
     let value: T = serde_path_to_error::deserialize(&mut deserializer).map_err(|err| {
         let path = err.path().to_string();

@@ -75,6 +75,15 @@ impl Routed {
             Routed::Fallback(kind) => format!("fallback:{kind}"),
         }
     }
+
+    /// [`Routed::label`] as a header value (`None` where a header cannot carry it); a policy
+    /// version's is made once and shared.
+    pub fn header_value(&self) -> Option<http::HeaderValue> {
+        match self {
+            Routed::Policy(version) => version.header_value(),
+            Routed::Fallback(_) => http::HeaderValue::from_str(&self.label()).ok(),
+        }
+    }
 }
 
 /// The live router policy of a gateway.

@@ -42,6 +42,8 @@ pub struct Version<P> {
     /// Its decision counters (decided by the policy, by the fallback), looked up once: a
     /// lookup builds the label strings, which costs more than the call it counts.
     decisions: std::sync::OnceLock<[Counter; 2]>,
+    /// Its `x-switchyard-policy` header value, made once (see [`Version::header_value`]).
+    header: std::sync::OnceLock<Option<http::HeaderValue>>,
 }
 
 impl<P: Named> Version<P> {
@@ -52,6 +54,7 @@ impl<P: Named> Version<P> {
             failures: AtomicU32::new(0),
             retry_after_ms: AtomicU64::new(0),
             decisions: std::sync::OnceLock::new(),
+            header: std::sync::OnceLock::new(),
         })
     }
 
@@ -72,6 +75,15 @@ impl<P: Named> Version<P> {
     pub fn label(&self) -> String {
         let sha256 = self.policy.sha256();
         format!("{}@{}", self.policy.name(), &sha256[..12.min(sha256.len())])
+    }
+
+    /// `name@sha256-prefix#generation`, for the response header naming what routed a request
+    /// (`None` for a name a header cannot carry): made on first use and shared, so a
+    /// request's copy allocates nothing.
+    pub fn header_value(&self) -> Option<http::HeaderValue> {
+        self.header
+            .get_or_init(|| http::HeaderValue::from_str(&format!("{}#{}", self.label(), self.generation)).ok())
+            .clone()
     }
 
     /// Failures counted against this version.

@@ -336,10 +336,10 @@ pub(crate) async fn generate(
                 })
                 .collect::<Vec<_>>()
         });
-        let request_key = format!("{response_id}-{attempt}");
+        let request_key = || format!("{response_id}-{attempt}");
         let (outcome, text_only) = match &chosen {
             _ if local && !media_items.is_empty() => {
-                let plan = planned(request_key, &mut std::iter::repeat(LOCAL_ENCODER.to_string()));
+                let plan = planned(request_key(), &mut std::iter::repeat(LOCAL_ENCODER.to_string()));
                 let header = serde_json::to_string(&plan).unwrap_or_default();
                 (
                     attempt_on(
@@ -356,7 +356,7 @@ pub(crate) async fn generate(
                 )
             }
             Some(chosen) if !media_items.is_empty() => {
-                let plan = planned(request_key, &mut chosen.iter().map(|encoder| encoder.name.clone()));
+                let plan = planned(request_key(), &mut chosen.iter().map(|encoder| encoder.name.clone()));
                 let media = MediaRequest {
                     model,
                     settings: &model_limits.media,
@@ -385,7 +385,7 @@ pub(crate) async fn generate(
                         .overlap_ratio
                         .observe(f64::from(lease.overlap()) / prompt.hashes.len() as f64);
                 }
-                let policy_label = lease.routed().label();
+                let policy_header = lease.routed().header_value();
                 let accounting = charge.take().map(|charge| Accounting {
                     charge,
                     strip: strip_usage,
@@ -397,7 +397,7 @@ pub(crate) async fn generate(
                     usage_asked: parsed.include_usage(),
                 };
                 let response = finish(state, endpoint, response, lease, started, stream, accounting, judged).await;
-                let mut response = with_routing_headers(response, &worker.name, policy_label);
+                let mut response = with_routing_headers(response, &worker, policy_header);
                 if let Some(reason) = text_only {
                     // The media was left out: say so, never silently.
                     if let Ok(value) = HeaderValue::from_str(&format!("text-only; reason={reason}")) {
@@ -539,8 +539,8 @@ async fn attempt_on(
     media_plan: Option<&str>,
     response_id: &str,
 ) -> Attempt {
-    let mut request = Request::post(worker.uri(endpoint.path()))
-        .header(header::CONTENT_TYPE, "application/json")
+    let mut request = Request::post(worker.endpoint_uri(endpoint.path()))
+        .header(header::CONTENT_TYPE, HeaderValue::from_static("application/json"))
         .header(api::RESPONSE_ID_HEADER, response_id);
     if let Some(plan) = media_plan {
         request = request.header(MEDIA_PLAN_HEADER, plan);
@@ -758,9 +758,9 @@ fn copy_headers(from: &http::HeaderMap, to: &mut Response<Body>, names: &[&'stat
 }
 
 /// Names the worker that served the request and the policy version (or fallback) that chose it.
-fn with_routing_headers(mut response: Response<Body>, worker: &str, policy: String) -> Response<Body> {
-    for (name, value) in [(WORKER_HEADER, worker.to_string()), (POLICY_HEADER, policy)] {
-        if let Ok(value) = HeaderValue::from_str(&value) {
+fn with_routing_headers(mut response: Response<Body>, worker: &Worker, policy: Option<HeaderValue>) -> Response<Body> {
+    for (name, value) in [(WORKER_HEADER, worker.name_header()), (POLICY_HEADER, policy)] {
+        if let Some(value) = value {
             response.headers_mut().insert(name, value);
         }
     }

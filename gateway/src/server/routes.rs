@@ -18,11 +18,10 @@ use crate::state::AppState;
 
 /// Answers one client request.
 pub(crate) async fn handle(state: Arc<AppState>, request: Request<Incoming>, started: Instant) -> Response<Body> {
-    let path = request.uri().path().to_string();
-    let method = request.method().clone();
-    let (label, result) = match (&method, path.as_str()) {
-        (&Method::POST, api::CHAT_COMPLETIONS_PATH | api::COMPLETIONS_PATH) => {
-            let endpoint = Endpoint::from_path(&path).unwrap_or(Endpoint::Chat);
+    // The path is borrowed, not copied: a generation request moves the request on.
+    let (label, result) = match (request.method(), request.uri().path()) {
+        (&Method::POST, path @ (api::CHAT_COMPLETIONS_PATH | api::COMPLETIONS_PATH)) => {
+            let endpoint = Endpoint::from_path(path).unwrap_or(Endpoint::Chat);
             if state.draining.load(std::sync::atomic::Ordering::Relaxed) {
                 (endpoint.label(), Err(shutting_down()))
             } else {
@@ -38,7 +37,7 @@ pub(crate) async fn handle(state: Arc<AppState>, request: Request<Incoming>, sta
         (&Method::GET, api::MODELS_PATH) => ("models", models(&state, request.headers())),
         (&Method::GET, paths::HEALTHZ) => ("healthz", Ok(respond::text(StatusCode::OK, "text/plain", "ok\n"))),
         (&Method::GET, "/readyz") => ("readyz", ready(&state)),
-        (&Method::GET, paths::METRICS) if !state.server.metrics => ("other", Err(respond::not_found(&path))),
+        (&Method::GET, path @ paths::METRICS) if !state.server.metrics => ("other", Err(respond::not_found(path))),
         (&Method::GET, paths::METRICS) => (
             "metrics",
             Ok(respond::text(
@@ -47,13 +46,13 @@ pub(crate) async fn handle(state: Arc<AppState>, request: Request<Incoming>, sta
                 state.metrics.encode(),
             )),
         ),
-        (_, api::CHAT_COMPLETIONS_PATH | api::COMPLETIONS_PATH) => {
-            ("other", Err(respond::method_not_allowed(&method, &path, "POST")))
+        (method, path @ (api::CHAT_COMPLETIONS_PATH | api::COMPLETIONS_PATH)) => {
+            ("other", Err(respond::method_not_allowed(method, path, "POST")))
         }
-        (_, api::MODELS_PATH | paths::HEALTHZ | "/readyz" | paths::METRICS) => {
-            ("other", Err(respond::method_not_allowed(&method, &path, "GET")))
+        (method, path @ (api::MODELS_PATH | paths::HEALTHZ | "/readyz" | paths::METRICS)) => {
+            ("other", Err(respond::method_not_allowed(method, path, "GET")))
         }
-        _ => ("other", Err(respond::not_found(&path))),
+        (_, path) => ("other", Err(respond::not_found(path))),
     };
     let response = result.unwrap_or_else(|err| {
         state.metrics.error(err.code());

@@ -19,6 +19,8 @@ use crate::workers::prefill_fit::{PrefillFit, PrefillLine};
 pub struct Worker {
     /// Unique name (metrics label, logs, `x-switchyard-worker` header).
     pub name: String,
+    /// `name` as a header value, made once (`None` if a header cannot carry it).
+    name_header: Option<http::HeaderValue>,
     /// Its id in the KV index.
     pub kv_id: u32,
     /// Base URL: scheme and authority.
@@ -92,6 +94,7 @@ impl Worker {
             itl_us: AtomicU32::new(0),
             itl_samples: AtomicU32::new(0),
             prefill: parking_lot::Mutex::new(PrefillFit::default()),
+            name_header: http::HeaderValue::from_str(&name).ok(),
             name,
         };
         worker.healthy_gauge.set(1);
@@ -159,6 +162,20 @@ impl Worker {
     /// Requests in flight on this worker through this gateway.
     pub fn in_flight(&self) -> i64 {
         self.in_flight.get()
+    }
+
+    /// Its name as a header value (`None` if a header cannot carry it); cloning it allocates
+    /// nothing.
+    pub fn name_header(&self) -> Option<http::HeaderValue> {
+        self.name_header.clone()
+    }
+
+    /// The URI of an endpoint of this worker: [`Worker::uri`] without copying the path, for
+    /// the request path.
+    pub fn endpoint_uri(&self, path: &'static str) -> http::Uri {
+        let mut parts = self.base.clone().into_parts();
+        parts.path_and_query = Some(http::uri::PathAndQuery::from_static(path));
+        http::Uri::from_parts(parts).unwrap_or_else(|_| self.base.clone())
     }
 
     /// The URI of `path` on this worker.
