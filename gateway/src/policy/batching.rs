@@ -80,6 +80,7 @@ impl Instance<BatcherWorld> {
         store.data_mut().tenancy = tenancy.clone();
         let batches = bindings.call_form_batches(&mut *store, queue, budget);
         store.data_mut().tenancy = Tenancy::default();
+        store.data_mut().end_call();
         let batches = batches.map_err(PolicyError::trap)?;
         validate(queue, budget, &batches).map_err(PolicyError::InvalidAnswer)?;
         Ok(batches)

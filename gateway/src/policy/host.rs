@@ -37,6 +37,8 @@ pub struct HostState {
     pub timings: Option<Arc<dyn crate::policy::runtime::TimingSource>>,
     /// The epoch ticker this store's calls keep awake (none in tests without a runtime).
     pub ticker: Option<Arc<crate::policy::ticker::TickerState>>,
+    /// A call sequence begun on the ticker ([`HostState::begin_call`]) has not ended.
+    open: bool,
 }
 
 /// Who queued each item of a batcher's table: tenant numbers and weights, index for index
@@ -64,6 +66,7 @@ impl HostState {
             tenancy: Tenancy::default(),
             timings: None,
             ticker: None,
+            open: false,
         }
     }
 }
@@ -74,7 +77,23 @@ impl HostState {
         self.sample = None;
         self.checks = 0;
         if let Some(ticker) = &self.ticker {
+            if !self.open {
+                ticker.begin();
+                self.open = true;
+            }
             ticker.mark_active();
+        }
+    }
+
+    /// Marks the end of the calls begun since [`HostState::begin_call`]: the epoch need not
+    /// advance for this store until the next. A call sequence never ended is ended when the
+    /// store goes.
+    pub fn end_call(&mut self) {
+        if self.open {
+            if let Some(ticker) = &self.ticker {
+                ticker.end();
+            }
+            self.open = false;
         }
     }
 
@@ -103,6 +122,12 @@ impl HostState {
         };
         self.sample = Some(now);
         busy || self.checks >= max_checks
+    }
+}
+
+impl Drop for HostState {
+    fn drop(&mut self) {
+        self.end_call();
     }
 }
 

@@ -61,8 +61,9 @@ impl Instance<PlannerWorld> {
     /// [`PolicyError::InvalidAnswer`].
     pub fn plan(&mut self, pools: &[Pool], max_gpus: u32) -> Result<Vec<ScaleDecision>, PolicyError> {
         let (store, bindings) = self.armed();
-        let mut decisions = bindings
-            .call_plan(store, pools, max_gpus)
+        let decisions = bindings.call_plan(&mut *store, pools, max_gpus);
+        store.data_mut().end_call();
+        let mut decisions = decisions
             .map_err(PolicyError::trap)?
             .map_err(|err| PolicyError::Refused(err.message))?;
         validate(pools, max_gpus, &decisions).map_err(PolicyError::InvalidAnswer)?;

@@ -525,6 +525,8 @@ impl RouterPolicy {
                 (RouterBindingsOf::V0_1(bindings), columns)
             }
         };
+        // (On the errors above the store goes, which ends its calls.)
+        store.data_mut().end_call();
         Ok(RouterInstance {
             store,
             bindings,
@@ -569,24 +571,32 @@ impl RouterInstance {
         }
         self.store.data_mut().begin_call();
         self.store.set_epoch_deadline(self.deadline_ticks);
-        let (worker, encoders, fallbacks) = match &self.bindings {
-            RouterBindingsOf::Current(bindings) => {
-                let decision = bindings
-                    .call_route(&mut self.store, *request, workers)
-                    .map_err(PolicyError::trap)?
-                    .map_err(|err| PolicyError::Refused(err.message))?;
-                (decision.worker, decision.encoders, decision.fallbacks)
-            }
-            RouterBindingsOf::V0_1(bindings) => {
-                let decision = bindings
-                    .call_route(&mut self.store, v0_1_request(request), &v0_1_table(workers))
-                    .map_err(PolicyError::trap)?
-                    .map_err(|err| PolicyError::Refused(err.message))?;
-                // 0.1.0's `encoder` was never used by a host; it is checked, then dropped.
-                let encoders = decision.encoder.into_iter().collect();
-                (decision.worker, encoders, decision.fallbacks)
-            }
+        let answer = match &self.bindings {
+            RouterBindingsOf::Current(bindings) => bindings
+                .call_route(&mut self.store, *request, workers)
+                .map(|answer| answer.map(|decision| (decision.worker, decision.encoders, decision.fallbacks))),
+            RouterBindingsOf::V0_1(bindings) => bindings
+                .call_route(&mut self.store, v0_1_request(request), &v0_1_table(workers))
+                .map(|answer| {
+                    // 0.1.0's `encoder` was never used by a host; it is checked, then dropped.
+                    answer.map(|decision| {
+                        (
+                            decision.worker,
+                            decision.encoder.into_iter().collect(),
+                            decision.fallbacks,
+                        )
+                    })
+                })
+                .map(|answer| {
+                    answer.map_err(|err| crate::policy::bindings::switchyard::policy::types::PolicyError {
+                        message: err.message,
+                    })
+                }),
         };
+        self.store.data_mut().end_call();
+        let (worker, encoders, fallbacks) = answer
+            .map_err(PolicyError::trap)?
+            .map_err(|err| PolicyError::Refused(err.message))?;
         check_route_answer(workers, worker, encoders, fallbacks)
     }
 }

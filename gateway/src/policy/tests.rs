@@ -711,6 +711,15 @@ const SPIN_MODULE: [u8; 39] = [
     0x0a, 0x09, 0x01, 0x07, 0x00, 0x03, 0x40, 0x0c, 0x00, 0x0b, 0x0b, // loop { br 0 }
 ];
 
+/// A core module exporting `nop`, a function that returns at once: `(func (export "nop"))`.
+const NOP_MODULE: [u8; 33] = [
+    0x00, 0x61, 0x73, 0x6d, 0x01, 0x00, 0x00, 0x00, // magic, version 1
+    0x01, 0x04, 0x01, 0x60, 0x00, 0x00, // types: () -> ()
+    0x03, 0x02, 0x01, 0x00, // functions: one of type 0
+    0x07, 0x07, 0x01, 0x03, b'n', b'o', b'p', 0x00, 0x00, // export "nop" = function 0
+    0x0a, 0x04, 0x01, 0x02, 0x00, 0x0b, // an empty body
+];
+
 /// Waits up to 10 s for the ticker to park.
 fn ticker_parks(ticker: &super::ticker::TickerState) -> bool {
     let waited = std::time::Instant::now();
@@ -739,6 +748,7 @@ fn spin_once(
             .expect("exports spin");
         runtime.arm(&mut store);
         let error = spin.call(&mut store, ()).expect_err("spin never returns");
+        store.data_mut().end_call();
         let _ = done.send((store, error));
     });
     answer.recv_timeout(std::time::Duration::from_secs(10)).ok()
@@ -762,6 +772,7 @@ fn the_epoch_ticker_sleeps_while_idle_and_a_runaway_call_still_ends() {
 
     // A call that never ends, begun while the ticker sleeps: the call wakes it, and the
     // deadline interrupts it.
+    let parks = ticker.parks();
     let store = runtime.armed_store(Arc::new(toml::Table::new()));
     let (store, error) = spin_once(&runtime, store).expect("the runaway call was interrupted");
     assert_eq!(
@@ -772,9 +783,57 @@ fn the_epoch_ticker_sleeps_while_idle_and_a_runaway_call_still_ends() {
     assert!(ticker.ticks() > ticks, "the call woke the ticker");
 
     // Idle again, it sleeps again; and a call on the same store still wakes it.
-    let parks = ticker.parks();
     assert!(ticker_parks(&ticker), "idle again: the ticker sleeps again");
     assert!(ticker.parks() > parks);
     let (_, error) = spin_once(&runtime, store).expect("interrupted again");
     assert_eq!(error.downcast_ref::<wasmtime::Trap>(), Some(&wasmtime::Trap::Interrupt));
+}
+
+#[cfg(target_os = "linux")]
+#[test]
+fn the_epoch_advances_only_while_a_call_runs() {
+    use std::time::Duration;
+    let runtime = Arc::new(PolicyRuntime::new(RuntimeConfig::default()).expect("engine"));
+    let ticker = runtime.ticker().clone();
+    assert!(ticker.on_call_timer(), "Linux has the call timer");
+    let mut store = runtime.armed_store(Arc::new(toml::Table::new()));
+    let module = wasmtime::Module::new(store.engine(), NOP_MODULE).expect("a valid module");
+    let instance = wasmtime::Instance::new(&mut store, &module, &[]).expect("instantiates");
+    let nop = instance
+        .get_typed_func::<(), ()>(&mut store, "nop")
+        .expect("exports nop");
+    store.data_mut().end_call();
+    assert!(ticker.is_parked(), "no call runs: the timer is disarmed");
+    let ticks = ticker.ticks();
+    let started = std::time::Instant::now();
+    for _ in 0..200 {
+        runtime.arm(&mut store);
+        nop.call(&mut store, ()).expect("nop returns");
+        store.data_mut().end_call();
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    // A ticker on a clock would have advanced the epoch every 500 µs of the ~400 ms; calls that
+    // end in microseconds leave the timer disarmed (the margin is for a call the OS preempted
+    // past a tick on a loaded machine).
+    let ticked = ticker.ticks() - ticks;
+    let clock_ticks = started.elapsed().as_micros() / 500;
+    assert!(
+        ticked * 10 < clock_ticks as u64,
+        "{ticked} ticks in {clock_ticks} clock ticks"
+    );
+    assert!(ticker.is_parked());
+    // Calls closer together than a tick keep it armed; once they stop, the ticker disarms it.
+    let parks = ticker.parks();
+    for _ in 0..2_000 {
+        runtime.arm(&mut store);
+        nop.call(&mut store, ()).expect("nop returns");
+        store.data_mut().end_call();
+    }
+    assert!(ticker_parks(&ticker), "the calls stopped: the timer is disarmed");
+    assert!(ticker.parks() > parks);
+    // A store dropped mid-call ends its call: the timer does not tick on for it.
+    runtime.arm(&mut store);
+    assert!(!ticker.is_parked(), "a call runs: the timer is armed");
+    drop(store);
+    assert!(ticker.is_parked(), "its store went: the timer is disarmed");
 }

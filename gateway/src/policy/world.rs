@@ -155,10 +155,9 @@ impl<W: World> Compiled<W> {
         let mut store = self.runtime.armed_store(self.config.clone());
         let bindings = W::instantiate(&self.pre, &mut store).map_err(PolicyError::instantiation)?;
         self.runtime.arm(&mut store);
-        bindings
-            .init(&mut store)
-            .map_err(PolicyError::trap)?
-            .map_err(PolicyError::Refused)?;
+        let init = bindings.init(&mut store);
+        store.data_mut().end_call();
+        init.map_err(PolicyError::trap)?.map_err(PolicyError::Refused)?;
         Ok(Instance {
             store,
             bindings,
