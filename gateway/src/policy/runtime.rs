@@ -571,32 +571,32 @@ impl RouterInstance {
         }
         self.store.data_mut().begin_call();
         self.store.set_epoch_deadline(self.deadline_ticks);
+        // Both versions' answers as (worker, encoders, fallbacks) or the refusal's message.
         let answer = match &self.bindings {
-            RouterBindingsOf::Current(bindings) => bindings
-                .call_route(&mut self.store, *request, workers)
-                .map(|answer| answer.map(|decision| (decision.worker, decision.encoders, decision.fallbacks))),
+            RouterBindingsOf::Current(bindings) => {
+                bindings.call_route(&mut self.store, *request, workers).map(|answer| {
+                    answer
+                        .map(|decision| (decision.worker, decision.encoders, decision.fallbacks))
+                        .map_err(|err| err.message)
+                })
+            }
             RouterBindingsOf::V0_1(bindings) => bindings
                 .call_route(&mut self.store, v0_1_request(request), &v0_1_table(workers))
                 .map(|answer| {
                     // 0.1.0's `encoder` was never used by a host; it is checked, then dropped.
-                    answer.map(|decision| {
-                        (
-                            decision.worker,
-                            decision.encoder.into_iter().collect(),
-                            decision.fallbacks,
-                        )
-                    })
-                })
-                .map(|answer| {
-                    answer.map_err(|err| crate::policy::bindings::switchyard::policy::types::PolicyError {
-                        message: err.message,
-                    })
+                    answer
+                        .map(|decision| {
+                            (
+                                decision.worker,
+                                decision.encoder.into_iter().collect(),
+                                decision.fallbacks,
+                            )
+                        })
+                        .map_err(|err| err.message)
                 }),
         };
         self.store.data_mut().end_call();
-        let (worker, encoders, fallbacks) = answer
-            .map_err(PolicyError::trap)?
-            .map_err(|err| PolicyError::Refused(err.message))?;
+        let (worker, encoders, fallbacks) = answer.map_err(PolicyError::trap)?.map_err(PolicyError::Refused)?;
         check_route_answer(workers, worker, encoders, fallbacks)
     }
 }

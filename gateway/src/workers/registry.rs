@@ -173,18 +173,21 @@ impl Worker {
     /// The URI of an endpoint of this worker: [`Worker::uri`] without copying the path, for
     /// the request path.
     pub fn endpoint_uri(&self, path: &'static str) -> http::Uri {
-        let mut parts = self.base.clone().into_parts();
-        parts.path_and_query = Some(http::uri::PathAndQuery::from_static(path));
-        http::Uri::from_parts(parts).unwrap_or_else(|_| self.base.clone())
+        self.with_path(http::uri::PathAndQuery::from_static(path))
     }
 
     /// The URI of `path` on this worker.
     pub fn uri(&self, path: &str) -> http::Uri {
-        let mut parts = self.base.clone().into_parts();
-        parts.path_and_query = Some(
+        self.with_path(
             http::uri::PathAndQuery::from_maybe_shared(bytes::Bytes::copy_from_slice(path.as_bytes()))
                 .unwrap_or_else(|_| http::uri::PathAndQuery::from_static("/")),
-        );
+        )
+    }
+
+    /// The base URL with `path_and_query` in place of its own.
+    fn with_path(&self, path_and_query: http::uri::PathAndQuery) -> http::Uri {
+        let mut parts = self.base.clone().into_parts();
+        parts.path_and_query = Some(path_and_query);
         http::Uri::from_parts(parts).unwrap_or_else(|_| self.base.clone())
     }
 
