@@ -837,3 +837,52 @@ fn the_epoch_advances_only_while_a_call_runs() {
     drop(store);
     assert!(ticker.is_parked(), "its store went: the timer is disarmed");
 }
+
+/// Calls that begin and end on several threads at once, dense and sparse in turn, never run
+/// with the call timer disarmed, and leave it disarmed once they stop.
+#[cfg(target_os = "linux")]
+#[test]
+fn concurrent_calls_never_run_with_the_timer_disarmed() {
+    use std::time::Duration;
+    let engine = wasmtime::Engine::new(wasmtime::Config::new().epoch_interruption(true)).expect("engine");
+    let ticker = super::ticker::EpochTicker::start(engine, Duration::from_micros(200), 4).expect("ticker");
+    let state = ticker.state().clone();
+    assert!(state.on_call_timer());
+    let unarmed = std::sync::atomic::AtomicU64::new(0);
+    std::thread::scope(|scope| {
+        for thread in 0..4u64 {
+            let (state, unarmed) = (&state, &unarmed);
+            scope.spawn(move || {
+                for call in 0..4_000u64 {
+                    state.begin();
+                    if state.is_parked() {
+                        unarmed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    }
+                    // Some calls run past a tick, and between bursts the threads pause for
+                    // longer than one, so the timer is armed and disarmed both ways.
+                    if (call + thread) % 97 == 0 {
+                        std::thread::sleep(Duration::from_micros(300));
+                    }
+                    if state.is_parked() {
+                        unarmed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    }
+                    state.end();
+                    if call % 500 == 499 {
+                        std::thread::sleep(Duration::from_millis(2));
+                    }
+                }
+            });
+        }
+    });
+    assert_eq!(unarmed.into_inner(), 0, "a call ran with the timer disarmed");
+    assert!(ticker_parks(&state), "the calls stopped: the timer is disarmed");
+    assert!(
+        state.parks() > 1,
+        "the timer was disarmed and armed again between bursts"
+    );
+    // An end with no call begun is ignored, and the next call still arms the timer.
+    state.end();
+    state.begin();
+    assert!(!state.is_parked());
+    state.end();
+}
