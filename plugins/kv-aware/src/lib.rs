@@ -254,6 +254,10 @@ fn estimates(req: &RequestInfo, workers: &WorkerTable, weight: f64) -> Option<(V
     let mut keys: Vec<f32> = scratch::vec(n + 3);
     keys.resize(n.div_ceil(4) * 4, 0.0);
     let (out, _) = keys.as_chunks_mut::<4>();
+    // Split where the loop ends, so that its stores need no test: with a test per store
+    // (`get_mut`), LLVM computed each estimate twice, once on the path that stores it and
+    // once for the minimum.
+    let (out, last) = out.split_at_mut(n / 4);
     let [
         roles,
         block_size,
@@ -268,7 +272,7 @@ fn estimates(req: &RequestInfo, workers: &WorkerTable, weight: f64) -> Option<(V
     let mut least = F32x4::splat(f32::INFINITY);
     // Written out column by column: arrays of vectors built in the loop (`map`, `zip`) are
     // not kept in registers, and the loop ran at ~9 ns per worker.
-    for q in 0..n / 4 {
+    for (q, out) in out.iter_mut().enumerate() {
         let (block_size, prefill_tokens, device, host) = (
             U32x4::load(&block_size[q]),
             U32x4::load(&prefill_tokens[q]),
@@ -292,9 +296,7 @@ fn estimates(req: &RequestInfo, workers: &WorkerTable, weight: f64) -> Option<(V
             requests,
         );
         least = four.min(least);
-        if let Some(out) = out.get_mut(q) {
-            four.store(out);
-        }
+        four.store(out);
     }
     // The last workers that do not fill four lanes, padded with workers that are not LLMs.
     let done = n / 4 * 4;
@@ -326,7 +328,7 @@ fn estimates(req: &RequestInfo, workers: &WorkerTable, weight: f64) -> Option<(V
             requests,
         );
         least = four.min(least);
-        if let Some(out) = out.last_mut() {
+        if let Some(out) = last.first_mut() {
             four.store(out);
         }
     }
