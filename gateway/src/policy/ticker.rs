@@ -127,7 +127,7 @@ impl TickerState {
             if word & RUNNING == 1 && word & ARMED != 0 && word & DENSE == 0 {
                 let mut calls = timer.calls.lock().unwrap_or_else(PoisonError::into_inner);
                 // Unless a call began meanwhile (then the last of those ends it).
-                if self.disarm_if_idle(timer, DENSE) {
+                if self.disarm_if_idle(timer, &calls, DENSE) {
                     calls.last_end = Some(std::time::Instant::now());
                 }
             }
@@ -135,9 +135,10 @@ impl TickerState {
     }
 
     /// Disarms the call timer if no call runs and none of the word's `busy` bits is set;
-    /// answers whether it did. The caller holds the timer's lock.
+    /// answers whether it did. Only under the timer's lock (`_locked`), which every change of
+    /// whether it is armed takes.
     #[cfg(target_os = "linux")]
-    fn disarm_if_idle(&self, timer: &CallTimer, busy: u64) -> bool {
+    fn disarm_if_idle(&self, timer: &CallTimer, _locked: &std::sync::MutexGuard<'_, Calls>, busy: u64) -> bool {
         let word = timer.word.load(Ordering::Acquire);
         if word & ARMED == 0 || word & (RUNNING | busy) != 0 {
             return false;
@@ -286,9 +287,9 @@ fn run_on_timer(engine: &Engine, state: &TickerState, timer: &CallTimer, tick: D
             break;
         }
         {
-            let _calls = timer.calls.lock().unwrap_or_else(PoisonError::into_inner);
+            let calls = timer.calls.lock().unwrap_or_else(PoisonError::into_inner);
             // A whole tick with no call: dense calls have stopped.
-            if state.disarm_if_idle(timer, BEGAN) {
+            if state.disarm_if_idle(timer, &calls, BEGAN) {
                 continue;
             }
             timer.word.fetch_and(!BEGAN, Ordering::AcqRel);
