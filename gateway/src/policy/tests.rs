@@ -660,16 +660,22 @@ fn random_table(draws: &mut Draws, n: usize) -> WorkerTable {
     column(Columns::NODE, &mut |d| d.below(3));
     column(Columns::QUEUED_US, &mut |d| d.value(50_000));
     column(Columns::ENCODE_US, &mut |d| d.value(20_000));
+    // Prices as a mixed fleet's: reserved, spot, and in between (what `cost-aware` ranks by).
+    for price in table.cost.iter_mut() {
+        *price = [1.0, 0.4, 0.7][draws.below(3) as usize];
+    }
     table
 }
 
 #[test]
 fn shortlisted_routers_decide_as_their_exact_costs_do() {
-    // The built-ins that rank a shortlist of f32 estimates (the SDK's `shortlist`) against the
-    // same component told to compute every cost exactly (`shortlist = false`): the decision,
-    // its encoders and its fallbacks must be the same, on tables with ties and overflows.
+    // The built-ins that rank a shortlist of f32 estimates (the SDK's `shortlist`), and
+    // `cost-aware`, which predicts two workers per instruction, against the same component
+    // told to compute every cost exactly, one worker at a time (`shortlist = false`): the
+    // decision, its encoders and its fallbacks must be the same, on tables with ties and
+    // overflows.
     let runtime = runtime();
-    for name in ["kv-aware", "predicted-ttft", "modality-aware"] {
+    for name in ["kv-aware", "predicted-ttft", "modality-aware", "cost-aware"] {
         let wasm = built_in_router(name).expect("built in");
         let fast = runtime.load_router(name, wasm, toml::Table::new()).expect("loads");
         let mut exact_config = toml::Table::new();

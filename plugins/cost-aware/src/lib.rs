@@ -7,7 +7,7 @@
 //! few steps that also carried prefill do not count; matched by the `ids` column) over the
 //! fastest measured worker's. A worker whose steps take twice as long (an older spot GPU) has
 //! its prediction doubled; a worker measured on fewer than 3 streams is taken as fast as the
-//! fastest. Why relative and not against the model's step: see [`slowness`].
+//! fastest. Why relative and not against the model's step: see [`Slowness`].
 //! Workers the request would not overflow (KV capacity, as `predicted-ttft` checks it) and
 //! predicted to give its first token within `target_margin` × `ttft-target-ms` (the margin is
 //! room for the requests arriving meanwhile) are candidates, and the one with the lowest `cost`
@@ -42,7 +42,9 @@
 //! 0.8): the share of the target a candidate's predicted time may take, `own_steps_headroom`
 //! (default 0): the share of the request's own steps added to that time, and
 //! `measured_prefill` (default true): false ignores the fitted lines, predicting from the
-//! model alone as before.
+//! model alone as before. Every worker is predicted, two per instruction where the settings
+//! allow it ([`model::Model::predict_all`], bit for bit the same predictions); `shortlist =
+//! false` predicts them one at a time, the path the lanes are checked against.
 
 #![cfg_attr(not(test), no_std)]
 
@@ -86,30 +88,40 @@ impl Drain {
     }
 }
 
-/// What the `measured` import said of each worker of `predictions` (index for index), matched
-/// by the `ids` column; `None` for a worker it says nothing of. `items` is sorted by id stably
-/// (the first item of an id counts, as a scan would find it) so that each worker's is a binary
-/// search, not a scan: a scan per worker was quadratic.
-fn per_worker<T: Clone>(
-    workers: &WorkerTable,
-    predictions: &[(usize, model::Prediction)],
-    mut items: Vec<T>,
-    id_of: impl Fn(&T) -> u32,
-) -> Vec<Option<T>> {
-    items.sort_by_key(&id_of);
-    predictions
-        .iter()
-        .map(|(i, _)| {
-            let id = workers.ids.get(*i).copied()?;
-            let first = items.partition_point(|item| id_of(item) < id);
-            items.get(first).filter(|item| id_of(item) == id).cloned()
-        })
-        .collect()
+/// What a `measured` import said, by worker id: sorted by id stably (the first item of an id
+/// counts, as a scan would find it), so that a worker's item is a binary search, not a scan (a
+/// scan per worker was quadratic), and no search at all when the import said nothing.
+struct ById<T> {
+    items: Vec<(u32, T)>,
 }
 
-/// Each worker's measured prefill line, index for index with `predictions`; `None` where it
-/// was fitted to fewer than [`MIN_FITTED`] requests or makes no sense.
-fn drains(workers: &WorkerTable, predictions: &[(usize, model::Prediction)]) -> Vec<Option<Drain>> {
+impl<T: Copy> ById<T> {
+    fn new(items: impl Iterator<Item = (u32, T)>) -> ById<T> {
+        let mut items: Vec<(u32, T)> = items.collect();
+        items.sort_by_key(|(id, _)| *id);
+        ById { items }
+    }
+
+    /// Worker `i`'s item, matched by the `ids` column; `None` when there is none.
+    fn of(&self, workers: &WorkerTable, i: usize) -> Option<T> {
+        if self.items.is_empty() {
+            return None;
+        }
+        let id = workers.ids.get(i).copied()?;
+        let first = self.items.partition_point(|(item, _)| *item < id);
+        self.items
+            .get(first)
+            .filter(|(item, _)| *item == id)
+            .map(|(_, value)| *value)
+    }
+}
+
+/// The measured prefill lines, by worker id; none where one was fitted to fewer than
+/// [`MIN_FITTED`] requests or makes no sense, nor any at all when `measured` is false.
+fn drains(measured: bool) -> ById<Drain> {
+    if !measured {
+        return ById::new(core::iter::empty());
+    }
     let mut fits = switchyard_policy_sdk::measured::prefill_fits();
     fits.retain(|fit| {
         fit.samples >= MIN_FITTED
@@ -118,19 +130,17 @@ fn drains(workers: &WorkerTable, predictions: &[(usize, model::Prediction)]) -> 
             && fit.fixed_ms >= 0.0
             && fit.ms_per_ktoken >= 0.0
     });
-    per_worker(workers, predictions, fits, |fit| fit.id)
-        .into_iter()
-        .map(|fit| {
-            fit.map(|fit| Drain {
-                fixed_ms: f64::from(fit.fixed_ms),
-                ms_per_token: f64::from(fit.ms_per_ktoken) / 1000.0,
-            })
-        })
-        .collect()
+    ById::new(fits.into_iter().map(|fit| {
+        let drain = Drain {
+            fixed_ms: f64::from(fit.fixed_ms),
+            ms_per_token: f64::from(fit.ms_per_ktoken) / 1000.0,
+        };
+        (fit.id, drain)
+    }))
 }
 
 /// Each worker's slowness relative to the fastest measured one (1 = as fast; 2.5 = takes 2.5
-/// times as long per step), index for index with `predictions`, from the measured timings.
+/// times as long per step), from the measured timings.
 ///
 /// Relative, not against the model's expected step: a worker's measured gap grows with its own
 /// load (a fuller KV cache makes every step longer), and the load the gateway sees includes
@@ -138,20 +148,37 @@ fn drains(workers: &WorkerTable, predictions: &[(usize, model::Prediction)]) -> 
 /// that load makes a loaded worker look fast and draws more load to it. Every worker carries
 /// load, so the ratio of gaps keeps mostly the hardware's difference, and what is left of the
 /// load makes a busy worker look slower — which turns traffic away from it, the stable way.
-fn slowness(workers: &WorkerTable, predictions: &[(usize, model::Prediction)]) -> Vec<f64> {
-    let mut measured = switchyard_policy_sdk::measured::timings();
-    measured.retain(|timing| timing.itl_us > 0 && timing.samples >= MIN_SAMPLES);
-    let gaps: Vec<Option<f64>> = per_worker(workers, predictions, measured, |timing| timing.id)
-        .into_iter()
-        .map(|timing| timing.map(|timing| f64::from(timing.itl_us)))
-        .collect();
-    let fastest = gaps.iter().flatten().copied().fold(f64::INFINITY, f64::min);
-    gaps.iter()
-        .map(|gap| match gap {
-            Some(gap) if fastest.is_finite() && fastest > 0.0 => (gap / fastest).clamp(1.0, 100.0),
+struct Slowness {
+    /// Each worker's typical gap between chunks, in µs.
+    gaps: ById<f64>,
+    /// The least gap of the table's LLM workers (`+∞` when none was measured).
+    fastest: f64,
+}
+
+impl Slowness {
+    /// From the measured timings: those of at least [`MIN_SAMPLES`] streams count.
+    fn measured(workers: &WorkerTable) -> Slowness {
+        let mut measured = switchyard_policy_sdk::measured::timings();
+        measured.retain(|timing| timing.itl_us > 0 && timing.samples >= MIN_SAMPLES);
+        let gaps = ById::new(measured.iter().map(|timing| (timing.id, f64::from(timing.itl_us))));
+        let fastest = if gaps.items.is_empty() {
+            f64::INFINITY
+        } else {
+            workers
+                .llm_indices()
+                .filter_map(|i| gaps.of(workers, i))
+                .fold(f64::INFINITY, f64::min)
+        };
+        Slowness { gaps, fastest }
+    }
+
+    /// Worker `i`'s slowness: 1 where it was not measured.
+    fn of(&self, workers: &WorkerTable, i: usize) -> f64 {
+        match self.gaps.of(workers, i) {
+            Some(gap) if self.fastest.is_finite() && self.fastest > 0.0 => (gap / self.fastest).clamp(1.0, 100.0),
             _ => 1.0,
-        })
-        .collect()
+        }
+    }
 }
 
 impl Router for CostAware {
@@ -174,70 +201,61 @@ impl Router for CostAware {
         let own_steps = OWN_STEPS.get_or_init(|| switchyard_policy_sdk::config::get_f64("own_steps_headroom", 0.0));
         static MEASURED: switchyard_policy_sdk::config::Derived<bool> = switchyard_policy_sdk::config::Derived::new();
         let measured = MEASURED.get_or_init(|| switchyard_policy_sdk::config::get_bool("measured_prefill", true));
-        let predictions: Vec<(usize, model::Prediction)> = workers
-            .llm_indices()
-            .map(|i| (i, model.predict(req, workers, i)))
-            .collect();
-        if predictions.is_empty() {
-            return Err(PolicyError::new("no LLM worker in the table"));
-        }
-        let speeds = slowness(workers, &predictions);
-        let drains = if measured {
-            drains(workers, &predictions)
-        } else {
-            alloc::vec![None; predictions.len()]
-        };
+        let predictions = model.predict_all(req, workers);
+        let slowness = Slowness::measured(workers);
+        let drains = drains(measured);
         let target = f64::from(req.ttft_target_ms);
 
         // A worker the request would overflow is usable only when every worker would.
-        let ranked: Vec<Entry> = predictions
-            .iter()
-            .zip(&speeds)
-            .zip(&drains)
-            .map(|(((i, prediction), speed), drain)| {
-                let usable = !prediction.overflows;
-                let price = f64::from(workers.cost.get(*i).copied().unwrap_or(1.0));
-                // The prefill terms: the worker's measured line where there is one, else the
-                // model's, scaled by its slowness.
-                let (ttft, alone, impact) = match drain {
-                    Some(drain) => (
-                        drain.at(prediction.queued_tokens + prediction.new_tokens),
-                        drain.at(prediction.new_tokens),
-                        drain.ms_per_token * prediction.new_tokens,
-                    ),
-                    None => (
-                        prediction.ttft_ms * speed,
-                        prediction.alone_ms * speed,
-                        prediction.impact_ms * speed,
-                    ),
-                };
-                let cost = if prediction.cost.is_finite() {
-                    (prediction.cost - prediction.ttft_ms) * speed + ttft
-                } else {
-                    f64::INFINITY
-                };
-                // Checked against the margin: this request's TTFT (its queue and its own
-                // prefill), plus the share of its own steps `own_steps_headroom` leaves as room
-                // for the next arrival here.
-                let busy = ttft + own_steps * impact;
-                let meets = usable && (target <= 0.0 || busy <= target * margin);
-                // Could meet the target with nothing queued ahead: a worker too slow for the
-                // prompt even idle is the last resort, whatever its queue.
-                let able = usable && (target <= 0.0 || alone <= target);
-                let tie = model::mix(req.request_id ^ (*i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15));
-                Entry {
-                    usable,
-                    meets,
-                    able,
-                    key: if meets { price } else { cost },
-                    cost,
-                    tie,
-                    index: *i,
-                }
+        let entries = workers.llm_indices().filter_map(|i| {
+            let prediction = predictions.get(i)?;
+            let (speed, drain) = (slowness.of(workers, i), drains.of(workers, i));
+            let queued_tokens = f64::from(workers.prefill_tokens.get(i).copied().unwrap_or(0));
+            let usable = !prediction.overflows;
+            let price = f64::from(workers.cost.get(i).copied().unwrap_or(1.0));
+            // The prefill terms: the worker's measured line where there is one, else the
+            // model's, scaled by its slowness.
+            let (ttft, alone, impact) = match drain {
+                Some(drain) => (
+                    drain.at(queued_tokens + prediction.new_tokens),
+                    drain.at(prediction.new_tokens),
+                    drain.ms_per_token * prediction.new_tokens,
+                ),
+                None => (
+                    prediction.ttft_ms * speed,
+                    prediction.alone_ms * speed,
+                    prediction.impact_ms * speed,
+                ),
+            };
+            let cost = if prediction.cost.is_finite() {
+                (prediction.cost - prediction.ttft_ms) * speed + ttft
+            } else {
+                f64::INFINITY
+            };
+            // Checked against the margin: this request's TTFT (its queue and its own
+            // prefill), plus the share of its own steps `own_steps_headroom` leaves as room
+            // for the next arrival here.
+            let busy = ttft + own_steps * impact;
+            let meets = usable && (target <= 0.0 || busy <= target * margin);
+            // Could meet the target with nothing queued ahead: a worker too slow for the
+            // prompt even idle is the last resort, whatever its queue.
+            let able = usable && (target <= 0.0 || alone <= target);
+            let tie = model::mix(req.request_id ^ (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15));
+            Some(Entry {
+                usable,
+                meets,
+                able,
+                key: if meets { price } else { cost },
+                cost,
+                tie,
+                index: i,
             })
-            .collect();
-        let ranked = best(ranked, 1 + FALLBACKS);
-        let mut decision = Decision::to(ranked[0].index);
+        });
+        let ranked = best(entries, 1 + FALLBACKS);
+        let first = ranked
+            .first()
+            .ok_or_else(|| PolicyError::new("no LLM worker in the table"))?;
+        let mut decision = Decision::to(first.index);
         decision.fallbacks = ranked.iter().skip(1).take(FALLBACKS).map(|r| r.index as u32).collect();
         Ok(decision)
     }
@@ -284,7 +302,7 @@ fn order(a: &Entry, b: &Entry) -> core::cmp::Ordering {
 /// The first `count` of `entries` (in table order) in [`order`], ties in table order, as a
 /// stable sort would put them: kept in order as the workers go by, not a sort of all of them
 /// (which cost more than the predictions at a thousand workers).
-fn best(entries: Vec<Entry>, count: usize) -> Vec<Entry> {
+fn best(entries: impl IntoIterator<Item = Entry>, count: usize) -> Vec<Entry> {
     let mut best: Vec<Entry> = Vec::with_capacity(count + 1);
     for entry in entries {
         if best.len() == count
@@ -501,5 +519,125 @@ mod tests {
         let decision = testing::route::<CostAware>(&request, &table).expect("a decision");
         assert_eq!(decision.worker, 1, "both meet it as far as is known: the cheaper");
         assert_eq!(decision.fallbacks, alloc::vec![0]);
+    }
+
+    /// A small deterministic generator for the differential test.
+    struct Draws(u64);
+
+    impl Draws {
+        fn below(&mut self, bound: u32) -> u32 {
+            self.0 = model::mix(self.0);
+            (self.0 % u64::from(bound.max(1))) as u32
+        }
+
+        /// A value from a few small ones (so that workers tie), else anything below `bound`.
+        fn value(&mut self, bound: u32) -> u32 {
+            if self.below(2) == 0 {
+                self.below(3)
+            } else {
+                self.below(bound)
+            }
+        }
+    }
+
+    /// Every part of a prediction as bits, so that −0 and +0 differ.
+    fn bits(parts: &model::exact::Parts) -> [u64; 6] {
+        [
+            parts.ttft_ms,
+            parts.alone_ms,
+            parts.impact_ms,
+            parts.new_tokens,
+            parts.cost,
+            f64::from(u8::from(parts.overflows)),
+        ]
+        .map(f64::to_bits)
+    }
+
+    #[test]
+    fn predictions_in_lanes_are_bit_for_bit_the_ones_by_one() {
+        // `predict_all` (two workers per instruction where its settings allow) against
+        // `predict` worker by worker: every field's bits, on tables with idle and overflowing
+        // workers, zeros and values up to u32::MAX, and settings including negative zeros, a
+        // negative decode polynomial, and ones outside what the lanes take (which fall back).
+        let mut draws = Draws(7);
+        let mut in_lanes = 0;
+        for round in 0..3000u64 {
+            let n = 1 + draws.below(70) as usize;
+            let mut table = testing::table(n);
+            let huge = draws.below(8) == 0;
+            let big = |draws: &mut Draws, bound: u32| {
+                if huge && draws.below(4) == 0 {
+                    u32::MAX - draws.below(3)
+                } else {
+                    draws.value(bound)
+                }
+            };
+            for i in 0..n {
+                table.roles[i] = if draws.below(10) == 0 { 1 } else { 0 };
+                table.block_size[i] = [0, 16, 32, 64, 48][draws.below(5) as usize];
+                table.overlap_device_blocks[i] = big(&mut draws, 40);
+                table.overlap_host_blocks[i] = big(&mut draws, 8);
+                table.prefill_tokens[i] = big(&mut draws, 30_000);
+                table.active_requests[i] = big(&mut draws, 9_000);
+                table.active_blocks[i] = big(&mut draws, 2_000);
+                table.capacity_blocks[i] = [0, 1_000, 2_000, 16_384, u32::MAX][draws.below(5) as usize];
+            }
+            let mut request = testing::request(round, big(&mut draws, 20_000));
+            request.prompt_blocks = big(&mut draws, 400);
+            request.max_tokens = big(&mut draws, 1024);
+            let settings: &[(&str, &str)] = match draws.below(8) {
+                0 => &[("interference_weight", "0.5"), ("memory_threshold", "0.5")],
+                1 => &[("impact_weight", "0"), ("decode_a", "3"), ("step_tokens", "2048")],
+                2 => &[
+                    ("prefill_a", "-0.0"),
+                    ("prefill_b", "-0.0"),
+                    ("prefill_c", "-0.0"),
+                    ("host_credit", "-0.0"),
+                    ("memory_threshold", "-0.0"),
+                    ("interference_weight", "-0.0"),
+                ],
+                3 => &[
+                    ("decode_a", "-60"),
+                    ("decode_b", "-0.0"),
+                    ("decode_c", "0"),
+                    ("interference_weight", "2"),
+                ],
+                4 => &[("step_tokens", "1"), ("default_capacity_blocks", "0.5")],
+                5 => &[("prefill_a", "1e300")],
+                6 => &[("prefill_a", "-1e-7")],
+                _ => &[],
+            };
+            for (key, value) in settings {
+                testing::set_config(key, value);
+            }
+            let model = Model::from_config();
+            in_lanes += usize::from(model.predicts_in_lanes());
+            let view = table.view();
+            let predictions = model.predict_all(&request, &view);
+            for i in view.llm_indices() {
+                let one = model.predict(&request, &view, i);
+                let one = model::exact::Parts {
+                    ttft_ms: one.ttft_ms,
+                    alone_ms: one.alone_ms,
+                    impact_ms: one.impact_ms,
+                    new_tokens: one.new_tokens,
+                    cost: one.cost,
+                    overflows: one.overflows,
+                };
+                let lane = predictions.get(i).expect("every worker predicted");
+                assert_eq!(
+                    bits(&lane),
+                    bits(&one),
+                    "round {round}, worker {i}, settings {settings:?}: {lane:?} against {one:?}"
+                );
+            }
+            for (key, _) in settings {
+                testing::set_config(key, "nan-means-default");
+            }
+        }
+        assert!(
+            (1500..3000).contains(&in_lanes),
+            "{in_lanes} of 3000 rounds predicted in lanes"
+        );
     }
 }

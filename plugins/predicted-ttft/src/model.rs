@@ -334,6 +334,281 @@ impl Model {
     }
 }
 
+/// Every worker's exact prediction, two per instruction: what `cost-aware` ranks, as
+/// [`Model::predict_all`]. A module of its own so that the routers that include this file and
+/// do not use it (`predicted-ttft`, `modality-aware`) need not carry an allowance each.
+#[allow(
+    dead_code,
+    reason = "cost-aware's; predicted-ttft and modality-aware include this file too"
+)]
+pub mod exact {
+    use super::{F64x2, Four, Lanes, Model, RequestInfo, U32x4, Vec, WorkerTable, role, scratch};
+
+    /// How large a coefficient may be for [`Model::predict_all`] to take two workers per
+    /// instruction (2⁶⁴): with every column and request number below 2³², no term of a prediction
+    /// then comes near `f64`'s range (the largest, a weighted pressure or interference time, stays
+    /// below 2³³⁰), so no lane becomes infinite or NaN.
+    const LANES_COEFFICIENT_LIMIT: f64 = 18_446_744_073_709_551_616.0;
+
+    /// Two workers' [`Parts`], field by field, as the lanes store them: time to first token,
+    /// alone, impact, uncached tokens, cost, and overflow (1 or 0).
+    type PairOfParts = [[f64; 2]; 6];
+
+    /// Every worker's [`Parts`], from [`Model::predict_all`].
+    pub struct Predictions {
+        /// Workers `2k` and `2k + 1`'s parts at `k`.
+        pairs: Vec<PairOfParts>,
+    }
+
+    /// What `cost-aware` ranks by of a worker's [`Prediction`]: the same values, without the
+    /// terms it does not read.
+    #[derive(Debug, Clone, Copy, PartialEq)]
+    pub struct Parts {
+        /// [`Prediction::ttft_ms`].
+        pub ttft_ms: f64,
+        /// [`Prediction::alone_ms`].
+        pub alone_ms: f64,
+        /// [`Prediction::impact_ms`].
+        pub impact_ms: f64,
+        /// [`Prediction::new_tokens`].
+        pub new_tokens: f64,
+        /// [`Prediction::cost`].
+        pub cost: f64,
+        /// [`Prediction::overflows`].
+        pub overflows: bool,
+    }
+
+    impl Predictions {
+        /// Worker `i`'s parts; `None` past the table. A worker that is not an LLM has meaningless
+        /// ones.
+        pub fn get(&self, i: usize) -> Option<Parts> {
+            let pair = self.pairs.get(i / 2)?;
+            let lane = i % 2;
+            let [ttft_ms, alone_ms, impact_ms, new_tokens, cost, overflows] = pair.map(|field| field[lane]);
+            Some(Parts {
+                ttft_ms,
+                alone_ms,
+                impact_ms,
+                new_tokens,
+                // As `predict` does: a NaN would make the order meaningless.
+                cost: if cost.is_nan() { f64::INFINITY } else { cost },
+                overflows: overflows != 0.0,
+            })
+        }
+    }
+
+    impl Model {
+        /// Whether [`Model::predict_all`] may predict in lanes with these settings: the fast path
+        /// is on (config key `shortlist`), the settings are [`Model::estimable`], the step budget
+        /// is at least one token and no coefficient's magnitude passes [`LANES_COEFFICIENT_LIMIT`].
+        pub fn predicts_in_lanes(&self) -> bool {
+            let settings = [
+                self.step_tokens,
+                self.host_credit,
+                self.decode_weight,
+                self.interference_weight,
+                self.default_capacity_blocks,
+                self.memory_threshold,
+                self.memory_weight,
+                self.impact_weight,
+            ];
+            self.shortlisted
+                && self.estimable()
+                && self.step_tokens >= 1.0
+                && (self.prefill.iter().chain(&self.decode).chain(&settings))
+                    .all(|value| value.abs() <= LANES_COEFFICIENT_LIMIT)
+        }
+
+        /// [`Model::predict`]'s [`Parts`] for every LLM worker.
+        ///
+        /// Two workers per Wasm SIMD instruction where [`Model::predicts_in_lanes`] holds and the
+        /// columns are whole, and then bit for bit what predicting the workers one at a time
+        /// gives: the lanes run the same IEEE operations in the same order (divisions included,
+        /// where the estimates use a reciprocal), and the only ones whose answer can differ, `max`
+        /// and `min` (the lanes' `pmax`/`pmin` against `f64::max`/`min`), agree unless an operand
+        /// is NaN or the two are zeros of opposite sign. The coefficient limit rules out NaN, and
+        /// with [`Model::estimable`]'s non-negative coefficients no operand of a `max` or `min` is
+        /// −0: the overlaps, loads and request numbers are non-negative integers, a difference
+        /// `x − y` is −0 only for `x = −0`, and the one term that can be −0, the decode polynomial
+        /// of a negative coefficient at zero usage, is compared with 1.
+        pub fn predict_all(&self, req: &RequestInfo, workers: &WorkerTable) -> Predictions {
+            if let Some(pairs) = self.predict_in_lanes(req, workers) {
+                return Predictions { pairs };
+            }
+            let n = workers.roles.len().max(workers.len());
+            let mut pairs = alloc::vec![[[0.0; 2]; 6]; n.div_ceil(2)];
+            for i in workers.llm_indices() {
+                let p = self.predict(req, workers, i);
+                let parts = [
+                    p.ttft_ms,
+                    p.alone_ms,
+                    p.impact_ms,
+                    p.new_tokens,
+                    p.cost,
+                    f64::from(u8::from(p.overflows)),
+                ];
+                if let Some(pair) = pairs.get_mut(i / 2) {
+                    for (field, value) in pair.iter_mut().zip(parts) {
+                        field[i % 2] = value;
+                    }
+                }
+            }
+            Predictions { pairs }
+        }
+
+        /// [`Model::predict_all`] in lanes; `None` where the lanes cannot promise the same bits.
+        fn predict_in_lanes(&self, req: &RequestInfo, workers: &WorkerTable) -> Option<Vec<PairOfParts>> {
+            let n = workers.len();
+            // `llm_indices` walks the roles column whatever its length: the lanes take the table's.
+            if !self.predicts_in_lanes() || workers.roles.len() != n {
+                return None;
+            }
+            let columns = [
+                workers.roles,
+                workers.block_size.get(..n)?,
+                workers.overlap_device_blocks.get(..n)?,
+                workers.overlap_host_blocks.get(..n)?,
+                workers.prefill_tokens.get(..n)?,
+                workers.active_requests.get(..n)?,
+                workers.active_blocks.get(..n)?,
+                workers.capacity_blocks.get(..n)?,
+            ];
+            let lanes = Lanes::new(self, req);
+            let mut pairs: Vec<PairOfParts> = scratch::vec(n.div_ceil(4) * 2);
+            pairs.resize(n.div_ceil(4) * 2, [[0.0; 2]; 6]);
+            // Split where the loop ends, so that its stores need no test (see `kv-aware`).
+            let (body, last) = pairs.split_at_mut(n / 4 * 2);
+            let (body, _) = body.as_chunks_mut::<2>();
+            let [_, block_size, device, host, queued, decoders, active_blocks, capacity] =
+                columns.map(|column| column.as_chunks::<4>().0);
+            for (q, [low, high]) in body.iter_mut().enumerate() {
+                let four = Four {
+                    roles: U32x4::splat(role::LLM),
+                    block_size: U32x4::load(&block_size[q]),
+                    device: U32x4::load(&device[q]),
+                    host: U32x4::load(&host[q]),
+                    queued: U32x4::load(&queued[q]),
+                    decoders: U32x4::load(&decoders[q]),
+                    active_blocks: U32x4::load(&active_blocks[q]),
+                    capacity: U32x4::load(&capacity[q]),
+                };
+                lanes.four_exact(&four, low, high);
+            }
+            // The last workers that do not fill four lanes, padded with zeros.
+            let done = n / 4 * 4;
+            if done < n
+                && let [low, high, ..] = last
+            {
+                let mut padded = [[0u32; 4]; 8];
+                for (padded, column) in padded.iter_mut().zip(columns) {
+                    padded[..n - done].copy_from_slice(&column[done..]);
+                }
+                let [
+                    roles,
+                    block_size,
+                    device,
+                    host,
+                    queued,
+                    decoders,
+                    active_blocks,
+                    capacity,
+                ] = padded.each_ref().map(U32x4::load);
+                let four = Four {
+                    roles,
+                    block_size,
+                    device,
+                    host,
+                    queued,
+                    decoders,
+                    active_blocks,
+                    capacity,
+                };
+                lanes.four_exact(&four, low, high);
+            }
+            Some(pairs)
+        }
+    }
+
+    impl Lanes {
+        /// [`Model::predict`]'s [`Parts`] for four workers, into two pairs.
+        #[inline(always)]
+        fn four_exact(&self, four: &Four, low: &mut PairOfParts, high: &mut PairOfParts) {
+            let block_size = four.block_size.max(U32x4::splat(1));
+            self.two_exact(
+                [
+                    block_size.low_to_f64(),
+                    four.device.low_to_f64(),
+                    four.host.low_to_f64(),
+                    four.queued.low_to_f64(),
+                    four.decoders.low_to_f64(),
+                    four.active_blocks.low_to_f64(),
+                    four.capacity.low_to_f64(),
+                ],
+                low,
+            );
+            self.two_exact(
+                [
+                    block_size.high_to_f64(),
+                    four.device.high_to_f64(),
+                    four.host.high_to_f64(),
+                    four.queued.high_to_f64(),
+                    four.decoders.high_to_f64(),
+                    four.active_blocks.high_to_f64(),
+                    four.capacity.high_to_f64(),
+                ],
+                high,
+            );
+        }
+
+        /// [`Model::predict`]'s [`Parts`] for two workers: its operations in its order, term for
+        /// term (see [`Model::predict_all`] for why the bits are the same).
+        #[inline(always)]
+        fn two_exact(
+            &self,
+            [block_size, device, host, queued, decoders, active_blocks, reported]: [F64x2; 7],
+            out: &mut PairOfParts,
+        ) {
+            let zero = F64x2::splat(0.0);
+            let one = F64x2::splat(1.0);
+            let new_tokens = (self.prompt - block_size * (device + self.host_credit * host)).max(zero);
+            let per_step = (self.step_tokens - decoders).max(self.step_floor);
+            let work = queued + new_tokens;
+            let ttft = (work / per_step).max(one) * self.prefill_ms(work.min(per_step) + decoders);
+            let steps = new_tokens / per_step;
+            let own_prefill = self.prefill_ms(new_tokens.min(per_step) + decoders);
+            let alone = steps.max(one) * own_prefill;
+
+            let blocks = active_blocks + (self.prompt_blocks - device).max(zero);
+            let known = reported.gt(zero);
+            let capacity = known.select(reported, self.default_capacity);
+            // `clamp(0, 1)` is `max(0)` then `min(1)` for every number.
+            let usage = (blocks / capacity).max(zero).min(one);
+            let [a, b, c] = self.decode;
+            let decode_step = ((a * usage + b) * usage + c).max(one);
+
+            let own_steps = new_tokens.gt(zero).select(steps.max(one), zero);
+            let interference = decoders * own_steps * (own_prefill - decode_step).max(zero);
+            let full_step = self.prefill_ms(per_step + decoders);
+            let over = (blocks - self.memory_threshold * capacity).max(zero);
+            let pressure = over * block_size / per_step * full_step;
+            let impact = steps * full_step;
+            let cost = ttft
+                + self.decode_cost * decode_step
+                + F64x2::splat(self.interference_weight) * interference
+                + self.memory_weight * pressure
+                + self.impact_weight * impact;
+            let overflows = (known & blocks.gt(reported)).select(one, zero);
+            let [out_ttft, out_alone, out_impact, out_new, out_cost, out_overflows] = out;
+            ttft.store(out_ttft);
+            alone.store(out_alone);
+            impact.store(out_impact);
+            new_tokens.store(out_new);
+            cost.store(out_cost);
+            overflows.store(out_overflows);
+        }
+    }
+}
+
 /// Four workers' columns, as [`Lanes::four`] reads them.
 struct Four {
     roles: U32x4,
