@@ -5,6 +5,9 @@
 //!   an `n`-worker table, against `least-load` on the same table, against `least-load` sent
 //!   `kv-aware`'s eight columns (what moving those bytes costs), and against `least-load` in
 //!   native Rust (`native-least-load`);
+//! - `route/cost-aware-measured/{n}`: `cost-aware` as the gateway runs it, the `measured`
+//!   import answering a timing and a fitted prefill line for every worker (the plain rows have
+//!   none, as a gateway that has not measured yet);
 //! - `publish/cached` vs `publish/compile`: validating and publishing a policy whose compiled
 //!   code is in the disk cache, against compiling the `.wasm` afresh;
 //! - `instantiate`: a thread's re-instantiation of a published policy;
@@ -15,11 +18,13 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use criterion::{BenchmarkId, Criterion};
 use switchyard::bench::{PolicyRuntime, RuntimeConfig};
 use switchyard::bench::{PolicySwitch, SwitchConfig};
+use switchyard::bench::{PrefillFit, TimingSource, WorkerTiming};
 use switchyard::bench::{built_in_router, table};
 
 const SIZES: [usize; 4] = [8, 64, 1024, 4096];
@@ -53,6 +58,37 @@ fn runtime(cache_dir: Option<PathBuf>, default_deadline: bool) -> Arc<PolicyRunt
     )
 }
 
+/// Measurements of every worker of the table being routed, as a gateway that has served a
+/// while has them: gaps between chunks of 20–29 ms over enough streams, and a fitted prefill
+/// line.
+#[derive(Debug, Default)]
+struct EveryWorkerMeasured {
+    workers: AtomicU32,
+}
+
+impl TimingSource for EveryWorkerMeasured {
+    fn timings(&self) -> Vec<WorkerTiming> {
+        (0..self.workers.load(Ordering::Relaxed))
+            .map(|id| WorkerTiming {
+                id,
+                itl_us: 20_000 + (id * 7_919) % 10_000,
+                samples: 50,
+            })
+            .collect()
+    }
+
+    fn prefill_fits(&self) -> Vec<PrefillFit> {
+        (0..self.workers.load(Ordering::Relaxed))
+            .map(|id| PrefillFit {
+                id,
+                fixed_ms: 15.0 + (id % 5) as f32,
+                ms_per_ktoken: 30.0 + (id % 7) as f32,
+                samples: 40,
+            })
+            .collect()
+    }
+}
+
 fn bench_route(c: &mut Criterion, runtime: &Arc<PolicyRuntime>) {
     let request = table::synthetic_request();
     let mut group = c.benchmark_group("route");
@@ -68,6 +104,26 @@ fn bench_route(c: &mut Criterion, runtime: &Arc<PolicyRuntime>) {
                 b.iter(|| instance.route(&request, workers).expect("answer"))
             });
         }
+    }
+    // `cost-aware` with every worker measured, on a runtime of its own (a runtime takes its
+    // timing source once).
+    let measured = self::runtime(None, false);
+    let source = Arc::new(EveryWorkerMeasured::default());
+    measured.provide_timings(source.clone());
+    let policy = measured
+        .load_router(
+            "cost-aware",
+            built_in_router("cost-aware").expect("built in"),
+            toml::Table::new(),
+        )
+        .expect("loads");
+    let mut instance = policy.instantiate().expect("instance");
+    for n in SIZES {
+        let workers = table::synthetic(n).select(policy.columns() | table::fallback_columns());
+        source.workers.store(n as u32, Ordering::Relaxed);
+        group.bench_with_input(BenchmarkId::new("cost-aware-measured", n), &workers, |b, workers| {
+            b.iter(|| instance.route(&request, workers).expect("answer"))
+        });
     }
     // The floor under the routers that read more columns: `least-load` sent the eight columns
     // `kv-aware` and `predicted-ttft` read (the host copies every column sent), so the bytes
@@ -200,7 +256,8 @@ fn summary() {
     println!("\n## policy_call summary (means; ratios in this run)\n");
     println!(
         "Each built-in router's Wasm call, in ns, and its ratio to `least-load`'s on the same table \
-         (aim: at most 1.5× at 1,024 and 4,096 workers); then `least-load` sent the eight columns \
+         (aim: at most 1.5× at 1,024 and 4,096 workers); `cost-aware` with a timing and a prefill \
+         line for every worker; then `least-load` sent the eight columns \
          `kv-aware` reads (the floor those bytes set), and `least-load` in native Rust.\n"
     );
     let mut header = String::from("| workers |");
@@ -209,8 +266,10 @@ fn summary() {
         header.push_str(&format!(" {name} |"));
         rule.push_str("---:|");
     }
-    println!("{header} least-load sent 8 columns | native least-load | least-load Wasm/native |");
-    println!("{rule}---:|---:|---:|");
+    println!(
+        "{header} cost-aware, every worker measured | least-load sent 8 columns | native least-load | least-load Wasm/native |"
+    );
+    println!("{rule}---:|---:|---:|---:|");
     for n in SIZES {
         let Some(least) = mean_ns(&format!("route/least-load/{n}")) else {
             continue;
@@ -222,6 +281,10 @@ fn summary() {
                 Some(ns) => row.push_str(&format!(" {ns:.0} ({:.2}×) |", ns / least)),
                 None => row.push_str(" n/a |"),
             }
+        }
+        match mean_ns(&format!("route/cost-aware-measured/{n}")) {
+            Some(ns) => row.push_str(&format!(" {ns:.0} ({:.2}×) |", ns / least)),
+            None => row.push_str(" n/a |"),
         }
         match mean_ns(&format!("route/least-load-on-8-columns/{n}")) {
             Some(ns) => row.push_str(&format!(" {ns:.0} ({:.2}×) |", ns / least)),

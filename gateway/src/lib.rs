@@ -49,7 +49,8 @@ pub use server::tls::TlsError;
 pub mod bench {
     pub use crate::events::applier::MAX_BATCH;
     pub use crate::kv::index::{IndexSize, KvIndex, Overlap, Overlaps};
-    pub use crate::policy::runtime::{PolicyRuntime, RuntimeConfig};
+    pub use crate::policy::host::{PrefillFit, WorkerTiming};
+    pub use crate::policy::runtime::{PolicyRuntime, RuntimeConfig, TimingSource};
     pub use crate::policy::switch::{PolicySwitch, SwitchConfig};
     pub use crate::policy::{built_in_router, table};
 }

@@ -88,31 +88,67 @@ impl Drain {
     }
 }
 
-/// What a `measured` import said, by worker id: sorted by id stably (the first item of an id
-/// counts, as a scan would find it), so that a worker's item is a binary search, not a scan (a
-/// scan per worker was quadratic), and no search at all when the import said nothing.
-struct ById<T> {
-    items: Vec<(u32, T)>,
+/// What a `measured` import said, by worker id (the first item of an id counts, as a scan
+/// would find it). Ids are the gateway's, given out in order, so they are mostly dense: then
+/// a slot per id up to the largest, and a worker's item is one load; where the ids are spread
+/// wider than [`DENSE_IDS`] slots per item, the items sorted by id and a binary search (a scan
+/// per worker was quadratic). None at all when the import said nothing.
+enum ById<T> {
+    /// `slots[id]`: the item of `id`, if any.
+    Dense(Vec<Option<T>>),
+    /// Sorted by id, stably.
+    Sorted(Vec<(u32, T)>),
 }
+
+/// Slots per item, plus a few, that [`ById`] spends on a table indexed by id.
+const DENSE_IDS: usize = 4;
 
 impl<T: Copy> ById<T> {
     fn new(items: impl Iterator<Item = (u32, T)>) -> ById<T> {
         let mut items: Vec<(u32, T)> = items.collect();
-        items.sort_by_key(|(id, _)| *id);
-        ById { items }
+        let largest = items.iter().map(|(id, _)| *id as usize).max();
+        match largest {
+            None => ById::Dense(Vec::new()),
+            Some(largest) if largest < DENSE_IDS * items.len() + 64 => {
+                let mut slots = alloc::vec![None; largest + 1];
+                for (id, item) in items {
+                    if let Some(slot @ None) = slots.get_mut(id as usize) {
+                        *slot = Some(item);
+                    }
+                }
+                ById::Dense(slots)
+            }
+            Some(_) => {
+                items.sort_by_key(|(id, _)| *id);
+                ById::Sorted(items)
+            }
+        }
+    }
+
+    /// Whether the import said nothing.
+    fn is_empty(&self) -> bool {
+        match self {
+            ById::Dense(slots) => slots.is_empty(),
+            ById::Sorted(items) => items.is_empty(),
+        }
     }
 
     /// Worker `i`'s item, matched by the `ids` column; `None` when there is none.
     fn of(&self, workers: &WorkerTable, i: usize) -> Option<T> {
-        if self.items.is_empty() {
+        if self.is_empty() {
             return None;
         }
         let id = workers.ids.get(i).copied()?;
-        let first = self.items.partition_point(|(item, _)| *item < id);
-        self.items
-            .get(first)
-            .filter(|(item, _)| *item == id)
-            .map(|(_, value)| *value)
+        match self {
+            ById::Dense(slots) => slots.get(id as usize).copied().flatten(),
+            ById::Sorted(items) => {
+                let first = items.partition_point(|(item, _)| *item < id);
+                items
+                    .get(first)
+                    .filter(|(item, _)| *item == id)
+                    .map(|(_, value)| *value)
+            }
+        }
     }
 }
 
@@ -161,7 +197,7 @@ impl Slowness {
         let mut measured = switchyard_policy_sdk::measured::timings();
         measured.retain(|timing| timing.itl_us > 0 && timing.samples >= MIN_SAMPLES);
         let gaps = ById::new(measured.iter().map(|timing| (timing.id, f64::from(timing.itl_us))));
-        let fastest = if gaps.items.is_empty() {
+        let fastest = if gaps.is_empty() {
             f64::INFINITY
         } else {
             workers
@@ -639,5 +675,36 @@ mod tests {
             (1500..3000).contains(&in_lanes),
             "{in_lanes} of 3000 rounds predicted in lanes"
         );
+    }
+
+    #[test]
+    fn an_id_finds_its_first_item_dense_or_spread() {
+        // `ById` against a scan for the first item of each id: ids given out in order (a slot
+        // per id), ids spread wide (sorted, binary search), repeated ids, ids past the items,
+        // and a table whose `ids` column is short.
+        let mut draws = Draws(23);
+        let mut dense = 0;
+        for round in 0..2000u32 {
+            let spread = [1, 3, 1000, 1 << 20][draws.below(4) as usize];
+            let items: Vec<(u32, u32)> = (0..draws.below(40)).map(|k| (draws.below(50) * spread, k)).collect();
+            let by_id = ById::new(items.iter().copied());
+            dense += u32::from(matches!(by_id, ById::Dense(_)));
+            let n = 1 + draws.below(60) as usize;
+            let mut table = testing::table(n);
+            for id in table.ids.iter_mut() {
+                *id = draws.below(55) * spread;
+            }
+            table.ids.truncate(n - draws.below(2) as usize);
+            let view = table.view();
+            for i in 0..n {
+                let scan = view
+                    .ids
+                    .get(i)
+                    .and_then(|id| items.iter().find(|(item, _)| item == id))
+                    .map(|(_, k)| *k);
+                assert_eq!(by_id.of(&view, i), scan, "round {round}, worker {i}");
+            }
+        }
+        assert!((600..1400).contains(&dense), "{dense} of 2000 rounds indexed by slot");
     }
 }
