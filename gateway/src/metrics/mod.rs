@@ -31,6 +31,46 @@ struct EndpointLabel {
 
 type HistogramFamily = Family<EndpointLabel, Histogram, fn() -> Histogram>;
 
+/// The label of the media counters: an item's kind.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct KindLabel {
+    kind: &'static str,
+}
+
+/// The label of the text-only counter: one of [`TEXT_ONLY_REASONS`] or `other`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReasonLabel {
+    reason: &'static str,
+}
+
+/// Why a request's media was answered text-only, as `/metrics` names it: the gateway's reasons
+/// and the workers' (`gpu-workers`' media path). The reason comes back in a worker's
+/// `x-switchyard-media` header, which carries whatever an encoder reported when it gave up, so
+/// any other reason counts as `other`: what a worker sends cannot grow the label set.
+const TEXT_ONLY_REASONS: [&str; 10] = [
+    "no_encoder",
+    "encoder_failed",
+    "feature_timeout",
+    "feature_evicted",
+    "feature_dim_mismatch",
+    "merge_failed",
+    "staging_full",
+    "tracker_poisoned",
+    "not_tracked",
+    "abandoned",
+];
+
+/// `reason` as a [`TEXT_ONLY_REASONS`] label (the header's `-` and spaces read as `_`), else
+/// `other`.
+fn text_only_label(reason: &str) -> &'static str {
+    let normal = |byte: u8| if byte == b'-' || byte == b' ' { b'_' } else { byte };
+    TEXT_ONLY_REASONS
+        .iter()
+        .find(|known| known.bytes().eq(reason.trim().bytes().map(normal)))
+        .copied()
+        .unwrap_or("other")
+}
+
 /// Every metric the gateway exports.
 #[derive(Debug)]
 pub struct Metrics {
@@ -43,9 +83,9 @@ pub struct Metrics {
     worker_healthy: Family<Labels, Gauge>,
     retries: Counter,
     preemptions: Counter,
-    media_items: Family<Labels, Counter>,
-    media_tokens: Family<Labels, Counter>,
-    media_text_only: Family<Labels, Counter>,
+    media_items: Family<KindLabel, Counter>,
+    media_tokens: Family<KindLabel, Counter>,
+    media_text_only: Family<ReasonLabel, Counter>,
 }
 
 fn latency_histogram() -> Histogram {
@@ -67,9 +107,9 @@ impl Metrics {
         let worker_healthy = Family::<Labels, Gauge>::default();
         let retries = Counter::default();
         let preemptions = Counter::default();
-        let media_items = Family::<Labels, Counter>::default();
-        let media_tokens = Family::<Labels, Counter>::default();
-        let media_text_only = Family::<Labels, Counter>::default();
+        let media_items = Family::<KindLabel, Counter>::default();
+        let media_tokens = Family::<KindLabel, Counter>::default();
+        let media_text_only = Family::<ReasonLabel, Counter>::default();
         registry.register(
             "media_items",
             "Media items accepted in requests, by kind (image, audio, video)",
@@ -142,17 +182,18 @@ impl Metrics {
     }
 
     /// Counts one accepted media item of `kind` and its estimated tokens.
-    pub fn media_item(&self, kind: &str, tokens: u32) {
-        let labels = vec![("kind", kind.to_string())];
-        self.media_items.get_or_create(&labels).inc();
-        self.media_tokens.get_or_create(&labels).inc_by(u64::from(tokens));
+    pub fn media_item(&self, kind: &'static str, tokens: u32) {
+        let label = KindLabel { kind };
+        self.media_items.get_or_create(&label).inc();
+        self.media_tokens.get_or_create(&label).inc_by(u64::from(tokens));
     }
 
-    /// Counts one request with media answered text-only, and why.
+    /// Counts one request with media answered text-only, and why: `reason` as the
+    /// `x-switchyard-media` header gives it (a reason not in [`TEXT_ONLY_REASONS`] counts as
+    /// `other`).
     pub fn media_text_only(&self, reason: &str) {
-        self.media_text_only
-            .get_or_create(&vec![("reason", reason.to_string())])
-            .inc();
+        let reason = text_only_label(reason);
+        self.media_text_only.get_or_create(&ReasonLabel { reason }).inc();
     }
 
     /// Counts one answered request.
@@ -248,5 +289,30 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("switchyard_worker_in_flight{worker=\"w0\"} 1"), "{text}");
+    }
+
+    #[test]
+    fn text_only_reasons_a_worker_makes_up_count_as_other() {
+        let metrics = Metrics::new();
+        metrics.media_item("image", 576);
+        metrics.media_text_only("no-encoder");
+        metrics.media_text_only("feature-evicted");
+        metrics.media_text_only("not tracked");
+        for made_up in 0..100 {
+            metrics.media_text_only(&format!("encoder-said-{made_up}"));
+        }
+        metrics.media_text_only("");
+        let text = metrics.encode();
+        for line in [
+            "switchyard_media_items_total{kind=\"image\"} 1",
+            "switchyard_media_tokens_total{kind=\"image\"} 576",
+            "switchyard_media_text_only_total{reason=\"no_encoder\"} 1",
+            "switchyard_media_text_only_total{reason=\"feature_evicted\"} 1",
+            "switchyard_media_text_only_total{reason=\"not_tracked\"} 1",
+            "switchyard_media_text_only_total{reason=\"other\"} 101",
+        ] {
+            assert!(text.contains(line), "{line} in {text}");
+        }
+        assert_eq!(text.matches("switchyard_media_text_only_total{").count(), 4, "{text}");
     }
 }

@@ -411,7 +411,7 @@ pub(crate) async fn generate(
                     .and_then(|v| v.to_str().ok())
                     .and_then(|v| v.split("reason=").nth(1))
                 {
-                    state.metrics.media_text_only(&reason.replace('-', "_"));
+                    state.metrics.media_text_only(reason);
                 }
                 return Ok(response);
             }
