@@ -245,16 +245,7 @@ impl Model {
             return None;
         }
         let n = workers.len();
-        let columns = [
-            workers.roles.get(..n)?,
-            workers.block_size.get(..n)?,
-            workers.overlap_device_blocks.get(..n)?,
-            workers.overlap_host_blocks.get(..n)?,
-            workers.prefill_tokens.get(..n)?,
-            workers.active_requests.get(..n)?,
-            workers.active_blocks.get(..n)?,
-            workers.capacity_blocks.get(..n)?,
-        ];
+        let columns = Four::columns(workers)?;
         let lanes = Lanes::new(self, req);
         let mut keys: Vec<f64> = scratch::vec(n + 3);
         keys.resize(n.div_ceil(4) * 4, 0.0);
@@ -463,16 +454,7 @@ pub mod exact {
             if !self.predicts_in_lanes() || workers.roles.len() != n {
                 return None;
             }
-            let columns = [
-                workers.roles,
-                workers.block_size.get(..n)?,
-                workers.overlap_device_blocks.get(..n)?,
-                workers.overlap_host_blocks.get(..n)?,
-                workers.prefill_tokens.get(..n)?,
-                workers.active_requests.get(..n)?,
-                workers.active_blocks.get(..n)?,
-                workers.capacity_blocks.get(..n)?,
-            ];
+            let columns = Four::columns(workers)?;
             let lanes = Lanes::new(self, req);
             let mut pairs: Vec<PairOfParts> = scratch::vec(n.div_ceil(4) * 2);
             pairs.resize(n.div_ceil(4) * 2, [[0.0; 2]; 6]);
@@ -619,6 +601,24 @@ struct Four {
     decoders: U32x4,
     active_blocks: U32x4,
     capacity: U32x4,
+}
+
+impl Four {
+    /// The eight columns the model reads, in [`Four`]'s order, cut to the table's length;
+    /// `None` when one is short.
+    fn columns<'a>(workers: &WorkerTable<'a>) -> Option<[&'a [u32]; 8]> {
+        let n = workers.len();
+        Some([
+            workers.roles.get(..n)?,
+            workers.block_size.get(..n)?,
+            workers.overlap_device_blocks.get(..n)?,
+            workers.overlap_host_blocks.get(..n)?,
+            workers.prefill_tokens.get(..n)?,
+            workers.active_requests.get(..n)?,
+            workers.active_blocks.get(..n)?,
+            workers.capacity_blocks.get(..n)?,
+        ])
+    }
 }
 
 /// The model's constants and the request's numbers, in both lanes.
