@@ -557,24 +557,7 @@ mod tests {
         assert_eq!(decision.fallbacks, alloc::vec![0]);
     }
 
-    /// A small deterministic generator for the differential test.
-    struct Draws(u64);
-
-    impl Draws {
-        fn below(&mut self, bound: u32) -> u32 {
-            self.0 = model::mix(self.0);
-            (self.0 % u64::from(bound.max(1))) as u32
-        }
-
-        /// A value from a few small ones (so that workers tie), else anything below `bound`.
-        fn value(&mut self, bound: u32) -> u32 {
-            if self.below(2) == 0 {
-                self.below(3)
-            } else {
-                self.below(bound)
-            }
-        }
-    }
+    use switchyard_policy_sdk::testing::Draws;
 
     /// Every part of a prediction as bits, so that −0 and +0 differ.
     fn bits(parts: &model::exact::Parts) -> [u64; 6] {

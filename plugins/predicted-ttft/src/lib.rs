@@ -357,24 +357,7 @@ mod tests {
         assert_eq!(picks.len(), 4, "equal workers are all used: {picks:?}");
     }
 
-    /// A small deterministic generator for the differential test.
-    struct Draws(u64);
-
-    impl Draws {
-        fn below(&mut self, bound: u32) -> u32 {
-            self.0 = model::mix(self.0);
-            (self.0 % u64::from(bound.max(1))) as u32
-        }
-
-        /// A value from a few small ones (so that workers tie), else anything below `bound`.
-        fn value(&mut self, bound: u32) -> u32 {
-            if self.below(2) == 0 {
-                self.below(3)
-            } else {
-                self.below(bound)
-            }
-        }
-    }
+    use switchyard_policy_sdk::testing::Draws;
 
     #[test]
     fn the_shortlist_decides_as_every_exact_cost_does() {

@@ -494,6 +494,27 @@ pub mod testing {
         P::route(req, &view)
     }
 
+    /// A small deterministic generator for a policy's differential tests (random tables
+    /// replayed the same way on every run).
+    pub struct Draws(pub u64);
+
+    impl Draws {
+        /// A value below `bound` (0 when `bound` is 0).
+        pub fn below(&mut self, bound: u32) -> u32 {
+            self.0 = crate::mix(self.0);
+            (self.0 % u64::from(bound.max(1))) as u32
+        }
+
+        /// A value from a few small ones (so that workers tie), else anything below `bound`.
+        pub fn value(&mut self, bound: u32) -> u32 {
+            if self.below(2) == 0 {
+                self.below(3)
+            } else {
+                self.below(bound)
+            }
+        }
+    }
+
     /// A request of `prompt_tokens` tokens.
     pub fn request(id: u64, prompt_tokens: u32) -> RequestInfo {
         RequestInfo {
