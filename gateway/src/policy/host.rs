@@ -232,6 +232,25 @@ impl measured::Host for HostState {
             .map(|source| source.prefill_fits())
             .unwrap_or_default()
     }
+
+    fn timing_columns(&mut self) -> measured::TimingTable {
+        let timings = measured::Host::timings(self);
+        measured::TimingTable {
+            ids: timings.iter().map(|timing| timing.id).collect(),
+            itl_us: timings.iter().map(|timing| timing.itl_us).collect(),
+            samples: timings.iter().map(|timing| timing.samples).collect(),
+        }
+    }
+
+    fn prefill_fit_columns(&mut self) -> measured::PrefillFitTable {
+        let fits = measured::Host::prefill_fits(self);
+        measured::PrefillFitTable {
+            ids: fits.iter().map(|fit| fit.id).collect(),
+            fixed_ms: fits.iter().map(|fit| fit.fixed_ms).collect(),
+            ms_per_ktoken: fits.iter().map(|fit| fit.ms_per_ktoken).collect(),
+            samples: fits.iter().map(|fit| fit.samples).collect(),
+        }
+    }
 }
 
 impl clock::Host for HostState {

@@ -707,6 +707,94 @@ fn shortlisted_routers_decide_as_their_exact_costs_do() {
     }
 }
 
+/// What the `measured` import answers in a test: set between calls.
+#[derive(Debug, Default)]
+struct SetMeasurements(std::sync::Mutex<(Vec<super::host::WorkerTiming>, Vec<super::host::PrefillFit>)>);
+
+impl super::runtime::TimingSource for SetMeasurements {
+    fn timings(&self) -> Vec<super::host::WorkerTiming> {
+        self.0.lock().map(|set| set.0.clone()).unwrap_or_default()
+    }
+
+    fn prefill_fits(&self) -> Vec<super::host::PrefillFit> {
+        self.0.lock().map(|set| set.1.clone()).unwrap_or_default()
+    }
+}
+
+#[test]
+fn measurements_reach_a_router_as_columns_as_they_did_as_records() {
+    // `wit/0.2.0/cost-aware.wasm` is the cost-aware built-in as 9fe935a compiled it, when the
+    // SDK asked for the `measured` lists of records; today's asks for the same data as
+    // columns (`timing-columns`, `prefill-fit-columns`). Both must load and decide alike, and
+    // the data must matter: the same router with nothing measured decides otherwise on many
+    // tables.
+    let old_wasm =
+        std::fs::read(concat!(env!("CARGO_MANIFEST_DIR"), "/../wit/0.2.0/cost-aware.wasm")).expect("fixture");
+    let measured = runtime();
+    let source = Arc::new(SetMeasurements::default());
+    measured.provide_timings(source.clone());
+    let unmeasured = runtime();
+    let old = measured
+        .load_router("cost-aware", &old_wasm, toml::Table::new())
+        .expect("a router importing the record lists loads");
+    let current = load(&measured, "cost-aware");
+    let blind = load(&unmeasured, "cost-aware");
+    let columns = current.columns() | table::fallback_columns();
+    assert_eq!(old.columns() | table::fallback_columns(), columns);
+    let (mut old, mut current, mut blind) = (
+        old.instantiate().expect("instance"),
+        current.instantiate().expect("instance"),
+        blind.instantiate().expect("instance"),
+    );
+    let mut draws = Draws(23);
+    let mut swayed = 0;
+    let rounds = 300u64;
+    for round in 0..rounds {
+        let n = 1 + draws.below(64) as usize;
+        let workers = random_table(&mut draws, n).select(columns);
+        // Most workers measured, some not, some on too few streams; ids in no order, one
+        // that is no worker's.
+        let mut timings = Vec::new();
+        let mut fits = Vec::new();
+        for id in (0..n as u32 + 1).rev() {
+            if draws.below(5) != 0 {
+                timings.push(super::host::WorkerTiming {
+                    id,
+                    itl_us: draws.value(60_000),
+                    samples: draws.value(40),
+                });
+            }
+            if draws.below(4) != 0 {
+                fits.push(super::host::PrefillFit {
+                    id,
+                    fixed_ms: draws.value(400) as f32 / 4.0,
+                    ms_per_ktoken: draws.value(800) as f32 / 8.0,
+                    samples: draws.value(40),
+                });
+            }
+        }
+        *source.0.lock().expect("not poisoned") = (timings, fits);
+        let prompt_tokens = 1 + draws.below(8000);
+        let request = table::RequestInfo {
+            request_id: round,
+            prompt_tokens,
+            prompt_blocks: prompt_tokens.div_ceil(64),
+            max_tokens: 1 + draws.below(512),
+            ttft_target_ms: [0.0, 50.0, 500.0, 2_000.0][draws.below(4) as usize],
+            ..table::synthetic_request()
+        };
+        let decided = current.route(&request, &workers).map_err(|err| err.to_string());
+        let before = old.route(&request, &workers).map_err(|err| err.to_string());
+        assert_eq!(decided, before, "round {round}, {n} workers");
+        let without = blind.route(&request, &workers).map_err(|err| err.to_string());
+        swayed += u32::from(decided != without);
+    }
+    assert!(
+        swayed >= 30,
+        "the measurements swayed only {swayed} of {rounds} decisions: do they reach the guest?"
+    );
+}
+
 /// A core module exporting `spin`, a function that loops forever: `(func (export "spin")
 /// (loop (br 0)))`, encoded by hand (the engine is built without the text format).
 const SPIN_MODULE: [u8; 39] = [
