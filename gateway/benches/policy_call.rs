@@ -101,7 +101,7 @@ fn bench_route(c: &mut Criterion, runtime: &Arc<PolicyRuntime>) {
             // What the gateway sends this policy: its columns and the fallback's.
             let workers = table::synthetic(n).select(policy.columns() | table::fallback_columns());
             group.bench_with_input(BenchmarkId::new(name, n), &workers, |b, workers| {
-                b.iter(|| instance.route(&request, workers).expect("answer"))
+                b.iter(|| instance.route(&request, &[], workers).expect("answer"))
             });
         }
     }
@@ -122,7 +122,7 @@ fn bench_route(c: &mut Criterion, runtime: &Arc<PolicyRuntime>) {
         let workers = table::synthetic(n).select(policy.columns() | table::fallback_columns());
         source.workers.store(n as u32, Ordering::Relaxed);
         group.bench_with_input(BenchmarkId::new("cost-aware-measured", n), &workers, |b, workers| {
-            b.iter(|| instance.route(&request, workers).expect("answer"))
+            b.iter(|| instance.route(&request, &[], workers).expect("answer"))
         });
     }
     // The floor under the routers that read more columns: `least-load` sent the eight columns
@@ -149,7 +149,7 @@ fn bench_route(c: &mut Criterion, runtime: &Arc<PolicyRuntime>) {
         group.bench_with_input(
             BenchmarkId::new("least-load-on-8-columns", n),
             &workers,
-            |b, workers| b.iter(|| instance.route(&request, workers).expect("answer")),
+            |b, workers| b.iter(|| instance.route(&request, &[], workers).expect("answer")),
         );
     }
     // Through the switch, as the gateway calls it: the thread's cached instance found, its
@@ -165,7 +165,7 @@ fn bench_route(c: &mut Criterion, runtime: &Arc<PolicyRuntime>) {
     let switch = PolicySwitch::new(policy, SwitchConfig::default());
     let workers = table::synthetic(8).select(columns);
     group.bench_with_input(BenchmarkId::new("switch-least-load", 8), &workers, |b, workers| {
-        b.iter(|| switch.route(&request, |_| workers).0.expect("answer"))
+        b.iter(|| switch.route(&request, &[], |_| workers).0.expect("answer"))
     });
     for n in SIZES {
         let workers = table::synthetic(n);
@@ -231,7 +231,7 @@ fn bench_failures(c: &mut Criterion, runtime: &Arc<PolicyRuntime>) {
         group.sample_size(20);
         group.bench_function(label, |b| {
             b.iter(|| {
-                let (index, routed) = switch.route(&request, |_| &workers);
+                let (index, routed) = switch.route(&request, &[], |_| &workers);
                 assert!(
                     index.is_some() && routed.generation().is_none(),
                     "served by the fallback"

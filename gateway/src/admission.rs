@@ -135,16 +135,16 @@ pub(crate) struct Admission {
     metrics: AdmissionMetrics,
 }
 
-/// A request let through: it holds its model's reservation until dropped (once it has its
-/// worker, or has failed).
+/// A request let through: it holds its place in its model's room until dropped (once it has
+/// its worker, or has failed).
 #[derive(Debug)]
-pub(crate) struct Admitted {
-    reservation: Option<(Arc<Admission>, String)>,
+pub(crate) struct Reservation {
+    held: Option<(Arc<Admission>, String)>,
 }
 
-impl Drop for Admitted {
+impl Drop for Reservation {
     fn drop(&mut self) {
-        if let Some((admission, model)) = self.reservation.take() {
+        if let Some((admission, model)) = self.held.take() {
             if let Some(queue) = admission.queues.lock().get_mut(&model) {
                 queue.reserved = queue.reserved.saturating_sub(1);
             }
@@ -219,16 +219,16 @@ impl Admission {
     ///
     /// 429 (`queue_full`) when the queue or the tenant's share of it is full; 503
     /// (`queue_timeout`) after `max_wait_ms`.
-    pub(crate) async fn enter(self: &Arc<Self>, model: &str, ticket: Ticket<'_>) -> Result<Admitted, ApiError> {
+    pub(crate) async fn enter(self: &Arc<Self>, model: &str, ticket: Ticket<'_>) -> Result<Reservation, ApiError> {
         let Some(config) = &self.config else {
-            return Ok(Admitted { reservation: None });
+            return Ok(Reservation { held: None });
         };
         let Some(room) = self.room(config, model) else {
-            return Ok(Admitted { reservation: None });
+            return Ok(Reservation { held: None });
         };
         let tenant = ticket.grant.map_or("", Grant::tenant).to_string();
-        let admitted = || Admitted {
-            reservation: Some((self.clone(), model.to_string())),
+        let admitted = || Reservation {
+            held: Some((self.clone(), model.to_string())),
         };
         let (id, receiver) = {
             let mut queues = self.queues.lock();

@@ -5,18 +5,53 @@
 //! listeners, and returns a handle that keeps them running; [`check_policy`] validates a
 //! policy component offline; [`Error`] says why either failed.
 //!
-//! Inside, the modules follow the request: `server` (connections, TLS, handlers, relay) →
-//! `routing` (the routing core: pool, KV state and policy answer where a request goes, and a
-//! lease holds the worker until the answer ends) → `workers` (registry, health, client).
-//! `kv` holds the prefix index, the active sequences and prompt hashing; `events` keeps them
-//! and the pool in step with what workers announce; `policy` is the only module that knows
-//! wasmtime; `admin` serves the admin API; `config` and `metrics` sit on the side. [`bench`]
-//! exposes what the benchmarks and soak tests drive directly; it is not a stable API.
+//! # A request's path
+//!
+//! `server::conn` accepts the connection, `server::routes` dispatches by method and path, and
+//! `server::pipeline::generate` runs a generation request through its stages, in this order:
+//! `admit` (body, model, tenant, targets) → `prepare_prompt` (media inspected, prompt
+//! tokenized and hashed) → `enter_admission` (the queue in front of full workers) →
+//! `plan_media` (encoders) → `forward` (the attempts: `routing` leases the worker the policy
+//! chooses, then its fallbacks) → `finish` (the answer relayed, the tenant charged, the
+//! latency judged).
+//!
+//! # Modules
+//!
+//! From the request inwards; each module's own documentation says what it owns.
+//!
+//! | module | owns |
+//! |---|---|
+//! | `server` | the client listener: connections, TLS, dispatch, and the request path's stages |
+//! | `admin` | the admin API on its own listener: policies, rollouts, worker registration, KV inspection, the dashboard |
+//! | `state` | what the listeners share ([`Gateway::start`] assembles it, with `start`'s builders) |
+//! | `tenants` | API keys, what each may use, rate limits, quotas and usage |
+//! | `admission` | the queue that holds requests while every worker of their model is full |
+//! | `media` | what the gateway learns of a request's images, audio and video from their headers |
+//! | `fetch` | media fetched from `http(s)` URLs (`[media] fetch`) |
+//! | `encoders` | the queues in front of encoder workers, and media sent through them |
+//! | `routing` | the routing core: which worker serves a request, the worker table its policy reads, and the lease that lasts as long as the answer |
+//! | `slo` | latency targets, whether they were met, and the cost served |
+//! | `kv` | the prefix index, the active-sequence tracker, and prompts as block hashes |
+//! | `events` | where the index and the pool learn what workers cache and who they are (in process, NATS, HTTP, vLLM's ZMQ) |
+//! | `workers` | the worker registry, health checks, and the HTTP client to workers |
+//! | `policy` | the only module that knows wasmtime: policies as components, their sandbox, versions and rollouts |
+//! | `built_ins` | the policies embedded in the binary, by name and world |
+//! | `planner` | sizing worker pools by a planner policy, through a connector |
+//! | `fleet` | one router policy for every replica of a fleet, in NATS JetStream |
+//! | `live` | the dashboard's live figures |
+//! | `metrics` | the Prometheus metric families |
+//! | `reload` | noticing that loaded files (certificate, keys) changed |
+//! | `config` | the TOML schema, its defaults and its checks |
+//! | `start` | wiring a gateway from its configuration, one subsystem at a time |
+//!
+//! [`bench`], [`planning`] and [`fuzzing`] expose what the benchmarks, planner tests and fuzz
+//! targets drive directly; they are not a stable API.
 
 #![deny(missing_docs, missing_debug_implementations, unsafe_op_in_unsafe_fn)]
 
 mod admin;
 mod admission;
+mod built_ins;
 mod config;
 mod encoders;
 mod events;
@@ -32,6 +67,7 @@ mod reload;
 mod routing;
 mod server;
 mod slo;
+mod start;
 mod state;
 mod tenants;
 mod workers;
@@ -47,20 +83,21 @@ pub use server::tls::TlsError;
 /// Not a stable API.
 #[doc(hidden)]
 pub mod bench {
+    pub use crate::built_ins::router as built_in_router;
     pub use crate::events::applier::MAX_BATCH;
     pub use crate::kv::index::{IndexSize, KvIndex, Overlap, Overlaps};
     pub use crate::policy::host::{PrefillFit, WorkerTiming};
     pub use crate::policy::runtime::{PolicyRuntime, RuntimeConfig, TimingSource};
     pub use crate::policy::switch::{PolicySwitch, SwitchConfig};
-    pub use crate::policy::{built_in_router, table};
+    pub use crate::policy::table;
 }
 
 /// What the planner tests drive directly: a planner policy behind the real host (sandbox,
 /// answer checks, fallback, rollback) with scripted observations. Not a stable API.
 #[doc(hidden)]
 pub mod planning {
+    pub use crate::built_ins::planner as built_in_planner;
     pub use crate::policy::PolicyError;
-    pub use crate::policy::built_in_planner;
     pub use crate::policy::planning::{
         IntervalStats, PlannedBy, PlannerPolicy, PlannerSwitch, Pool, PoolRole, ScaleDecision, validate,
     };
@@ -107,14 +144,10 @@ pub mod fuzzing {
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 
-use crate::config::Mode;
 use crate::metrics::Metrics;
 use crate::state::AppState;
-use crate::workers::WorkerPool;
-use crate::workers::client::WorkerClient;
 
 /// Why the gateway could not start, or a policy could not be checked.
 #[derive(Debug, thiserror::Error)]
@@ -168,6 +201,9 @@ pub enum Error {
     /// No admin token is configured and none could be generated (no OS randomness).
     #[error("cannot generate an admin token (no OS randomness); set `admin.token`")]
     AdminToken,
+    /// A configured policy name is neither a `.wasm` file nor a built-in.
+    #[error(transparent)]
+    UnknownBuiltIn(#[from] built_ins::UnknownBuiltIn),
     /// A worker URL did not parse.
     #[error("invalid worker URL: {0}")]
     WorkerUrl(#[from] http::uri::InvalidUri),
@@ -200,346 +236,45 @@ impl Gateway {
     )]
     pub async fn start(mut config: Config) -> Result<Gateway, Error> {
         config.validate(std::path::Path::new("<config>"))?;
-        let tls = match (&config.server.tls, config.server.plaintext) {
-            (_, true) => None,
-            (Some(files), false) => Some(server::tls::from_files(files)?),
-            (None, false) => {
-                // Validation allows this only in dev mode.
-                debug_assert_eq!(config.mode, Mode::Dev);
-                Some(server::tls::self_signed()?)
-            }
-        };
-        if let Some(tls) = &tls {
-            tracing::info!(fingerprint = %tls.fingerprint(), self_signed = tls.self_signed, "TLS certificate (SHA-256)");
-        }
+        let tls = start::client_tls(&config)?;
         #[cfg(feature = "embedded-mockers")]
-        let mut mockers = workers::embedded::EmbeddedFleet::default();
-        #[cfg(feature = "embedded-mockers")]
-        if let Some(embedded) = config.embedded_mockers.as_ref().filter(|m| m.count > 0) {
-            let (fleet, entries) = workers::embedded::start(embedded).await.map_err(Error::Mockers)?;
-            mockers = fleet;
-            config.workers.extend(entries);
-        }
-        let policy_runtime = Arc::new(policy::runtime::PolicyRuntime::new(policy::runtime::RuntimeConfig {
-            deadline: std::time::Duration::from_millis(config.policy.deadline_ms),
-            memory_limit_bytes: config.policy.memory_limit_mib << 20,
-            cache_dir: config.policy.cache_dir.clone(),
-            max_instances: config
-                .policy
-                .max_instances
-                .unwrap_or_else(policy::runtime::default_max_instances),
-        })?);
-        let router_policy = load_router(&policy_runtime, &config.policy.router, config.policy.config.clone())?;
-        let switch = Arc::new(policy::switch::PolicySwitch::new(
-            router_policy,
-            policy::switch::SwitchConfig {
-                max_failures: config.policy.max_failures,
-                ..Default::default()
-            },
-        ));
-        let batcher = load_policy(&config.encoders.batcher, policy::built_in_batcher, |name, bytes| {
-            policy_runtime.load_batcher(name, bytes, config.encoders.batcher_config.clone())
-        })?;
-        let batchers = Arc::new(policy::batching::BatcherSwitch::new(
-            batcher,
-            policy::switch::SwitchConfig {
-                max_failures: config.policy.max_failures,
-                ..Default::default()
-            },
-        ));
-        let admission_settings = config.admission.clone();
-        let (admission_batcher, admission_batcher_config) = match &admission_settings {
-            Some(admission) => (admission.batcher.as_str(), admission.batcher_config.clone()),
-            None => ("fcfs", toml::Table::new()),
-        };
-        let admission_batcher = load_policy(admission_batcher, policy::built_in_batcher, |name, bytes| {
-            policy_runtime.load_batcher(name, bytes, admission_batcher_config.clone())
-        })?;
-        let admission_batchers = Arc::new(policy::batching::BatcherSwitch::new(
-            admission_batcher,
-            policy::switch::SwitchConfig {
-                max_failures: config.policy.max_failures,
-                ..Default::default()
-            },
-        ));
-        let kv = Arc::new(kv::KvState::new(&config)?);
+        let mockers = start::embedded_mockers(&mut config).await?;
+        let policies = start::Policies::load(&config)?;
         let mut metrics = Metrics::new();
-        switch.register_metrics(metrics.registry_mut());
-        batchers.register_metrics(metrics.registry_mut());
-        kv.metrics.register(metrics.registry_mut());
-        let encoder_metrics = Arc::new(encoders::EncoderMetrics::new());
-        encoder_metrics.register(metrics.registry_mut());
-        let watch_outcomes = policy::watch::WatchOutcomes::default();
-        metrics.registry_mut().register(
-            "policy_watch",
-            "Policy files loaded from policy.watch_dir, by outcome",
-            watch_outcomes.clone(),
-        );
-        let tls_reloads = server::tls::ReloadOutcomes::default();
-        metrics.registry_mut().register(
-            "tls_reloads",
-            "TLS certificate reloads after a change to its files or SIGHUP, by outcome",
-            tls_reloads.clone(),
-        );
-        let tenants = Arc::new(tenants::Tenants::new(&config)?);
-        tenants.register_metrics(metrics.registry_mut());
-        let mut slo = slo::SloMetrics::default();
-        slo.register(metrics.registry_mut());
-        let planning = match &config.planner {
-            Some(settings) => {
-                let policy = load_policy(&settings.policy, policy::built_in_planner, |name, bytes| {
-                    policy_runtime.load_planner(name, bytes, settings.policy_config.clone())
-                })?;
-                let switch = Arc::new(policy::planning::PlannerSwitch::new(
-                    policy,
-                    policy::switch::SwitchConfig {
-                        max_failures: config.policy.max_failures,
-                        ..Default::default()
-                    },
-                ));
-                let planner_metrics = planner::PlannerMetrics::default();
-                planner_metrics.register(metrics.registry_mut(), &switch);
-                let window = Arc::new(planner::window::Window::default());
-                slo.observe_into(window.clone());
-                Some((settings.clone(), switch, window, planner_metrics))
-            }
-            None => None,
-        };
-        let admission_metrics = admission::AdmissionMetrics::default();
-        admission_metrics.register(metrics.registry_mut(), &admission_batchers);
-        let metrics = Arc::new(metrics);
-        let pool = Arc::new(WorkerPool::new(&config.workers, metrics.clone())?);
-        policy_runtime.provide_timings(pool.clone());
-        let admission = Arc::new(admission::Admission::new(
-            admission_settings,
-            pool.clone(),
-            kv.clone(),
-            admission_batchers,
+        let (mut observers, admission_metrics) = start::Observers::register(&config, &policies, &mut metrics)?;
+        let mut tasks = start::Tasks::new();
+        let core = start::Core::build(
+            &config,
+            &policies,
+            &observers.kv,
             admission_metrics,
-        ));
-        for worker in pool.workers().iter().filter(|w| w.role == config::Role::Llm) {
-            kv.check_block_size(&worker.name, &worker.model, worker.block_size);
-        }
-        let (inbound, applier) = events::applier::spawn(
-            kv.clone(),
-            pool.clone(),
-            events::applier::SyncConfig {
-                heartbeat_misses: config.kv.heartbeat_misses,
-                resync_buffer: config.kv.resync_buffer,
-                resync_timeout: std::time::Duration::from_millis(config.kv.resync_timeout_ms),
-            },
-        );
-        let router = Arc::new(routing::Router::new(pool.clone(), kv.clone(), switch, inbound.clone()));
-        #[allow(unused_mut, reason = "only embedded mockers add tasks here")]
-        let mut tasks = vec![applier];
-        #[cfg(feature = "embedded-mockers")]
-        tasks.extend(events::bus::connect(mockers.event_sources(), inbound.clone()));
-        let client = WorkerClient::new(&config.forwarding);
-        let listener = TcpListener::bind(config.server.listen)
-            .await
-            .map_err(|source| Error::Bind {
-                addr: config.server.listen,
-                source,
-            })?;
-        let addr = listener.local_addr().map_err(|source| Error::Bind {
-            addr: config.server.listen,
-            source,
-        })?;
-        if let Some(url) = &config.kv.nats_url {
-            let client = events::nats::connect(url).await.map_err(|reason| Error::Nats {
-                url: url.clone(),
-                reason,
-            })?;
-            let subjects = switchyard_protocol::kv_events::Subjects::new(config.kv.subject_prefix.clone());
-            tasks.extend(
-                events::nats::start(client, subjects, config.kv.replica_sync, kv.clone(), inbound.clone())
-                    .await
-                    .map_err(|reason| Error::Nats {
-                        url: url.clone(),
-                        reason,
-                    })?,
-            );
-        }
-        for vllm in &config.kv.vllm {
-            let block_size = config
-                .workers
-                .iter()
-                .find(|w| w.display_name() == vllm.worker)
-                .map_or(64, |w| w.block_size);
-            tasks.push(events::vllm::spawn(
-                vllm.clone(),
-                block_size,
-                kv.clone(),
-                inbound.clone(),
-            ));
-        }
-        let health = {
-            let router = router.clone();
-            workers::health::spawn(pool.clone(), client.clone(), config.health.clone(), move |worker| {
-                router.worker_lost(worker)
-            })
-        };
-        tasks.push(health);
-        if let (Some(tls), Some(files)) = (&tls, &config.server.tls) {
-            tasks.push(server::tls::spawn_reloader(
-                "client",
-                tls.clone(),
-                files.clone(),
-                tls_reloads.clone(),
-            )?);
-        }
-        tasks.extend(tenants.spawn_tasks()?);
-        tasks.extend(admission.spawn());
-        if let Some(dir) = &config.policy.watch_dir {
-            tasks.push(policy::watch::spawn(
-                dir,
-                policy_runtime.clone(),
-                router.policy().clone(),
-                config.policy.config.clone(),
-                watch_outcomes,
-            )?);
-        }
-        let fleet = match &config.fleet {
-            Some(settings) => {
-                let fleet = Arc::new(
-                    fleet::Fleet::connect(settings, policy_runtime.clone(), router.policy().clone())
-                        .await
-                        .map_err(|reason| Error::Nats {
-                            url: settings.nats_url.clone(),
-                            reason,
-                        })?,
-                );
-                tasks.push(fleet.spawn());
-                Some(fleet)
-            }
-            None => None,
-        };
-        let planner = planning.map(|(settings, switch, window, planner_metrics)| {
-            let lease: Box<dyn planner::Lease> = match &fleet {
-                Some(fleet) => Box::new(fleet::PlanningLease::new(
-                    fleet.clone(),
-                    std::time::Duration::from_millis(settings.lease_ms),
-                )),
-                None => Box::new(planner::Alone),
-            };
-            let targets = config
-                .models
-                .iter()
-                .map(|model| {
-                    (
-                        model.name.clone(),
-                        (model.ttft_target_ms.unwrap_or(0.0), model.itl_target_ms.unwrap_or(0.0)),
-                    )
-                })
-                .collect();
-            let planner = Arc::new(planner::Planner::new(
-                settings,
-                switch,
-                window,
-                planner_metrics,
-                pool.clone(),
-                kv.clone(),
-                lease,
-                targets,
-            ));
-            tasks.push(planner.spawn());
-            planner
-        });
-        let live = Arc::new(live::Live::default());
-        let mut admin_addr = None;
-        let mut admin_token = None;
-        if let Some(admin) = config.admin.clone() {
-            let listener = TcpListener::bind(admin.listen).await.map_err(|source| Error::Bind {
-                addr: admin.listen,
-                source,
-            })?;
-            admin_addr = Some(listener.local_addr().map_err(|source| Error::Bind {
-                addr: admin.listen,
-                source,
-            })?);
-            let token = match admin.token {
-                Some(token) => token,
-                None => admin::generate_token().ok_or(Error::AdminToken)?,
-            };
-            let admin_state = Arc::new(state::AdminState {
-                router: router.clone(),
-                runtime: policy_runtime.clone(),
-                policy_config: config.policy.config.clone(),
-                batchers: batchers.clone(),
-                batcher_config: config.encoders.batcher_config.clone(),
-                admission_batchers: admission.batchers().clone(),
-                fleet: fleet.clone(),
-                planner: planner.clone(),
-                admission: admission.clone(),
-                live: live.clone(),
-                admission_batcher_config: config
-                    .admission
-                    .as_ref()
-                    .map(|admission| admission.batcher_config.clone())
-                    .unwrap_or_default(),
-                events: inbound.clone(),
-                client: client.clone(),
-                metrics: metrics.clone(),
-            });
-            let admin_tls = match &admin.tls {
-                Some(files) => {
-                    let tls = server::tls::admin_from_files(files)?;
-                    tasks.push(server::tls::spawn_reloader(
-                        "admin",
-                        tls.clone(),
-                        files.pair(),
-                        tls_reloads.clone(),
-                    )?);
-                    Some(tls.acceptor)
-                }
-                None => None,
-            };
-            tasks.push(tokio::spawn(admin::serve(
-                listener,
-                token.clone(),
-                admin_state,
-                admin_tls,
-            )));
-            admin_token = Some(token);
-        }
-        let admin_tls = config.admin.as_ref().is_some_and(|admin| admin.tls.is_some());
-        let fetcher = fetch::Fetcher::new(&config.media).map_err(|err| Error::Fetch(err.to_string()))?;
-        let state = Arc::new(AppState {
-            server: config.server.clone(),
-            forwarding: config.forwarding.clone(),
-            router,
-            client: client.clone(),
             metrics,
-            media: media::MediaSettings::from_config(&config),
-            fetcher,
-            tenants,
-            admission: admission.clone(),
-            live: live.clone(),
-            slo,
-            encoders: Arc::new(encoders::Encoders::new(
-                config.encoders.clone(),
-                client,
-                pool.clone(),
-                kv.clone(),
-                batchers,
-                encoder_metrics,
-            )),
-            draining: std::sync::atomic::AtomicBool::new(false),
-            connections: Arc::new(tokio::sync::Semaphore::new(config.server.max_connections)),
-            graceful: std::sync::Mutex::new(Some(hyper_util::server::graceful::GracefulShutdown::new())),
-        });
-        let accept = tokio::spawn(server::conn::accept_loop(listener, tls.clone(), state.clone()));
+            &mut tasks,
+        )?;
+        #[cfg(feature = "embedded-mockers")]
+        tasks.extend(events::bus::connect(mockers.event_sources(), core.inbound.clone()));
+        let (listener, addr) = start::bind(config.server.listen).await?;
+        start::event_transports(&config, &observers.kv, &core.inbound, &mut tasks).await?;
+        start::background_tasks(&config, &core, tls.as_ref(), &observers, &policies, &mut tasks)?;
+        let fleet = start::join_fleet(&config, &policies, &mut tasks).await?;
+        let planning = observers.planning.take();
+        let planner = start::start_planner(&config, planning, &core, &observers.kv, fleet.as_ref(), &mut tasks);
+        let admin_state = start::admin_state(&config, &core, &policies, fleet, planner);
+        let admin = start::serve_admin(&config, admin_state, &observers.tls_reloads, &mut tasks).await?;
+        let state = Arc::new(start::app_state(&config, &core, &policies, observers)?);
+        tasks.push(tokio::spawn(server::conn::accept_loop(
+            listener,
+            tls.clone(),
+            state.clone(),
+        )));
         Ok(Gateway {
             addr,
             tls,
             state,
-            admin_addr,
-            admin_token,
-            admin_tls,
-            tasks: {
-                tasks.push(accept);
-                tasks
-            },
+            admin_addr: admin.as_ref().map(|admin| admin.addr),
+            admin_token: admin.map(|admin| admin.token),
+            admin_tls: config.admin.as_ref().is_some_and(|admin| admin.tls.is_some()),
+            tasks,
             #[cfg(feature = "embedded-mockers")]
             mockers,
         })
@@ -646,36 +381,7 @@ impl Gateway {
 /// `predicted-ttft`, `modality-aware`, `cost-aware`, and the peers' `peer-llm-d`,
 /// `peer-sglang`, `peer-aibrix`), as embedded in this binary.
 pub fn built_in_policy(name: &str) -> Option<&'static [u8]> {
-    policy::built_in_router(name).ok()
-}
-
-/// Loads the router named in the configuration: a built-in name or a `.wasm` path.
-fn load_router(
-    runtime: &Arc<policy::runtime::PolicyRuntime>,
-    name: &str,
-    config: toml::Table,
-) -> Result<policy::runtime::RouterPolicy, Error> {
-    load_policy(name, policy::built_in_router, |name, bytes| {
-        runtime.load_router(name, bytes, config)
-    })
-}
-
-/// Loads the policy `name`: a `.wasm` file by path, else the built-in `built_in` knows.
-fn load_policy<P>(
-    name: &str,
-    built_in: fn(&str) -> Result<&'static [u8], policy::PolicyError>,
-    load: impl FnOnce(&str, &[u8]) -> Result<P, policy::PolicyError>,
-) -> Result<P, Error> {
-    let fail = |source| Error::Policy {
-        name: name.to_string(),
-        source,
-    };
-    let bytes = if name.ends_with(".wasm") {
-        std::fs::read(name).map_err(|err| fail(policy::PolicyError::Invalid(format!("cannot read `{name}`: {err}"))))?
-    } else {
-        built_in(name).map_err(fail)?.to_vec()
-    };
-    load(name, &bytes).map_err(fail)
+    built_ins::router(name).ok()
 }
 
 impl Drop for Gateway {

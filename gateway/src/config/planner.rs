@@ -213,68 +213,75 @@ impl PlannerConfig {
             return Err((key("lease_ms"), format!("{} ms: at least 100", self.lease_ms)));
         }
         for (index, pool) in self.pools.iter().enumerate() {
-            let key = |name: &str| format!("planner.pools[{index}].{name}");
-            if !POOL_ROLES.contains(&pool.role.as_str()) {
-                return Err((
-                    key("role"),
-                    format!("`{}`: one of {}", pool.role, POOL_ROLES.join(", ")),
-                ));
-            }
-            if pool.min_workers > pool.max_workers {
-                return Err((
-                    key("min_workers"),
-                    format!("{} is more than max_workers ({})", pool.min_workers, pool.max_workers),
-                ));
-            }
-            if pool.max_workers == 0 {
-                return Err((key("max_workers"), "must be at least 1".into()));
-            }
-            if !(pool.prefill_tokens_per_s.is_finite() && pool.prefill_tokens_per_s > 0.0) {
-                return Err((
-                    key("prefill_tokens_per_s"),
-                    format!("must be a positive number, got {}", pool.prefill_tokens_per_s),
-                ));
-            }
-            for (n, point) in pool.profile.iter().enumerate() {
-                let finite = [point.isl, point.osl, point.rate]
-                    .iter()
-                    .all(|v| v.is_finite() && *v >= 0.0);
-                if !finite || point.rate <= 0.0 {
-                    return Err((
-                        key(&format!("profile[{n}]")),
-                        "isl and osl must be numbers ≥ 0 and rate > 0".into(),
-                    ));
-                }
-            }
-            if self.connector == "process" && !self.no_operation && pool.command.is_empty() {
-                return Err((
-                    key("command"),
-                    "the process connector needs the command that starts one worker".into(),
-                ));
-            }
-            if self.connector == "kubernetes" && !self.no_operation {
-                let target = pool.kubernetes_target.as_deref().unwrap_or("");
-                let ok = target
-                    .split_once('/')
-                    .is_some_and(|(kind, name)| ["deployments", "statefulsets"].contains(&kind) && !name.is_empty());
-                if !ok {
-                    return Err((
-                        key("kubernetes_target"),
-                        format!("`{target}`: deployments/NAME or statefulsets/NAME"),
-                    ));
-                }
-            }
-            if self
-                .pools
+            self.check_pool(index, pool)?;
+        }
+        Ok(())
+    }
+
+    /// Checks `pool`, the `index`-th of [`PlannerConfig::pools`], against its connector and
+    /// the pools before it; answers the offending key and why.
+    fn check_pool(&self, index: usize, pool: &PoolConfig) -> Result<(), (String, String)> {
+        let key = |name: &str| format!("planner.pools[{index}].{name}");
+        if !POOL_ROLES.contains(&pool.role.as_str()) {
+            return Err((
+                key("role"),
+                format!("`{}`: one of {}", pool.role, POOL_ROLES.join(", ")),
+            ));
+        }
+        if pool.min_workers > pool.max_workers {
+            return Err((
+                key("min_workers"),
+                format!("{} is more than max_workers ({})", pool.min_workers, pool.max_workers),
+            ));
+        }
+        if pool.max_workers == 0 {
+            return Err((key("max_workers"), "must be at least 1".into()));
+        }
+        if !(pool.prefill_tokens_per_s.is_finite() && pool.prefill_tokens_per_s > 0.0) {
+            return Err((
+                key("prefill_tokens_per_s"),
+                format!("must be a positive number, got {}", pool.prefill_tokens_per_s),
+            ));
+        }
+        for (n, point) in pool.profile.iter().enumerate() {
+            let finite = [point.isl, point.osl, point.rate]
                 .iter()
-                .take(index)
-                .any(|other| other.model == pool.model && other.role == pool.role)
-            {
+                .all(|v| v.is_finite() && *v >= 0.0);
+            if !finite || point.rate <= 0.0 {
                 return Err((
-                    key("model"),
-                    format!("a second pool of `{}` ({})", pool.model, pool.role),
+                    key(&format!("profile[{n}]")),
+                    "isl and osl must be numbers ≥ 0 and rate > 0".into(),
                 ));
             }
+        }
+        if self.connector == "process" && !self.no_operation && pool.command.is_empty() {
+            return Err((
+                key("command"),
+                "the process connector needs the command that starts one worker".into(),
+            ));
+        }
+        if self.connector == "kubernetes" && !self.no_operation {
+            let target = pool.kubernetes_target.as_deref().unwrap_or("");
+            let ok = target
+                .split_once('/')
+                .is_some_and(|(kind, name)| ["deployments", "statefulsets"].contains(&kind) && !name.is_empty());
+            if !ok {
+                return Err((
+                    key("kubernetes_target"),
+                    format!("`{target}`: deployments/NAME or statefulsets/NAME"),
+                ));
+            }
+        }
+        if self
+            .pools
+            .iter()
+            .take(index)
+            .any(|other| other.model == pool.model && other.role == pool.role)
+        {
+            return Err((
+                key("model"),
+                format!("a second pool of `{}` ({})", pool.model, pool.role),
+            ));
         }
         Ok(())
     }

@@ -39,7 +39,7 @@ use crate::config::{EncodersConfig, Role};
 use crate::kv::KvState;
 use crate::media::MediaItem;
 use crate::policy::batching::{BatcherSwitch, Budget, PendingTable};
-use crate::policy::table::EncoderRow;
+use crate::routing::EncoderRow;
 use crate::workers::client::WorkerClient;
 use crate::workers::{Worker, WorkerPool};
 

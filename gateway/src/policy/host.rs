@@ -35,6 +35,10 @@ pub struct HostState {
     /// What answers the `measured` import (none before the gateway's workers exist, as in
     /// a policy's validation).
     pub timings: Option<Arc<dyn crate::policy::runtime::TimingSource>>,
+    /// The block hashes of the prompt being routed, which the `prompt` import answers: set
+    /// by [`RouterInstance::route`](crate::policy::runtime::RouterInstance::route) for the
+    /// length of its call, empty outside one.
+    pub prompt: Vec<u64>,
     /// The epoch ticker this store's calls keep awake (none in tests without a runtime).
     pub ticker: Option<Arc<crate::policy::ticker::TickerState>>,
     /// A call sequence begun on the ticker ([`HostState::begin_call`]) has not ended.
@@ -65,6 +69,7 @@ impl HostState {
             checks: 0,
             tenancy: Tenancy::default(),
             timings: None,
+            prompt: Vec::new(),
             ticker: None,
             open: false,
         }
@@ -133,36 +138,9 @@ impl Drop for HostState {
 
 impl types::Host for HostState {}
 
-thread_local! {
-    /// The block hashes of the prompt this thread is routing, while [`with_prompt`] runs.
-    static PROMPT: std::cell::Cell<(*const u64, usize)> = const { std::cell::Cell::new((std::ptr::null(), 0)) };
-}
-
-/// Runs `route` (a policy call on this thread) with `hashes` as what the `prompt` import
-/// answers; outside it, the import answers nothing. Lending a pointer rather than copying the
-/// hashes keeps a request's routing free of a copy that most policies never ask for.
-pub fn with_prompt<R>(hashes: &[u64], route: impl FnOnce() -> R) -> R {
-    /// Puts the previous prompt back, also when `route` unwinds.
-    struct Restore((*const u64, usize));
-    impl Drop for Restore {
-        fn drop(&mut self) {
-            PROMPT.with(|prompt| prompt.set(self.0));
-        }
-    }
-    let _restore = Restore(PROMPT.with(|prompt| prompt.replace((hashes.as_ptr(), hashes.len()))));
-    route()
-}
-
 impl prompt::Host for HostState {
     fn block_hashes(&mut self) -> Vec<u64> {
-        let (start, len) = PROMPT.with(std::cell::Cell::get);
-        if start.is_null() || len == 0 {
-            return Vec::new();
-        }
-        // SAFETY: `with_prompt` on this thread set the pointer from a live `&[u64]` of `len`
-        // values and holds that borrow until it returns, when `Restore` replaces it; the
-        // guest is called (and so this runs) only inside it.
-        unsafe { std::slice::from_raw_parts(start, len) }.to_vec()
+        self.prompt.clone()
     }
 }
 

@@ -48,11 +48,6 @@ pub enum PolicyError {
     /// The policy answered with something out of range.
     #[error("policy answered nonsense: {0}")]
     InvalidAnswer(String),
-    /// The named built-in policy does not exist.
-    #[error(
-        "no built-in policy named `{0}`; routers: round-robin, least-load, kv-aware, predicted-ttft, modality-aware, cost-aware; batchers: fcfs, token-budget, mixed-modality, priority, fair-share; planners: load-based, sla-based"
-    )]
-    UnknownBuiltIn(String),
 }
 
 impl PolicyError {
@@ -84,45 +79,7 @@ impl PolicyError {
             PolicyError::Capacity(_) => "capacity",
             PolicyError::Refused(_) => "refused",
             PolicyError::InvalidAnswer(_) => "invalid_answer",
-            PolicyError::UnknownBuiltIn(_) => "unknown",
         }
-    }
-}
-
-/// The batcher policies built from `plugins/` and embedded in the binary.
-pub fn built_in_batcher(name: &str) -> Result<&'static [u8], PolicyError> {
-    match name {
-        "fcfs" => Ok(include_bytes!(concat!(env!("OUT_DIR"), "/fcfs.wasm"))),
-        "token-budget" => Ok(include_bytes!(concat!(env!("OUT_DIR"), "/token_budget.wasm"))),
-        "mixed-modality" => Ok(include_bytes!(concat!(env!("OUT_DIR"), "/mixed_modality.wasm"))),
-        "priority" => Ok(include_bytes!(concat!(env!("OUT_DIR"), "/priority.wasm"))),
-        "fair-share" => Ok(include_bytes!(concat!(env!("OUT_DIR"), "/fair_share.wasm"))),
-        other => Err(PolicyError::UnknownBuiltIn(other.to_string())),
-    }
-}
-
-/// The planner policies built from `plugins/` and embedded in the binary.
-pub fn built_in_planner(name: &str) -> Result<&'static [u8], PolicyError> {
-    match name {
-        "load-based" => Ok(include_bytes!(concat!(env!("OUT_DIR"), "/load_based.wasm"))),
-        "sla-based" => Ok(include_bytes!(concat!(env!("OUT_DIR"), "/sla_based.wasm"))),
-        other => Err(PolicyError::UnknownBuiltIn(other.to_string())),
-    }
-}
-
-/// The router policies built from `plugins/` and embedded in the binary.
-pub fn built_in_router(name: &str) -> Result<&'static [u8], PolicyError> {
-    match name {
-        "round-robin" => Ok(include_bytes!(concat!(env!("OUT_DIR"), "/round_robin.wasm"))),
-        "least-load" => Ok(include_bytes!(concat!(env!("OUT_DIR"), "/least_load.wasm"))),
-        "kv-aware" => Ok(include_bytes!(concat!(env!("OUT_DIR"), "/kv_aware.wasm"))),
-        "predicted-ttft" => Ok(include_bytes!(concat!(env!("OUT_DIR"), "/predicted_ttft.wasm"))),
-        "modality-aware" => Ok(include_bytes!(concat!(env!("OUT_DIR"), "/modality_aware.wasm"))),
-        "cost-aware" => Ok(include_bytes!(concat!(env!("OUT_DIR"), "/cost_aware.wasm"))),
-        "peer-sglang" => Ok(include_bytes!(concat!(env!("OUT_DIR"), "/peer_sglang.wasm"))),
-        "peer-llm-d" => Ok(include_bytes!(concat!(env!("OUT_DIR"), "/peer_llm_d.wasm"))),
-        "peer-aibrix" => Ok(include_bytes!(concat!(env!("OUT_DIR"), "/peer_aibrix.wasm"))),
-        other => Err(PolicyError::UnknownBuiltIn(other.to_string())),
     }
 }
 

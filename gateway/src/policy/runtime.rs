@@ -300,7 +300,7 @@ impl PolicyRuntime {
                 Some(first) => first,
                 None => policy.instantiate()?,
             };
-            instance.route(&request, &table)
+            instance.route(&request, &[], &table)
         })?
         .worker;
         if decision as usize >= table.len() {
@@ -552,9 +552,10 @@ impl std::fmt::Debug for RouterInstance {
 }
 
 impl RouterInstance {
-    /// Calls `route` under the deadline and returns the chosen worker and its ranked
-    /// fallbacks, checked against the table's size (repeated fallbacks and the chosen worker
-    /// itself are dropped from the list).
+    /// Calls `route` under the deadline, with `prompt` (the request's block hashes) as what
+    /// the `prompt` import answers during the call, and returns the chosen worker and its
+    /// ranked fallbacks, checked against the table's size (repeated fallbacks and the chosen
+    /// worker itself are dropped from the list).
     ///
     /// # Errors
     ///
@@ -562,14 +563,22 @@ impl RouterInstance {
     /// [`PolicyError::Refused`] for an error result, or [`PolicyError::InvalidAnswer`] (also
     /// when this instance's `init` asked for columns the table, built for what the policy
     /// declared at load, does not hold).
-    pub fn route(&mut self, request: &table::RequestInfo, workers: &table::WorkerTable) -> Result<Pick, PolicyError> {
+    pub fn route(
+        &mut self,
+        request: &table::RequestInfo,
+        prompt: &[u64],
+        workers: &table::WorkerTable,
+    ) -> Result<Pick, PolicyError> {
         if !workers.present.contains(self.columns) {
             return Err(PolicyError::InvalidAnswer(format!(
                 "init asked for the columns {:?}; the table holds {:?}",
                 self.columns, workers.present
             )));
         }
-        self.store.data_mut().begin_call();
+        let host = self.store.data_mut();
+        host.begin_call();
+        // Copied into a buffer the store keeps, so no call after the first allocates.
+        host.prompt.extend_from_slice(prompt);
         self.store.set_epoch_deadline(self.deadline_ticks);
         // Both versions' answers as (worker, encoders, fallbacks) or the refusal's message.
         let answer = match &self.bindings {
@@ -595,7 +604,9 @@ impl RouterInstance {
                         .map_err(|err| err.message)
                 }),
         };
-        self.store.data_mut().end_call();
+        let host = self.store.data_mut();
+        host.prompt.clear();
+        host.end_call();
         let (worker, encoders, fallbacks) = answer.map_err(PolicyError::trap)?.map_err(PolicyError::Refused)?;
         check_route_answer(workers, worker, encoders, fallbacks)
     }

@@ -282,7 +282,8 @@ impl PolicySwitch {
         self.retire_unused();
     }
 
-    /// Picks a worker index for `request` in the table `table` builds for the columns it is
+    /// Picks a worker index for `request`, whose prompt hashes to `prompt` (what the policy's
+    /// `prompt` import answers), in the table `table` builds for the columns it is
     /// given (those the deciding versions read; the table must hold them and the
     /// [`table::fallback_columns`]): from the policy version in charge of the request (the active
     /// one, or a split candidate) when it answers sanely, from the native least-load fallback
@@ -291,6 +292,7 @@ impl PolicySwitch {
     pub fn route<T: Borrow<WorkerTable>>(
         &self,
         request: &RequestInfo,
+        prompt: &[u64],
         table: impl FnOnce(Columns) -> T,
     ) -> (Option<Pick>, Routed) {
         let now_ms = self.versions.now_ms();
@@ -314,14 +316,14 @@ impl PolicySwitch {
         }
         let table = table(columns);
         let table = table.borrow();
-        let outcome = self.call(&version, request, table, now_ms);
+        let outcome = self.call(&version, request, prompt, table, now_ms);
         if let Some(Rollout {
             candidate,
             mode: RolloutMode::Shadow,
             ..
         }) = rollout.as_deref()
         {
-            let result = match (self.call(candidate, request, table, now_ms), &outcome) {
+            let result = match (self.call(candidate, request, prompt, table, now_ms), &outcome) {
                 (Ok(shadow), Ok(active)) if shadow == *active => "agree",
                 (Ok(_), _) => "disagree",
                 (Err(_), _) => "failed",
@@ -348,6 +350,7 @@ impl PolicySwitch {
         &self,
         version: &Arc<Version>,
         request: &RequestInfo,
+        prompt: &[u64],
         table: &WorkerTable,
         now_ms: u64,
     ) -> Result<Pick, &'static str> {
@@ -402,7 +405,7 @@ impl PolicySwitch {
                     .instance
                     .lock()
                     .as_mut()
-                    .map(|instance| instance.route(request, table));
+                    .map(|instance| instance.route(request, prompt, table));
                 if slot.retired.load(Ordering::Relaxed) {
                     // Retired during the call: its memory goes back now.
                     instances.remove(position);

@@ -9,10 +9,6 @@
 
 pub use crate::policy::bindings::switchyard::policy::types::{Columns, RequestInfo, WorkerTable};
 
-use crate::config::Role;
-use crate::kv::{Load, Overlaps};
-use crate::workers::Worker;
-
 /// The contract's u32 columns in order (`cost`, bit 10, is apart; 0.2.0's four follow it).
 const ORDER: [Columns; 14] = [
     Columns::IDS,
@@ -34,8 +30,15 @@ const ORDER: [Columns; 14] = [
 /// Number of the 0.1.0 contract's u32 columns: the first of [`ORDER`].
 const V0_1_U32_COLUMNS: usize = 10;
 
-/// Role values of the `roles` column.
-const ROLE_LLM: u32 = 0;
+/// Number of the contract's u32 columns (every column but `cost`).
+const U32_COLUMNS: usize = ORDER.len();
+
+/// The `roles` column's value for an LLM worker.
+pub const ROLE_LLM: u32 = 0;
+/// The `roles` column's value for a vision encoder.
+pub const ROLE_VISION: u32 = 1;
+/// The `roles` column's value for an audio encoder.
+pub const ROLE_AUDIO: u32 = 2;
 
 /// The columns the native fallback ([`least_load`]) reads; every table the gateway builds
 /// holds them.
@@ -53,24 +56,6 @@ pub fn v0_1_columns() -> Columns {
     ORDER[..V0_1_U32_COLUMNS]
         .iter()
         .fold(Columns::COST, |all, &column| all | column)
-}
-
-/// Role values of the `roles` column for a worker role.
-fn role_value(role: Role) -> u32 {
-    match role {
-        Role::Llm => ROLE_LLM,
-        Role::Vision => 1,
-        Role::Audio => 2,
-    }
-}
-
-/// The `node` column's value for a node name: 0 for none, else a nonzero hash of it.
-pub fn node_number(node: &str) -> u32 {
-    if node.is_empty() {
-        0
-    } else {
-        (xxhash_rust::xxh3::xxh3_64(node.as_bytes()) as u32).max(1)
-    }
 }
 
 /// Checks a decision's encoder indices against `table`: each in range, an encoder (not an LLM
@@ -169,109 +154,103 @@ impl WorkerTable {
     }
 }
 
-/// An encoder as a row of the router's table: what its media-only columns hold for the request
-/// being routed.
-#[derive(Debug, Clone)]
-pub struct EncoderRow {
-    /// The encoder.
-    pub worker: std::sync::Arc<Worker>,
-    /// Work this gateway has queued at it, estimated in microseconds.
+/// One worker's values in every column of the contract. The routing core fills one per
+/// worker (and per encoder); [`TableWriter`] keeps only the columns a table holds.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Row {
+    /// The worker's id (its KV id).
+    pub id: u32,
+    /// [`ROLE_LLM`], [`ROLE_VISION`] or [`ROLE_AUDIO`].
+    pub role: u32,
+    /// Capabilities as a bitmask: bit 0 text, 1 image, 2 audio, 3 video.
+    pub capabilities: u32,
+    /// The prompt's leading blocks cached on the worker's device.
+    pub overlap_device_blocks: u32,
+    /// The prompt's leading blocks cached in the worker's host memory.
+    pub overlap_host_blocks: u32,
+    /// KV blocks in use by the worker's active sequences.
+    pub active_blocks: u32,
+    /// Prompt tokens still to prefill on the worker.
+    pub prefill_tokens: u32,
+    /// Requests active on the worker.
+    pub active_requests: u32,
+    /// The worker's KV capacity in blocks.
+    pub capacity_blocks: u32,
+    /// Tokens per KV block.
+    pub block_size: u32,
+    /// The worker's node as a nonzero hash, 0 for none.
+    pub node: u32,
+    /// Encoders: work queued at it, estimated in microseconds.
     pub queued_us: u32,
-    /// Estimated time to encode the request's items of its role it does not hold, in µs.
+    /// Encoders: estimated time to encode the request's items it does not hold, in µs.
     pub encode_us: u32,
-    /// Tokens of the request's items of its role whose features it announced cached.
-    pub cached_tokens: u32,
+    /// Encoders: tokens of the request's items whose features it holds.
+    pub media_cached_tokens: u32,
+    /// Relative cost of the worker.
+    pub cost: f32,
 }
 
-/// Builds the table for `candidates` (which the caller has already filtered to healthy workers
-/// of the requested model) with `columns` and the fallback's, from each one's prefix
-/// `overlaps` (as the index returns them) and live `loads` (aligned with
-/// `candidates`), followed by one row per encoder in `encoders`.
-pub fn build(
-    candidates: &[std::sync::Arc<Worker>],
-    overlaps: &Overlaps,
-    loads: &[Load],
-    encoders: &[EncoderRow],
-    columns: Columns,
-) -> WorkerTable {
-    let n = candidates.len() + encoders.len();
-    let present = columns | fallback_columns();
-    let mut table = WorkerTable::zeroed(n, present);
-    let saturate = |value: u64| u32::try_from(value).unwrap_or(u32::MAX);
-    let slots: Vec<(usize, usize)> = ORDER
-        .iter()
-        .enumerate()
-        .filter_map(|(k, &column)| table.offset(column).map(|start| (k, start)))
-        .collect();
-    for (index, worker) in candidates.iter().enumerate() {
-        let overlap = overlaps.get(worker.kv_id);
-        let load = loads.get(index).copied().unwrap_or_default();
-        // This gateway's in-flight count covers requests the tracker does not (e.g. retries).
-        let local = u64::try_from(worker.in_flight().max(0)).unwrap_or(0);
-        let row: [u32; 14] = [
-            worker.kv_id,
-            role_value(worker.role),
-            capability_mask(&worker.capabilities),
-            overlap.map_or(0, |o| o.device),
-            overlap.map_or(0, |o| o.host),
-            load.active_blocks,
-            saturate(load.prefill_tokens),
-            saturate(u64::from(load.requests).max(local)),
-            saturate(worker.capacity_blocks),
-            saturate(worker.block_size as u64),
-            node_number(&worker.node),
-            0,
-            0,
-            0,
-        ];
-        for &(k, start) in &slots {
-            table.data[start + index] = row[k];
-        }
-        if let Some(cost) = table.cost.get_mut(index) {
-            *cost = worker.cost as f32;
-        }
+impl Row {
+    /// The u32 values in the contract's column order ([`ORDER`]).
+    fn values(&self) -> [u32; U32_COLUMNS] {
+        [
+            self.id,
+            self.role,
+            self.capabilities,
+            self.overlap_device_blocks,
+            self.overlap_host_blocks,
+            self.active_blocks,
+            self.prefill_tokens,
+            self.active_requests,
+            self.capacity_blocks,
+            self.block_size,
+            self.node,
+            self.queued_us,
+            self.encode_us,
+            self.media_cached_tokens,
+        ]
     }
-    for (offset, encoder) in encoders.iter().enumerate() {
-        let index = candidates.len() + offset;
-        let worker = &encoder.worker;
-        let in_flight = u64::try_from(worker.in_flight().max(0)).unwrap_or(0);
-        let row: [u32; 14] = [
-            worker.kv_id,
-            role_value(worker.role),
-            capability_mask(&worker.capabilities),
-            0,
-            0,
-            0,
-            0,
-            saturate(in_flight),
-            0,
-            0,
-            node_number(&worker.node),
-            encoder.queued_us,
-            encoder.encode_us,
-            encoder.cached_tokens,
-        ];
-        for &(k, start) in &slots {
-            table.data[start + index] = row[k];
-        }
-        if let Some(cost) = table.cost.get_mut(index) {
-            *cost = worker.cost as f32;
-        }
-    }
-    table
 }
 
-/// Capability names as the table's bitmask: bit 0 text, 1 image, 2 audio, 3 video.
-pub fn capability_mask(capabilities: &[String]) -> u32 {
-    capabilities.iter().fold(0, |mask, name| {
-        mask | match name.as_str() {
-            "text" => 1,
-            "image" => 2,
-            "audio" => 4,
-            "video" => 8,
-            _ => 0,
+/// Fills a [`WorkerTable`] row by row, storing each row's values of the present columns only.
+#[derive(Debug)]
+pub struct TableWriter {
+    table: WorkerTable,
+    /// For each present u32 column: its place in [`ORDER`] and where it starts in `data`.
+    slots: Vec<(usize, usize)>,
+}
+
+impl TableWriter {
+    /// A table of `count` rows holding `present` and the [`fallback_columns`], all zero until
+    /// written.
+    pub fn new(count: usize, present: Columns) -> TableWriter {
+        let table = WorkerTable::zeroed(count, present | fallback_columns());
+        let slots = ORDER
+            .iter()
+            .enumerate()
+            .filter_map(|(k, &column)| table.offset(column).map(|start| (k, start)))
+            .collect();
+        TableWriter { table, slots }
+    }
+
+    /// Writes `row` as row `index` (ignored past the table's end).
+    pub fn write(&mut self, index: usize, row: &Row) {
+        if index >= self.table.len() {
+            return;
         }
-    })
+        let values = row.values();
+        for &(k, start) in &self.slots {
+            self.table.data[start + index] = values[k];
+        }
+        if let Some(cost) = self.table.cost.get_mut(index) {
+            *cost = row.cost;
+        }
+    }
+
+    /// The table written.
+    pub fn finish(self) -> WorkerTable {
+        self.table
+    }
 }
 
 /// The native fallback: the LLM worker with the fewest active requests, then the least

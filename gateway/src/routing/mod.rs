@@ -19,11 +19,15 @@ use tokio::sync::mpsc;
 use crate::events::applier::Inbound;
 use crate::kv::{ActiveGuard, KvState, KvSummary, PromptBlocks, SummaryWorker, WorkerId};
 use crate::policy::switch::{PolicySwitch, Routed};
-use crate::policy::table::{self, RequestInfo};
+use crate::policy::table::RequestInfo;
 use crate::workers::{InFlight, Worker, WorkerPool};
 
+mod measured;
+pub mod table;
 #[cfg(test)]
 mod tests;
+
+pub use table::EncoderRow;
 
 /// One request as the routing core sees it.
 #[derive(Debug, Clone, Copy)]
@@ -41,7 +45,7 @@ pub struct Request<'a> {
     /// Hash of its affinity key (the split rollout's header), 0 when absent.
     pub affinity: u64,
     /// The encoders its media may go to, as rows of the router's table (empty without media).
-    pub encoders: &'a [table::EncoderRow],
+    pub encoders: &'a [EncoderRow],
     /// Its time-to-first-token target in milliseconds; 0 when none.
     pub ttft_target_ms: f32,
 }
@@ -122,10 +126,8 @@ impl Router {
             affinity: request.affinity,
             ttft_target_ms: request.ttft_target_ms,
         };
-        let (pick, routed) = crate::policy::host::with_prompt(&request.prompt.hashes, || {
-            self.policy.route(&info, |columns| {
-                table::build(&candidates, &overlaps, &loads, request.encoders, columns)
-            })
+        let (pick, routed) = self.policy.route(&info, &request.prompt.hashes, |columns| {
+            table::build(&candidates, &overlaps, &loads, request.encoders, columns)
         });
         let pick = pick?;
         // Indices past the LLM workers name encoder rows (checked to be encoders by the runtime).

@@ -55,7 +55,7 @@ fn fixture(workers: usize, policy: &str) -> Fixture {
         })
         .expect("engine"),
     );
-    let wasm = crate::policy::built_in_router(policy).expect("built in");
+    let wasm = crate::built_ins::router(policy).expect("built in");
     let policy = runtime.load_router(policy, wasm, toml::Table::new()).expect("loads");
     let switch = Arc::new(PolicySwitch::new(policy, SwitchConfig::default()));
     let (sender, events) = mpsc::unbounded_channel();

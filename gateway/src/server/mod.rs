@@ -1,13 +1,20 @@
 //! The client-facing server: listener, TLS, HTTP/1.1 and HTTP/2, OpenAI handlers, SSE relay.
 //!
 //! This module owns everything between a client's socket and a worker request: accepting and
-//! limiting connections ([`conn`]), TLS ([`tls`]), dispatch by method and path ([`routes`]), and
-//! forwarding with retries and streaming relay ([`relay`]). It asks `routing` where a request
-//! goes (and holds the lease it gets while the answer streams), reaches the worker with the
-//! `workers` client, and records `metrics`; nothing below it knows about HTTP bodies.
+//! limiting connections ([`conn`]), TLS ([`tls`]), dispatch by method and path ([`routes`]),
+//! and the path of a generation request, whose stages [`pipeline`] runs in order: [`prompt`]
+//! (media inspected, prompt tokenized and hashed), [`media_plan`] (encoders), [`forward`]
+//! (attempts on workers, with retries) and [`relay`] (the answer streamed back). It asks
+//! `routing` where a request goes (and holds the lease it gets while the answer streams),
+//! reaches the worker with the `workers` client, and records `metrics`; nothing below it knows
+//! about HTTP bodies.
 
 mod coalesce;
 pub(crate) mod conn;
+mod forward;
+mod media_plan;
+pub(crate) mod pipeline;
+mod prompt;
 pub mod relay;
 mod rewind;
 pub(crate) mod routes;

@@ -1,6 +1,6 @@
 //! Request dispatch: which handler answers which method and path.
 //!
-//! Generation endpoints go to [`relay`](crate::server::relay); the rest (`/v1/models`,
+//! Generation endpoints go to [`pipeline`](crate::server::pipeline); the rest (`/v1/models`,
 //! `/healthz`, `/readyz`, `/metrics`) are answered here. Every answer is counted by endpoint
 //! and status, and every error by its code.
 
@@ -13,7 +13,7 @@ use switchyard_protocol::api::{self, ApiError, Endpoint, ModelList};
 use switchyard_protocol::paths;
 use switchyard_protocol::respond::{self, Body};
 
-use crate::server::relay;
+use crate::server::pipeline;
 use crate::state::AppState;
 
 /// Answers one client request.
@@ -28,7 +28,7 @@ pub(crate) async fn handle(state: Arc<AppState>, request: Request<Incoming>, sta
                 match state.tenants.authenticate(request.headers()) {
                     Ok(grant) => (
                         endpoint.label(),
-                        relay::generate(&state, endpoint, request, started, grant).await,
+                        pipeline::generate(&state, endpoint, request, started, grant).await,
                     ),
                     Err(err) => (endpoint.label(), Err(err)),
                 }

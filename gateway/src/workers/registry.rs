@@ -276,16 +276,6 @@ pub struct WorkerPool {
     released: Arc<tokio::sync::Notify>,
 }
 
-impl crate::policy::runtime::TimingSource for WorkerPool {
-    fn timings(&self) -> Vec<crate::policy::host::WorkerTiming> {
-        WorkerPool::timings(self)
-    }
-
-    fn prefill_fits(&self) -> Vec<crate::policy::host::PrefillFit> {
-        WorkerPool::prefill_fits(self)
-    }
-}
-
 impl WorkerPool {
     /// Builds the pool from validated worker entries.
     ///
@@ -303,39 +293,6 @@ impl WorkerPool {
             pool.upsert(config)?;
         }
         Ok(pool)
-    }
-
-    /// The `measured` import's answer: every LLM worker measured so far.
-    pub fn timings(&self) -> Vec<crate::policy::host::WorkerTiming> {
-        self.workers()
-            .iter()
-            .filter(|worker| worker.role == Role::Llm)
-            .filter_map(|worker| {
-                let (itl_us, samples) = worker.measured_itl();
-                (samples > 0).then_some(crate::policy::host::WorkerTiming {
-                    id: worker.kv_id,
-                    itl_us,
-                    samples,
-                })
-            })
-            .collect()
-    }
-
-    /// The `measured.prefill-fits` import's answer: every LLM worker with a fitted prefill.
-    pub fn prefill_fits(&self) -> Vec<crate::policy::host::PrefillFit> {
-        self.workers()
-            .iter()
-            .filter(|worker| worker.role == Role::Llm)
-            .filter_map(|worker| {
-                let line = worker.measured_prefill().0?;
-                Some(crate::policy::host::PrefillFit {
-                    id: worker.kv_id,
-                    fixed_ms: line.fixed_ms as f32,
-                    ms_per_ktoken: (line.ms_per_token * 1000.0) as f32,
-                    samples: line.samples,
-                })
-            })
-            .collect()
     }
 
     /// Told each time a request in flight on a worker ends: where the admission queue learns
