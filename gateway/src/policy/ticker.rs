@@ -4,8 +4,8 @@
 //! Wasmtime interrupts a guest when the engine's epoch passes the deadline its store set, so
 //! the epoch must advance while any call runs. Advancing it every tick forever costs a sleep
 //! and a wake every 500 µs: 20–30 ms of CPU a second on the gateway's machine, a sixth of its
-//! CPU per request at a few hundred requests a second (BENCHMARKS.md). Policy calls last
-//! microseconds, so almost every tick falls between calls.
+//! CPU per request at a few hundred requests a second (`benchmarks/history/overhead.md`).
+//! Policy calls last microseconds, so almost every tick falls between calls.
 //!
 //! On Linux the ticker waits on a timer (`timerfd`) that is armed while calls run: the first of
 //! the calls running arms it ([`TickerState::begin`]), and one that runs on gets the epoch
@@ -29,6 +29,19 @@
 //! deadline a store sets. A call the OS preempted for longer than the idle period finds the
 //! epoch already past its deadline when it resumes, so its next check wakes the ticker before
 //! it can run on unchecked.
+//!
+//! # Rejected designs
+//!
+//! Measured with `switchyard-bench overhead --nginx` and the `policy_call` bench; the runs are in
+//! `benchmarks/history/overhead.md`.
+//!
+//! - Arming and disarming around every entry into the guest, found through Wasmtime's call hook
+//!   (`Store::call_hook`): two system calls an entry (a pair costs 3.7 µs in a tight loop), and a
+//!   `route` call enters the guest several times, its allocator included.
+//! - A lock and a clock read at the start and end of every call while the timer is armed: 58 ns
+//!   a call (`route/least-load/8` 260 → 318 ns); the atomic word took back ~25 ns of it.
+//! - A 5 ms tick instead of 500 µs: one stream at a time, 204 / 210 / 233 µs of CPU a streamed
+//!   request against 239 / 240 / 240, but every deadline ten times coarser.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, PoisonError};

@@ -1,8 +1,8 @@
 //! Coalescing a hot stream's events into fewer writes to the client.
 //!
 //! Each SSE event relayed as it arrives costs a write (and, under TLS, a record) of its own:
-//! on a busy gateway most of its CPU time is in those writes (BENCHMARKS.md, "Gateway against
-//! nginx"). A stream whose events come faster than `server.stream_coalesce_us` apart has the
+//! on a busy gateway most of its CPU time is in those writes (BENCHMARKS.md, "Gateway
+//! overhead"). A stream whose events come faster than `server.stream_coalesce_us` apart has the
 //! ones that arrive within that window of its last write held back and written together when
 //! the window ends — at most one write per window, each event late by at most the window. A
 //! stream slower than that (a real engine's decode step is milliseconds) is written event by
@@ -14,6 +14,25 @@
 //! every event a read holds, and what is held is written as soon as upstream has nothing more
 //! ([`Coalescer::ready`]). The upstream is still read as events arrive, so what the gateway
 //! measures of the worker's pace is unchanged.
+//!
+//! # Rejected designs
+//!
+//! Measured with `switchyard-bench overhead --nginx`, TLS gateway's CPU per streamed request;
+//! the runs are in `benchmarks/history/overhead.md`.
+//!
+//! - A body adapter gathering the events an upstream connection had ready into one write, with
+//!   one scheduler turn for more to come: every turn came back empty (each event arrived in a
+//!   read of its own), so it saved no system call.
+//! - An opening event held until the scheduler's round ends (tokio's deferred wake): 5.9
+//!   `writev` a request at 512 streams instead of 7.6–8.8, but `epoll_wait` rose from 0.4 to 1.5
+//!   a request and the CPU did not move beyond the noise (158 / 164 / 168 µs against
+//!   183 / 125 / 135).
+//! - An opening event held until two polls in a row bring nothing: at 512 streams 142 / 142 /
+//!   125 µs with it, 119 / 121 / 122 without, once the relay drove its upstream connection.
+//! - Events read in the same burst as a write joining its flush: 196 µs at 512 streams against
+//!   nginx's 125 (1.57×), where the window alone made 1.44×.
+//! - A 4 ms window: 147–172 µs at 512 streams, within the noise of 1 ms, for more delay between
+//!   tokens.
 
 use std::future::Future;
 use std::pin::Pin;

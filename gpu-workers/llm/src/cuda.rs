@@ -22,6 +22,17 @@
 //! and write a cache block of their own. A step is ~10 launches per layer, so at small batches
 //! launching costs more than the work. Prefill and media steps run kernel by kernel on buffers
 //! of their own.
+//!
+//! # Rejected designs
+//!
+//! Measured on an H100 with `llm_cuda`; the runs are in `benchmarks/history/gpu.md`.
+//!
+//! - A product kernel for few rows (one block per 8 outputs, each weight row read once) in place
+//!   of cuBLAS's SGEMM: 0.76–0.90× cuBLAS at batch 1 to 8.
+//! - The thread-per-key attention kernel for prefill and large batches: prefill 97,297 against
+//!   158,328 tok/s, batch 256 0.95×; once split, for steps of up to 256 rows: batch 100 at 47,474
+//!   / 47,183 against 54,807 / 54,178 tok/s.
+//! - Split attention aiming at 4,096 blocks instead of 2,048: within the noise.
 
 use std::sync::Arc;
 
@@ -203,14 +214,16 @@ pub struct CudaExecutor {
 }
 
 /// Most rows of a decode step that [`AttentionKernel::ByKey`] takes. Measured on an H100
-/// (BENCHMARKS.md): a thread per key wins while a step has too few (row, head) blocks to fill
-/// the GPU; with more, and for prefill, a warp per key reads the keys coalesced and wins.
+/// (`benchmarks/history/gpu.md`): a thread per key wins while a step has too few (row, head)
+/// blocks to fill the GPU; with more, and for prefill, a warp per key reads the keys coalesced
+/// and wins.
 const BY_KEY_MAX_ROWS: usize = 64;
 
 /// (Row, head, split) blocks a split decode step's attention aims for: about 16 per
 /// multiprocessor of an H100 (132), so that a step of a few sequences does not leave most of
 /// them idle while each block walks its whole context. Measured against 1,024 on an H100
-/// (BENCHMARKS.md): the same at batch 1 and 8, faster past a long context at 32 and 64 rows.
+/// (`benchmarks/history/gpu.md`): the same at batch 1 and 8, faster past a long context at 32
+/// and 64 rows.
 const SPLIT_BLOCKS: usize = 2048;
 
 /// Most splits of one (row, head)'s keys.

@@ -11,6 +11,14 @@
 //! to f16's 11 significant bits on the way in, which moves the logits by up to ~3e-4 of their
 //! size on the tiny test model, so f32 stays the default. The CUDA backend keeps the same two
 //! precisions, rounded alike.
+//!
+//! # Rejected designs
+//!
+//! - Four dot products at a time in decode attention, to overlap their additions: LLVM
+//!   vectorized the four sums across lanes with shuffles and blends, and batch-32 decode fell
+//!   from ~550 to ~470 tok/s.
+//! - The blocks handed to the attention loops through a closure: 5 % slower, the closure being
+//!   compiled without the enclosing function's AVX2.
 
 use half::f16;
 use half::slice::{HalfBitsSliceExt, HalfFloatSliceExt};

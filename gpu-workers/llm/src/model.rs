@@ -15,6 +15,13 @@
 //! integer dot products) or, for many rows on CPUs without AVX-512 VNNI, through `gemm` on tiles
 //! widened in cache; every other weight is widened to f32 at load, and all other arithmetic is
 //! f32.
+//!
+//! # Rejected designs
+//!
+//! - The weights stored transposed, so that `gemm` would not pack them at larger batches: batch
+//!   8 / 32 decode slower (145 / 284 tok/s).
+//! - Attention split over the threads at every step: tiny-llama's batch-8 decode fell from
+//!   44,944 to 35,193 tok/s, so a step splits it only from 2¹⁸ multiply-adds.
 
 use std::path::Path;
 
@@ -120,7 +127,7 @@ fn times_transposed(
 /// From this many activation rows on, a quantized product widens tiles of weights and uses
 /// `gemm` (unless the CPU has the panel kernels: [`quantized_kernels_for`]), which is
 /// compute-efficient where the block kernels are not. Measured on SmolLM2, two cores, with the
-/// grouped-scale kernels (BENCHMARKS.md): decode at 16 / 32 / 48 / 64 rows made
+/// grouped-scale kernels (`benchmarks/history/llm-cpu.md`): decode at 16 / 32 / 48 / 64 rows made
 /// 263 / 273–281 / 263 / 249 tok/s through block kernels and 142 / 226 / 276 / 311 through
 /// tiles, and a 512-token prefill 318 against 474.
 const GEMM_ROWS: usize = 40;

@@ -18,11 +18,27 @@
 //! "Paris", 8-bit activations "L'Étoile…"). The flip comes from blocks holding one of the hidden
 //! state's outlier channels, whose other values a `max / 127` scale leaves a few levels; 8 bits
 //! only where a block has no outlier keeps the answer but gained ~1.1× at batch 32
-//! (BENCHMARKS.md, "Tried and not kept"). 16 bits keep the error ~250× smaller and the dot
+//! (see Rejected designs below). 16 bits keep the error ~250× smaller and the dot
 //! products integer. Output rows are split over rayon's threads, and within a thread a run of
 //! weight rows meets a tile of activation rows so both stay in cache. From 16 activation rows
 //! on (batched decoding, prefill), CPUs with AVX-512 VNNI run the `panel` kernels instead,
 //! which hold 16 activation rows in a vector and so multiply at twice an f32 FMA's rate.
+//!
+//! # Rejected designs
+//!
+//! Measured on SmolLM2-135M (Q4_1) on two cores; the runs are in
+//! `benchmarks/history/llm-cpu.md`.
+//!
+//! - 8 bits where no row of a block has an outlier (`max > 5 · rms`), 16 bits elsewhere:
+//!   batch-32 decode 1.08–1.13× faster and the answer holds, but the fixture's logits moved by
+//!   2.3 % (16 bits: within 1.4e-4), so `gguf_reference` fails. 8 bits in the down projection
+//!   only: 1.04–1.13×.
+//! - Each block widened to f32 in registers and multiplied with FMAs: 5.1 ns per Q4_1 block on
+//!   one core, against 3.0 ns for the 16-bit integer products.
+//! - The whole matrix widened per call instead of tiles: batch-8 decode 47 tok/s, the 113 MB f32
+//!   LM head rebuilt every step.
+//! - Each task's products written straight into the result, with no per-task buffer: 575–579
+//!   against 579–587 tok/s at batch 32, no gain.
 
 use std::sync::OnceLock;
 

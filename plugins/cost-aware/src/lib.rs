@@ -45,6 +45,26 @@
 //! model alone as before. Every worker is predicted, two per instruction where the settings
 //! allow it ([`model::Model::predict_all`], bit for bit the same predictions); `shortlist =
 //! false` predicts them one at a time, the path the lanes are checked against.
+//!
+//! # Rejected designs
+//!
+//! On the mixed fleet of `BENCHMARKS.md` (4 regular and 4 spot engines, 2,000 ms targets) and,
+//! for speed, `cargo bench -p switchyard --bench policy_call -- route/`; the runs are in
+//! `benchmarks/history/cost-aware.md` and `benchmarks/history/policy-calls.md`.
+//!
+//! - A worker's slowness measured against the model's step at the gateway's view of its load:
+//!   that view counts queued requests the engine has not started, so a loaded worker looked
+//!   fast and drew more load (196 s p99 TTFT in a trial run).
+//! - A slack rule (a cheaper worker only while its predicted cost is within 25 % of the target
+//!   of the best): 78.9 % of targets met at 6×, but at 2× dearer than `predicted-ttft` (832,671
+//!   against 768,376 per 1M tokens).
+//! - `target_margin = 1.0` as the default: 88.5 against 91.8 % of targets met at 6×, same run.
+//! - No own steps counted only while other workers had nothing waiting to prefill: 87.4 against
+//!   90.6 % at 6× with any one other worker idle as the test, 88.2 against 89.7 % with half.
+//! - Each worker ranked as it is predicted, with no list of predictions: the same speed (4,096
+//!   workers 139.7 / 137.8 → 141.8 / 134.9 µs).
+//! - The tie-break hashed only when two workers tie on key and cost: 5–8 % slower (19.4 →
+//!   20.8 µs at 1,024 workers), as such ties are common.
 
 #![cfg_attr(not(test), no_std)]
 

@@ -39,9 +39,9 @@
 //!   own TTFT alone is greedy; at high load the real price of `n` uncached tokens is paid again
 //!   by the queue behind them, and a prefix computed on a second worker also duplicates blocks
 //!   there and evicts others. `impact_weight` prices that. It is what makes this router beat
-//!   `kv-aware` (BENCHMARKS.md): on the Mooncake conversation trace near saturation, weights of
-//!   4–16 raised the engines' prefix-cache hit ratio from ~19 % to ~24 % and cut preemptions
-//!   ~5×; the default is 4.
+//!   `kv-aware` (`benchmarks/history/routing.md`): on the Mooncake conversation trace near
+//!   saturation, weights of 4–16 raised the engines' prefix-cache hit ratio from ~19 % to ~24 %
+//!   and cut preemptions ~5×; the default is 4.
 //! - Memory pressure: KV blocks past `memory_threshold · capacity` (after admitting the
 //!   request) will be recomputed after a preemption or waited for, so they cost their prefill
 //!   time, `pressure = max(0, blocks − memory_threshold · capacity) · bs/P · prefill_ms(P + D)`.
@@ -68,6 +68,16 @@
 //! tied group or fallbacks reach past the workers whose place is certain, or the settings are
 //! outside what the estimate covers (a negative prefill coefficient or weight), every worker is.
 //! The answer is the same either way; `shortlist = false` ranks every worker always.
+//!
+//! # Rejected designs
+//!
+//! On the Mooncake conversation trace at 9× with 8 simulated engines, one round each (single
+//! runs at this load vary by ±20 %); the runs are in `benchmarks/history/routing.md`.
+//!
+//! - No impact term (greedy TTFT): it beat `kv-aware` at 8× (TTFT avg 416 vs 517 ms) but lost to
+//!   it at 9× (1,538 vs 1,255 ms).
+//! - A memory-pressure term from 80 % of capacity: TTFT avg 1,076 ms with `impact_weight = 1`,
+//!   against 688 ms without it: spreading memory costs cache hits.
 
 #![cfg_attr(not(test), no_std)]
 

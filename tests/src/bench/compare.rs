@@ -666,7 +666,12 @@ fn render_media(out: &mut String, config: &CompareConfig, runs: &[PolicyRun]) {
 pub fn render_report(config: &CompareConfig, runs: &[PolicyRun]) -> String {
     let mut out = String::new();
     let m = &config.mocker;
-    let _ = writeln!(out, "# Routing quality: {}\n", config.trace_label);
+    // The trace's file name, not the path it was given: a report names no local folder. The
+    // label's window (", from 0 s for 600 s") holds no path separator, so it stays.
+    let trace = Path::new(&config.trace_label)
+        .file_name()
+        .map_or(config.trace_label.clone(), |name| name.to_string_lossy().into_owned());
+    let _ = writeln!(out, "# Routing quality: {trace}\n");
     let _ = writeln!(
         out,
         "- date: {}",

@@ -10,9 +10,11 @@
 //! the hardware prefetches best), every head taking its part. The results differ from the
 //! portable loops' only in the order of their additions.
 //!
-//! AVX-512's wider vectors were tried and measured no faster (the loops wait on memory, not on
-//! arithmetic): SmolLM2's batch-8 decode at a 1,024-token context made 227–233 tok/s with them
-//! and 222–229 with these in f16, 190–194 and 207–209 in f32.
+//! # Rejected designs
+//!
+//! - AVX-512's wider vectors: no faster, as the loops wait on memory, not on arithmetic.
+//!   SmolLM2's batch-8 decode at a 1,024-token context made 227–233 tok/s with them and
+//!   222–229 with these in f16, 190–194 and 207–209 in f32.
 
 use std::arch::x86_64::*;
 
