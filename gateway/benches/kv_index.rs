@@ -2,11 +2,13 @@
 //! driven by the real Mooncake conversation trace.
 //!
 //! Run: `cargo bench -p switchyard --bench kv_index` (a plain `main` that prints figures).
-//! The trace is `<workspace>/../shared/traces/conversation_trace.jsonl`; override the file with
-//! `SWITCHYARD_TRACE=/path/to/conversation_trace.jsonl`. `KV_BENCH_REPLAYS=N` changes how many
-//! times the trace is replayed (default 12). `KV_BENCH_PROFILE=1` runs only our single-threaded
-//! replay at 1,000 workers, seven times, and prints the median (to profile it, or to compare
-//! two builds quickly).
+//! The trace is the Mooncake conversation trace (kvcache-ai/Mooncake,
+//! `FAST25-release/traces/conversation_trace.jsonl`, published with the FAST '25 paper); point
+//! the bench at a copy with `SWITCHYARD_TRACE=/path/to/conversation_trace.jsonl` (without it,
+//! the file is looked for in a `shared/traces/` folder beside the checkout).
+//! `KV_BENCH_REPLAYS=N` changes how many times the trace is replayed (default 12).
+//! `KV_BENCH_PROFILE=1` runs only our single-threaded replay at 1,000 workers, seven times, and
+//! prints the median (to profile it, or to compare two builds quickly).
 //!
 //! The workload, generated once per worker count W and used identically for every index:
 //! - The trace is replayed `REPLAYS` times. Hash id 0 (the 512-token prefix every request starts

@@ -5,22 +5,22 @@
 //! are sampled and pooled, and how fast audio turns into tokens. From them: [`image_tokens`]
 //! (patches after the resize rule, divided by the spatial merge: 336x336 with 14-pixel patches
 //! is 576 tokens), [`visual_budget`] (what the context leaves for media after the text and the
-//! answer, capped by the model's visual token limit), [`select_frames`] (seed 000's frame
-//! samplers, then the caps: at most `max_frames`, and as many as the budget holds),
+//! answer, capped by the model's visual token limit), [`select_frames`] (the frame samplers,
+//! then the caps: at most `max_frames`, and as many as the budget holds),
 //! [`video_tokens`] and [`audio_tokens`]. These are the gateway's estimates for routing and
 //! admission; the encoder's own count is authoritative once it has run.
 //!
-//! Seed 000's keyframe sampler probes decoded frames for pixel differences; the gateway never
-//! decodes, so [`FrameSampling::Keyframe`] uses the container's sync frames instead (MP4 `stss`,
-//! WebM keyframe flags; an MP4 without `stss` has only sync frames), always with frame 0. Seed
-//! 000 also turned a negative budget into one frame; here it is an error (a 400 upstream).
+//! The gateway never decodes, so [`FrameSampling::Keyframe`] takes the container's sync frames
+//! (MP4 `stss`, WebM keyframe flags; an MP4 without `stss` has only sync frames), always with
+//! frame 0, rather than probing decoded frames for pixel differences. A budget too small for a
+//! single frame is an error (a 400 upstream), not one frame.
 
 use serde::{Deserialize, Serialize};
 
 use crate::error::MediaError;
 use crate::info::MediaInfo;
 
-/// How video frames are chosen before the caps apply (seed 000's `VideoFrameExtractor`).
+/// How video frames are chosen before the caps apply.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum FrameSampling {
@@ -40,7 +40,7 @@ impl Default for FrameSampling {
 }
 
 /// A model's media settings. Deserializes from configuration with snake_case keys, every key
-/// optional (the defaults are a ViT-L/14 at 336 pixels, as in seed 000).
+/// optional (the defaults are a CLIP ViT-L/14 at 336 pixels, LLaVA-1.5's vision tower).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ModelMedia {
@@ -128,7 +128,7 @@ impl ModelMedia {
     }
 
     /// Bytes of one media token's features in 16-bit precision (`hidden_size` x 2), for transfer
-    /// estimates (seed 000's `media_tokens x hidden x 2`).
+    /// estimates (an item moves `media_tokens x hidden x 2` bytes).
     pub fn feature_bytes_per_token(&self) -> u64 {
         u64::from(self.hidden_size) * 2
     }
@@ -236,7 +236,7 @@ pub fn audio_tokens(m: &ModelMedia, duration_s: f64) -> u32 {
     if tokens.is_nan() { 1 } else { (tokens as u32).max(1) }
 }
 
-/// `k` of `indices`, evenly spaced: `indices[int(i * len / k)]` (seed 000's cap).
+/// `k` of `indices`, evenly spaced: `indices[int(i * len / k)]`.
 fn thin(indices: Vec<u32>, k: usize) -> Vec<u32> {
     if indices.len() <= k {
         return indices;
@@ -249,7 +249,7 @@ fn thin(indices: Vec<u32>, k: usize) -> Vec<u32> {
 
 /// The frames of a video the model sees, as indices into the file's frames (ascending).
 ///
-/// First the sampler of `m.video_sampling` (seed 000): uniform (all frames if at most
+/// First the sampler of `m.video_sampling`: uniform (all frames if at most
 /// `max_frames`, else `max_frames` at `int(i * total / max_frames)`), fps (every
 /// `max(1, int(native_fps / fps))`-th frame) or keyframe (the container's sync frames, with frame
 /// 0; see the module doc). Then the caps: more than `max_frames` are thinned to `max_frames`
@@ -321,7 +321,7 @@ mod tests {
         // Fixed resolution: every image is resized to 336x336.
         assert_eq!(image_tokens(&m, 1920, 1080), 576);
         assert_eq!(image_tokens(&m, 1, 1), 576);
-        // Seed 000's cost table: 4 images, 2,304 tokens.
+        // Four images at a fixed 336 pixels: 2,304 tokens.
         assert_eq!(4 * image_tokens(&m, 640, 480), 2304);
     }
 
@@ -420,7 +420,7 @@ mod tests {
     fn samplers() {
         let big = 1_000_000;
         let info = video(336, 336, 100, 30.0);
-        // Uniform, seed 000: total <= max_frames takes all; else int(i * total / max_frames).
+        // Uniform: total <= max_frames takes all; else int(i * total / max_frames).
         let m = ModelMedia {
             video_sampling: FrameSampling::Uniform,
             max_frames: 32,

@@ -64,7 +64,7 @@ pub fn media_block_hash(id: MediaId) -> u64 {
     chain_hash(None, media_local_hash(id))
 }
 
-/// Milliseconds one forward pass over `n` images takes: the seed's SigLIP-L measurements
+/// Milliseconds one forward pass over `n` images takes: published SigLIP-L/14 measurements
 /// (batch 1/4/8/16/32 → 4.8/7.2/10.1/16.3/29.7 ms on an A100), linear between them and past
 /// the last at the last segment's slope.
 pub fn image_batch_ms(n: usize) -> f64 {
@@ -81,10 +81,10 @@ pub fn image_batch_ms(n: usize) -> f64 {
     y0 + (n - x0) * (y1 - y0) / (x1 - x0)
 }
 
-/// Milliseconds per video frame (the seeds' ViT figure, frames batched).
+/// Milliseconds per video frame (a published ViT figure, frames batched).
 pub const VIDEO_MS_PER_FRAME: f64 = 1.6;
 
-/// Milliseconds per second of audio (the seeds' Whisper figure).
+/// Milliseconds per second of audio (a published Whisper encoder figure).
 pub const AUDIO_MS_PER_SECOND: f64 = 2.8;
 
 /// The reference estimate of encoding one item alone, in milliseconds (before a device's own

@@ -727,8 +727,8 @@ impl super::runtime::TimingSource for SetMeasurements {
 
 #[test]
 fn measurements_reach_a_router_as_columns_as_they_did_as_records() {
-    // `wit/0.2.0/cost-aware.wasm` is the cost-aware built-in as 9fe935a compiled it, when the
-    // SDK asked for the `measured` lists of records; today's asks for the same data as
+    // `wit/0.2.0/cost-aware.wasm` is the cost-aware built-in compiled by an SDK that asked for
+    // the `measured` lists of records; today's asks for the same data as
     // columns (`timing-columns`, `prefill-fit-columns`). Both must load and decide alike, and
     // the data must matter: the same router with nothing measured decides otherwise on many
     // tables.

@@ -9,7 +9,7 @@
 //!
 //! On Linux the ticker waits on a timer (`timerfd`) that is armed while calls run: the first of
 //! the calls running arms it ([`TickerState::begin`]), and one that runs on gets the epoch
-//! advanced every tick from its start, as before. When calls come further apart than a tick,
+//! advanced every tick from its start. When calls come further apart than a tick,
 //! the last one running disarms it as it ends ([`TickerState::end`]): such a call costs two
 //! system calls and wakes no thread. When they come closer together, arming and disarming
 //! around each would cost more than the ticks (each reprograms a hardware timer, ~5 µs on a

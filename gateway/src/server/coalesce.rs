@@ -6,7 +6,7 @@
 //! ones that arrive within that window of its last write held back and written together when
 //! the window ends — at most one write per window, each event late by at most the window. A
 //! stream slower than that (a real engine's decode step is milliseconds) is written event by
-//! event as before, with no timer, and the stream's first bytes always go at once, so time to
+//! event, with no timer, and the stream's first bytes always go at once, so time to
 //! first token never waits.
 //!
 //! An event that opens a write takes along the rest of what upstream read with it: the relay

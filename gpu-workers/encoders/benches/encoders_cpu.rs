@@ -6,8 +6,7 @@
 //! 50 tokens per image) with a LLaVA projector to 2048, and a Whisper tiny encoder (4 layers,
 //! width 384, 30 s windows of 3,000 mel frames). For each micro-batch size it prints the time of
 //! one batched forward (best of a few), the time per item, and per-item throughput and batch
-//! latency against batch 1 in the same run (seed 001, SigLIP-L on an A100: batch 8 gives 3.8×
-//! the per-image throughput for 2.1× the latency). Then preprocessing: decode + resize + normalize
+//! latency against batch 1 in the same run. Then preprocessing: decode + resize + normalize
 //! per image (a 640×480 PNG and JPEG to CLIP's 224), decode + log-mel per second of audio (a 30 s
 //! WAV at 16 kHz mono, and at 44.1 kHz stereo, which adds resampling), and video: a 10 s
 //! 640×480 H.264 MP4 at 30 fps (encoded here with OpenH264 at a fixed QP of 26, an IDR every 2 s), its decode per

@@ -5,7 +5,8 @@
 //! to 2048, 49 feature rows per image; a Whisper tiny encoder, 1,500 rows per 30 s window), puts
 //! them on GPU 0 with graphs up to a budget of 18,432 rows (`switchyard-encoder`'s default
 //! largest), and times each micro-batch size both ways: p50 and p99 over `N` runs (50), and
-//! graph against eager in the same run (seed 003: p99 −31 % to −85 %). Each timing includes the
+//! graph against eager in the same run (vLLM reports p99 −31 % to −85 % for its encoder graphs,
+//! vllm-project/vllm#35963). Each timing includes the
 //! host-to-device copy in and the copy out. Then the tiled attention kernel against the first
 //! one (a block per query row) at a few batch sizes, graphs both. Without a GPU it says so and
 //! exits. Figures are printed, never asserted.

@@ -4,7 +4,7 @@
 //! micro-batch, checks each item's bytes (base64, the media id, the container's headers: what
 //! fails here is the client's error, [`ItemStatus::DecodeError`]), serves what its
 //! [`FeatureCache`](cache::FeatureCache) holds, and runs the rest through one simulated device
-//! that encodes a batch at a time, taking as long as the seeds' measured curves say
+//! that encodes a batch at a time, taking as long as the reference cost curves say
 //! ([`batch_cost_ms`]: SigLIP-L images 4.8/7.2/10.1/16.3/29.7 ms at batch 1/4/8/16/32, video
 //! 1.6 ms per frame, audio 2.8 ms per second), times a cost scale, divided by a speed-up. The
 //! features it makes up (rows × `feature_dim` little-endian f16, deterministic per media id) are

@@ -1,7 +1,7 @@
 //! The mocker's timing model: how long a simulated forward pass takes.
 //!
-//! Constants are Dynamo's published polynomial fit for its mocker (see
-//! `shared/notes/dynamo-router.md` §4). Prefill time grows with the tokens computed in the
+//! Constants are Dynamo's published polynomial fit for its mocker (ai-dynamo/dynamo,
+//! `lib/mocker`, documented in `docs/mocker/mocker.md`). Prefill time grows with the tokens computed in the
 //! step; decode time grows with how full the KV cache is. A mixed step (prefill chunks plus
 //! decoding sequences) is timed as a prefill of all its tokens, since decode tokens ride along
 //! in the same forward pass.

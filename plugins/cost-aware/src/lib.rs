@@ -1,50 +1,55 @@
 //! `cost-aware`: the cheapest worker predicted to meet the request's time-to-first-token
 //! target; when none is, the one `predicted-ttft` would pick with each worker's measured speed.
 //!
-//! Each LLM worker's TTFT is predicted with `predicted-ttft`'s model (the engines' step-time
-//! polynomials, its queue, cache overlap and decoders), then scaled by the worker's slowness:
-//! its typical gap between chunks (the `measured` import: each stream's median gap, so the
-//! few steps that also carried prefill do not count; matched by the `ids` column) over the
-//! fastest measured worker's. A worker whose steps take twice as long (an older spot GPU) has
-//! its prediction doubled; a worker measured on fewer than 3 streams is taken as fast as the
-//! fastest. Why relative and not against the model's step: see [`Slowness`].
-//! Workers the request would not overflow (KV capacity, as `predicted-ttft` checks it) and
-//! predicted to give its first token within `target_margin` × `ttft-target-ms` (the margin is
-//! room for the requests arriving meanwhile) are candidates, and the one with the lowest `cost`
-//! (per token; spot < reserved) wins, ties (within 1e-6) going to the lowest scaled cost as
-//! `predicted-ttft` ranks it (so equal workers share the load and cached prefixes count).
-//! `own_steps_headroom` adds a share of the request's own prefill steps (`predicted-ttft`'s
-//! impact) to the time checked against the margin, as room for the next arrival on the same
-//! worker. Versions two to five counted all of them: with the model's queue estimates alone,
-//! cheap and slow workers otherwise took requests until their queues made the next ones late.
-//! Since queues are measured (below), leaving them out costs about a point of attainment at
-//! 6× load, while counting them keeps large prompts off cheap workers that could serve them
-//! in time: 0 is 28–30 % cheaper than `predicted-ttft` at 2× load (BENCHMARKS.md). A request
-//! without a target takes every worker as a candidate, so it goes to the cheapest. When no
-//! worker is predicted to meet the target, the lowest scaled `predicted-ttft` cost wins
-//! (its queue, cache, impact and decode terms, not the raw TTFT: a late request should not
-//! also spoil the queue behind it) among the workers that could meet it with nothing queued
-//! ahead (their own prefill steps, scaled, within the target), and only then among the
-//! rest: a prompt too large for a slow worker even when idle stays off it, where a short
-//! queue would otherwise draw it there, late for sure.
-//! Fallbacks: the next two in the same order.
+//! **Prediction.** Each LLM worker's TTFT is predicted with `predicted-ttft`'s model (the
+//! engines' step-time polynomials, its queue, cache overlap and decoders), then scaled by the
+//! worker's slowness: its typical gap between chunks (the `measured` import: each stream's
+//! median gap, so the few steps that also carried prefill do not count; matched by the `ids`
+//! column) over the fastest measured worker's. A worker whose steps take twice as long (an
+//! older spot GPU) has its prediction doubled; a worker measured on fewer than
+//! [`MIN_SAMPLES`] streams is taken as fast as the fastest. Why relative and not against the
+//! model's step: see [`Slowness`].
 //!
-//! Where the gateway has measured a worker's prefill (the `measured.prefill-fits` import: a
-//! line from the prefill work a request found there to its time to first token, over at least
-//! [`MIN_FITTED`] requests), that line replaces the model's scaled prefill terms for it: the
-//! TTFT is the line at the queued work plus the request's uncached tokens, the time alone the
-//! line at its own tokens, and its own steps the line's rate times its tokens. The model's
-//! queue time underrates a loaded slow worker (its measured decode gap is a ratio to the
-//! fastest worker's, whose own load inflates it, and the decoders sharing its steps slow its
-//! prefill further); the line measures how fast that worker's queue really drained.
+//! **Measured prefill.** Where the gateway has measured a worker's prefill (the
+//! `measured.prefill-fits` import: a line from the prefill work a request found there to its
+//! time to first token, over at least [`MIN_FITTED`] requests), that line replaces the model's
+//! scaled prefill terms for it: the TTFT is the line at the queued work plus the request's
+//! uncached tokens, the time alone the line at its own tokens, and its own steps the line's
+//! rate times its tokens. The model's queue time underrates a loaded slow worker (its measured
+//! decode gap is a ratio to the fastest worker's, whose own load inflates it, and the decoders
+//! sharing its steps slow its prefill further); the line measures how fast that worker's queue
+//! really drains.
 //!
-//! Settings: `predicted-ttft`'s coefficients (the same keys), `target_margin` (default
-//! 0.8): the share of the target a candidate's predicted time may take, `own_steps_headroom`
-//! (default 0): the share of the request's own steps added to that time, and
-//! `measured_prefill` (default true): false ignores the fitted lines, predicting from the
-//! model alone as before. Every worker is predicted, two per instruction where the settings
-//! allow it ([`model::Model::predict_all`], bit for bit the same predictions); `shortlist =
-//! false` predicts them one at a time, the path the lanes are checked against.
+//! **Choice.** Candidates are the workers the request would not overflow (KV capacity, as
+//! `predicted-ttft` checks it) that are predicted to give its first token within
+//! `target_margin` × `ttft-target-ms` (the margin is room for the requests arriving
+//! meanwhile). `own_steps_headroom` adds that share of the request's own prefill steps
+//! (`predicted-ttft`'s impact) to the time checked, as room for the next arrival on the same
+//! worker; its default, 0, leaves them out: counting them keeps large prompts off cheap workers
+//! that could serve them in time. Among the candidates the lowest `cost` (per token; spot <
+//! reserved) wins, ties (within 1e-6) going to the lowest scaled cost as `predicted-ttft` ranks
+//! it, so equal workers share the load and cached prefixes count. A request without a target
+//! takes every worker as a candidate, so it goes to the cheapest.
+//!
+//! **No candidate.** When no worker is predicted to meet the target, the lowest scaled
+//! `predicted-ttft` cost wins (its queue, cache, impact and decode terms, not the raw TTFT: a
+//! late request should not also spoil the queue behind it), first among the workers that could
+//! meet the target with nothing queued ahead (their own prefill steps, scaled, within the
+//! target), and only then among the rest: a prompt too large for a slow worker even when idle
+//! stays off it, where a short queue would otherwise draw it there, late for sure. The
+//! fallbacks are the next two in the same order.
+//!
+//! **Assumptions.** The `cost` column is a per-token price comparable across workers. A
+//! worker without a fitted prefill line is slower than the fastest by one factor, its decode
+//! gap's, across prefill and decode.
+//!
+//! **Settings.** `predicted-ttft`'s coefficients (the same keys); `target_margin` (default
+//! 0.8), the share of the target a candidate's predicted time may take; `own_steps_headroom`
+//! (default 0), the share of the request's own steps added to that time; `measured_prefill`
+//! (default true; false ignores the fitted lines and predicts from the model alone); and
+//! `shortlist` (default true; false predicts the workers one at a time, the path the lanes are
+//! checked against). Otherwise every worker is predicted two per instruction where the settings
+//! allow it ([`model::Model::predict_all`], bit for bit the same predictions).
 //!
 //! # Rejected designs
 //!

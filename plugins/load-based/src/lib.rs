@@ -1,4 +1,5 @@
-//! `load-based`: the planner of Dynamo's documentation (seed 004), as a Wasm policy.
+//! `load-based`: Dynamo's load-based planner, as its planner documentation describes it, as a
+//! Wasm policy.
 //!
 //! Every adjustment interval, per pool, from the interval that just ended (the last of
 //! `recent`):
@@ -8,7 +9,7 @@
 //!   (0.5).
 //! - Prefill pools follow queue utilization, `prefill-queue-tokens / (ready ×
 //!   prefill-capacity-tokens)`: the pending prefill work over what the ready workers prefill
-//!   in one interval (Dynamo's seed leaves it undefined). One more above
+//!   in one interval (Dynamo's documentation leaves it undefined). One more above
 //!   `prefill_queue_scale_up_threshold` (0.5), one fewer below
 //!   `prefill_queue_scale_down_threshold` (0.2) — but no scale-up when the interval's trend
 //!   (the change since the interval before) projects the utilization under the up threshold

@@ -1,5 +1,5 @@
-//! `mixed-modality`: the batch order of a mixed image, audio and video queue, after the
-//! multimodal scheduler of seed 000, with its starvation gap closed.
+//! `mixed-modality`: the batch order of a mixed image, audio and video queue: ready items
+//! first, small items filling the room a large one leaves, and no item starved.
 //!
 //! Items are taken ready first (an encoder that already holds an item's features serves it at
 //! no cost to the rest), then by arrival, longest waiting first, higher priority classes ahead

@@ -182,7 +182,7 @@ impl<'a> WorkerTable<'a> {
     }
 
     /// The columns this view exposes: the ones the policy declared in
-    /// [`crate::Router::COLUMNS`] (every column in a test's [`Table::view`]).
+    /// [`crate::Router::COLUMNS`] (every column in a test's `testing::Table::view`).
     pub fn columns(&self) -> Columns {
         self.declared
     }

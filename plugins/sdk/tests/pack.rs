@@ -1,5 +1,5 @@
-//! Property tests of [`switchyard_policy_sdk::pack`], the greedy token-budget packing (seed 003,
-//! vLLM's encoder CUDA graphs; `[CG]` in the seeds checklist), called directly with arbitrary
+//! Property tests of [`switchyard_policy_sdk::pack`], the greedy token-budget packing (that of
+//! vLLM's encoder CUDA-graph manager, vllm-project/vllm#35963), called directly with arbitrary
 //! orders: a batcher may hand it any order, not only the ascending one `token-budget` sorts into.
 //!
 //! Thousands of random cases come from a seeded generator, so every run checks the same ones and

@@ -1,6 +1,6 @@
 //! `sla-based`: sizes each pool for the load predicted for the next interval, from the
-//! per-worker throughput its profile says meets the latency targets (seed 004's SLA planner,
-//! with the run-time formula the seed leaves out written down here).
+//! per-worker throughput its profile says meets the latency targets (Dynamo's SLA planner, with
+//! the run-time formula its documentation leaves out written down here).
 //!
 //! Per LLM pool with a profile (`profiled-rate` > 0: requests per second one worker serves
 //! within the pool's TTFT and ITL targets at its recent mean ISL and OSL, interpolated by the

@@ -1,5 +1,5 @@
-//! Property tests of the `token-budget` batcher (seed 003's greedy packing of vLLM's encoder
-//! CUDA graphs, `[CG]` in the seeds checklist) through [`TokenBudget::form_batches`]: thousands
+//! Property tests of the `token-budget` batcher (the greedy packing of vLLM's encoder CUDA-graph
+//! manager, vllm-project/vllm#35963) through [`TokenBudget::form_batches`]: thousands
 //! of random queues from a seeded generator, checked against a simulation of the rule written
 //! here and, for small queues, against the best packing found by trying every partition.
 
@@ -60,7 +60,7 @@ fn random_case(rng: &mut Rng, max_requests: u32) -> (PendingTable, Budget) {
     (queue(tokens), budget)
 }
 
-/// The rule as the checklist states it, simulated step by step (not calling the batcher): sort
+/// The rule, simulated step by step (not calling the batcher): sort
 /// by tokens ascending (ties by position, so the result is deterministic); add requests to the
 /// open batch until the next one would take it past the largest budget or past `max-items`;
 /// then close it and label it with the smallest budget at least its tokens, or its own tokens

@@ -12,7 +12,8 @@
 //! loaded [`crate::vit::VisionEncoder`], [`whisper`] a [`crate::whisper::WhisperEncoder`]), so
 //! CPU, eager GPU and graph replay can be compared value by value.
 //!
-//! [`Graphs`] is the CUDA graph cache of seed 003: per input shape, one forward captured at
+//! [`Graphs`] is a CUDA graph cache as vLLM keeps one for its vision encoders
+//! (vllm-project/vllm#35963): per input shape, one forward captured at
 //! each power-of-two token budget up to the largest (which is always one), all on one set of
 //! buffers sized for the largest. A micro-batch takes the smallest budget that holds its items:
 //! the items' values are copied in, the padding after them up to the budget zeroed, the graph

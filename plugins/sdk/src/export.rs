@@ -1,0 +1,130 @@
+//! The export macros, [`router!`](crate::router), [`batcher!`](crate::batcher) and
+//! [`planner!`](crate::planner), which turn a trait implementation into the component's world
+//! exports, and the hidden items their expansions call.
+
+use alloc::vec::Vec;
+
+use crate::{Batcher, Budget, PendingTable, Tenancy, batcher_world};
+
+/// Exports a [`Planner`](crate::Planner) implementation as the component's `planner` world.
+#[macro_export]
+macro_rules! planner {
+    ($policy:ty) => {
+        struct __SwitchyardPlannerExport;
+        impl $crate::planner_world::Guest for __SwitchyardPlannerExport {
+            fn init() -> Result<(), $crate::planner_world::switchyard::policy::types::PolicyError> {
+                <$policy as $crate::Planner>::init().map_err(|e| {
+                    $crate::planner_world::switchyard::policy::types::PolicyError { message: e.message }
+                })
+            }
+            fn plan(
+                pools: $crate::__Vec<$crate::Pool>,
+                max_gpus: u32,
+            ) -> Result<
+                $crate::__Vec<$crate::ScaleDecision>,
+                $crate::planner_world::switchyard::policy::types::PolicyError,
+            > {
+                let decisions = <$policy as $crate::Planner>::plan(&pools, max_gpus).map_err(|e| {
+                    $crate::planner_world::switchyard::policy::types::PolicyError { message: e.message }
+                });
+                $crate::__end_of_call();
+                decisions
+            }
+        }
+        $crate::planner_world::export_planner_world!(__SwitchyardPlannerExport with_types_in $crate::planner_world);
+    };
+}
+
+/// Exports a [`Router`](crate::Router) implementation as the component's `router` world.
+#[macro_export]
+macro_rules! router {
+    ($policy:ty) => {
+        struct __SwitchyardRouterExport;
+        impl $crate::router_world::Guest for __SwitchyardRouterExport {
+            fn init() -> Result<$crate::Columns, $crate::PolicyError> {
+                <$policy as $crate::Router>::init()?;
+                Ok(<$policy as $crate::Router>::COLUMNS)
+            }
+            fn route(
+                req: $crate::RequestInfo,
+                workers: $crate::router_world::switchyard::policy::types::WorkerTable,
+            ) -> Result<$crate::Decision, $crate::PolicyError> {
+                let columns = <$policy as $crate::Router>::COLUMNS;
+                let (count, present) = (workers.count, workers.present);
+                let decision = $crate::WorkerTable::from_packed(count, present, &workers.data, &workers.cost, columns)
+                    .and_then(|view| <$policy as $crate::Router>::route(&req, &view));
+                $crate::__end_of_call();
+                decision
+            }
+        }
+        $crate::router_world::export_router_world!(__SwitchyardRouterExport with_types_in $crate::router_world);
+    };
+}
+
+/// Exports a [`Batcher`] implementation as the component's `batcher` world.
+#[macro_export]
+macro_rules! batcher {
+    ($policy:ty) => {
+        struct __SwitchyardBatcherExport;
+        impl $crate::batcher_world::Guest for __SwitchyardBatcherExport {
+            fn init() -> Result<(), $crate::batcher_world::switchyard::policy::types::PolicyError> {
+                <$policy as $crate::Batcher>::init().map_err(|e| {
+                    $crate::batcher_world::switchyard::policy::types::PolicyError { message: e.message }
+                })
+            }
+            fn form_batches(
+                queue: $crate::batcher_world::switchyard::policy::types::PendingTable,
+                budget: $crate::batcher_world::switchyard::policy::types::Budget,
+            ) -> $crate::__Vec<$crate::batcher_world::switchyard::policy::types::Batch> {
+                let batches = $crate::__batcher_adapter::<$policy>(queue, budget);
+                $crate::__end_of_call();
+                batches
+            }
+        }
+        $crate::batcher_world::export_batcher_world!(__SwitchyardBatcherExport with_types_in $crate::batcher_world);
+    };
+}
+
+#[doc(hidden)]
+pub type __Vec<T> = Vec<T>;
+
+#[doc(hidden)]
+pub fn __batcher_adapter<B: Batcher>(
+    queue: batcher_world::switchyard::policy::types::PendingTable,
+    budget: batcher_world::switchyard::policy::types::Budget,
+) -> Vec<batcher_world::switchyard::policy::types::Batch> {
+    let queue = PendingTable {
+        ids: queue.ids,
+        tokens: queue.tokens,
+        waited_ms: queue.waited_ms,
+        priority: queue.priority,
+        kinds: queue.kinds,
+        ready: queue.ready,
+    };
+    let budget = Budget {
+        token_budgets: budget.token_budgets,
+        max_items: budget.max_items,
+        max_batches: budget.max_batches,
+    };
+    #[cfg(target_arch = "wasm32")]
+    let tenancy = Tenancy::from_host(
+        batcher_world::switchyard::policy::tenancy::tenants(),
+        batcher_world::switchyard::policy::tenancy::weights(),
+        queue.ids.len(),
+    );
+    #[cfg(not(target_arch = "wasm32"))]
+    let tenancy = Tenancy::from_host(Vec::new(), Vec::new(), queue.ids.len());
+    B::form_batches_for(&queue, &tenancy, &budget)
+        .into_iter()
+        .map(|b| batcher_world::switchyard::policy::types::Batch {
+            items: b.items,
+            token_budget: b.token_budget,
+        })
+        .collect()
+}
+
+#[doc(hidden)]
+pub fn __end_of_call() {
+    #[cfg(target_arch = "wasm32")]
+    crate::arena::reset();
+}
