@@ -4,7 +4,7 @@
 use serde::Deserialize;
 
 /// `[admission]`: the gateway's admission queue. Absent: every request goes to a worker at
-/// once, as before.
+/// once.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct AdmissionConfig {

@@ -26,8 +26,8 @@ pub struct EncodersConfig {
     /// No encoder pool: each LLM worker encodes its requests' media itself, on its own
     /// device, one item at a time (the deployment encoder pools are measured against).
     pub local: bool,
-    /// The batching policy at every encoder queue: a built-in (`mixed-modality`, `fcfs`,
-    /// `token-budget`) or a path to a `.wasm` exporting the `batcher` world.
+    /// The batching policy at every encoder queue: a built-in batcher (listed in
+    /// `plugins/README.md`) or a path to a `.wasm` exporting the `batcher` world.
     pub batcher: String,
     /// Most batches one flush of a queue forms (the rest wait for the next flush).
     pub max_batches: u32,

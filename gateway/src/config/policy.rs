@@ -11,8 +11,8 @@ use crate::built_ins::World;
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct PolicyConfig {
-    /// A built-in policy (`round-robin`, `least-load`, `kv-aware`, `predicted-ttft`,
-    /// `modality-aware`) or a path to a `.wasm`.
+    /// A built-in router (listed in `plugins/README.md`; an unknown name is refused with the
+    /// list) or a path to a `.wasm`.
     pub router: String,
     /// CPU time one policy call may take, in milliseconds.
     pub deadline_ms: u64,
