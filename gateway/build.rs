@@ -37,7 +37,7 @@ fn main() {
     let plugins = root.join("plugins");
     let target_dir = build_guests::guest_target_dir("wasm-plugins");
     println!("cargo:rerun-if-changed={}", root.join("wit").display());
-    let shared = ["Cargo.toml", "Cargo.lock", ".cargo", "sdk"];
+    let shared = ["Cargo.toml", "Cargo.lock", ".cargo", "sdk", "ttft-model"];
     for entry in shared.into_iter().chain(BUILT_INS.map(|(package, _, _)| package)) {
         println!("cargo:rerun-if-changed={}", plugins.join(entry).display());
     }

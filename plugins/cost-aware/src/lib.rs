@@ -79,13 +79,7 @@ use alloc::vec::Vec;
 
 use switchyard_policy_sdk::{Columns, Decision, PolicyError, RequestInfo, Router, WorkerTable};
 
-#[path = "../../predicted-ttft/src/model.rs"]
-#[allow(
-    dead_code,
-    reason = "shared with predicted-ttft, whose ranking helpers go unused here"
-)]
-mod model;
-use model::Model;
+use switchyard_ttft_model::{self as model, Model};
 
 /// The policy.
 pub struct CostAware;

@@ -28,9 +28,7 @@ use alloc::vec::Vec;
 
 use switchyard_policy_sdk::{Columns, Decision, PolicyError, RequestInfo, Router, WorkerTable, config, role};
 
-#[path = "../../predicted-ttft/src/model.rs"]
-mod model;
-use model::Model;
+use switchyard_ttft_model::{self as model, Model};
 
 /// The policy.
 pub struct ModalityAware;

@@ -93,8 +93,8 @@ pub struct PredictedTtft;
 /// How many next-best workers the decision names as fallbacks.
 const FALLBACKS: usize = 2;
 
-mod model;
-pub use model::{Model, Prediction};
+use switchyard_ttft_model as model;
+pub use switchyard_ttft_model::{Model, Prediction};
 
 impl Router for PredictedTtft {
     const COLUMNS: Columns = Columns::ROLES

@@ -1,13 +1,17 @@
 //! The performance model behind `predicted-ttft` (see its crate docs for every term): the
-//! predicted time to first token of a request on one LLM worker and the cost around it. A file
-//! of its own so that `modality-aware` includes the very same model (`#[path]`) without linking
-//! this crate's exported router.
+//! predicted time to first token of a request on one LLM worker and the cost around it. A crate
+//! of its own so that `predicted-ttft`, `modality-aware` and `cost-aware` share the very same
+//! model without linking one another's exported router.
 //!
 //! # Rejected designs
 //!
 //! - One four-at-a-time loop for `predicted-ttft`'s estimates and `cost-aware`'s lanes (they read
 //!   the same eight columns, which `Four::columns` gathers for both): `predicted-ttft`'s
 //!   estimates were 15–25 % slower, so the loops stay apart.
+
+#![no_std]
+
+extern crate alloc;
 
 use alloc::vec::Vec;
 
@@ -357,21 +361,21 @@ pub mod exact {
         pairs: Vec<PairOfParts>,
     }
 
-    /// What `cost-aware` ranks by of a worker's [`Prediction`]: the same values, without the
-    /// terms it does not read.
+    /// What `cost-aware` ranks by of a worker's [`Prediction`](super::Prediction): the same
+    /// values, without the terms it does not read.
     #[derive(Debug, Clone, Copy, PartialEq)]
     pub struct Parts {
-        /// [`Prediction::ttft_ms`].
+        /// [`Prediction::ttft_ms`](super::Prediction::ttft_ms).
         pub ttft_ms: f64,
-        /// [`Prediction::alone_ms`].
+        /// [`Prediction::alone_ms`](super::Prediction::alone_ms).
         pub alone_ms: f64,
-        /// [`Prediction::impact_ms`].
+        /// [`Prediction::impact_ms`](super::Prediction::impact_ms).
         pub impact_ms: f64,
-        /// [`Prediction::new_tokens`].
+        /// [`Prediction::new_tokens`](super::Prediction::new_tokens).
         pub new_tokens: f64,
-        /// [`Prediction::cost`].
+        /// [`Prediction::cost`](super::Prediction::cost).
         pub cost: f64,
-        /// [`Prediction::overflows`].
+        /// [`Prediction::overflows`](super::Prediction::overflows).
         pub overflows: bool,
     }
 
