@@ -8,7 +8,7 @@
 //! at once cannot lose one). Every replica watches that key ([`Fleet::spawn`]): on each new
 //! revision it fetches the components it does not run yet, checks their hashes, validates and
 //! activates them as an upload would, and reports what it runs, or why it refused, under
-//! `replica.NAME` in the same bucket ([`Fleet::status`]). Rollback writes the key's previous
+//! `replica.NAME` in the same bucket ([`Fleet::statuses`]). Rollback writes the key's previous
 //! active policy back, so it too is fleet-wide. A replica that starts later reads the key
 //! first and converges; while NATS is unreachable every replica keeps the version it runs and
 //! serves, and the watch resumes when NATS comes back.

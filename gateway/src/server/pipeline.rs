@@ -5,15 +5,15 @@
 //! 1. [`admit`]: the body is read under the size limit and parsed, the model must be served,
 //!    the tenant's limits allow it, its latency targets are read — bad input costs no worker
 //!    anything, and a tenant over its limits costs little.
-//! 2. [`prepare_prompt`](super::prompt::prepare_prompt): media fetched and inspected, the prompt
+//! 2. [`prepare_prompt`]: media fetched and inspected, the prompt
 //!    tokenized (media items as spans) and hashed into blocks, its limits checked.
 //! 3. [`enter_admission`]: waits while every worker of the model is full (`[admission]`); the
 //!    reservation it returns is held until the request has its worker.
-//! 4. [`plan_media`](super::media_plan::plan_media): an encoder for each media item, and the
+//! 4. [`plan_media`]: an encoder for each media item, and the
 //!    encoders as rows of the policy's table.
-//! 5. [`forward`](super::forward::forward): the attempts — the policy's choice, its fallbacks,
+//! 5. [`forward`]: the attempts — the policy's choice, its fallbacks,
 //!    the policy again — until a worker answers.
-//! 6. [`finish`](super::relay::finish): the answer relayed to the client (streamed as it
+//! 6. [`finish`]: the answer relayed to the client (streamed as it
 //!    comes), the tenant charged, the latency judged against the targets.
 //!
 //! Each stage takes what the earlier ones returned and returns a value of its own, so what a

@@ -1,6 +1,6 @@
 //! Request dispatch: which handler answers which method and path.
 //!
-//! Generation endpoints go to [`pipeline`](crate::server::pipeline); the rest (`/v1/models`,
+//! Generation endpoints go to [`pipeline`]; the rest (`/v1/models`,
 //! `/healthz`, `/readyz`, `/metrics`) are answered here. Every answer is counted by endpoint
 //! and status, and every error by its code.
 

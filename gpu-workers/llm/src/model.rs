@@ -271,7 +271,7 @@ fn gemm(m: usize, k: usize, n: usize, a: Strided<'_>, b: Strided<'_>, c: &mut [f
     gemm_with(m, k, n, a, b, c, c_row_stride, parallelism(m, n, k));
 }
 
-/// [`gemm`] on the given threads.
+/// [`gemm()`] on the given threads.
 #[allow(clippy::too_many_arguments)]
 fn gemm_with(
     m: usize,

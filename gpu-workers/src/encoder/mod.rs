@@ -3,7 +3,7 @@
 //! It serves the encoder side of `switchyard_protocol::encode`: `POST /v1/encode` takes a
 //! micro-batch, checks each item's bytes (base64, the media id, the container's headers: what
 //! fails here is the client's error, [`ItemStatus::DecodeError`]), serves what its
-//! [`FeatureCache`](cache::FeatureCache) holds, and runs the rest through one simulated device
+//! [`cache::FeatureCache`] holds, and runs the rest through one simulated device
 //! that encodes a batch at a time, taking as long as the reference cost curves say
 //! ([`batch_cost_ms`]: SigLIP-L images 4.8/7.2/10.1/16.3/29.7 ms at batch 1/4/8/16/32, video
 //! 1.6 ms per frame, audio 2.8 ms per second), times a cost scale, divided by a speed-up. The

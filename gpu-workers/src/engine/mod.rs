@@ -5,7 +5,7 @@
 //! keyed by the gateway's block hashes, preemption when blocks run out) over a pool of numbered
 //! KV blocks ([`blocks`]), and streams [`Output`]s back. What a step *does* is an
 //! [`Executor`]'s business: the simulated engine ([`crate::mocker`]) waits as long as its perf
-//! model says and makes up tokens; the native engine ([`crate::llm`]) runs the model over the
+//! model says and makes up tokens; the native engine (`switchyard_llm`) runs the model over the
 //! blocks the scheduler chose and samples ([`sampling`]). Because both share this core, they
 //! schedule, cache, evict and publish KV events identically, and a gateway cannot tell them
 //! apart except by speed. [`spawn_native`] runs a blocking executor on its own thread.

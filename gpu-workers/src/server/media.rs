@@ -3,7 +3,7 @@
 //!
 //! A forwarded request with media carries a [`MediaPlan`] header. The worker builds the prompt
 //! with each item's span in place (the same token ids and block hashes as the gateway's),
-//! registers the items with its [`FeatureTracker`], and submits the prompt gated at the first
+//! registers the items with its [`FeatureTracker`](crate::features::FeatureTracker), and submits the prompt gated at the first
 //! span, so the text before it is prefilled while the encoders work (or at 0 with overlap off).
 //! Encoders push each item's features to `POST /v1/features/{request}/{slot}`; when all have
 //! arrived they are staged, merged by the position map, and the gate opens. If the features
