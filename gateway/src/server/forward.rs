@@ -97,7 +97,7 @@ pub(super) async fn forward(
             media,
             body: body.clone(),
             response_id: &response_id,
-            key: format!("{response_id}-{attempt}"),
+            attempt,
         };
         let (outcome, text_only) = tried.on(state, &lease).await?;
         match outcome {
@@ -141,11 +141,16 @@ struct Tried<'a> {
     body: Bytes,
     /// The unique part of the answer's id ([`api::RESPONSE_ID_HEADER`]).
     response_id: &'a str,
-    /// The key this attempt's media is planned under.
-    key: String,
+    /// Which attempt of the request this is (0 first).
+    attempt: u32,
 }
 
 impl Tried<'_> {
+    /// The key this attempt's media is planned under: unique per gateway, request and attempt.
+    fn key(&self) -> String {
+        format!("{}-{}", self.response_id, self.attempt)
+    }
+
     /// Tries the worker `lease` holds: with its media to the encoders chosen for this
     /// attempt, or the media planned for the worker itself (`[encoders] local`), or text only
     /// when some item has no encoder. Answers how the attempt ended and why the media was
@@ -158,7 +163,7 @@ impl Tried<'_> {
         let (plan, text_only) = match self.media.encoders_for(lease, items) {
             _ if self.media.local && !items.is_empty() => {
                 let plan = media_plan(
-                    self.key,
+                    self.key(),
                     self.prepared,
                     &mut std::iter::repeat(LOCAL_ENCODER.to_string()),
                 );
@@ -166,7 +171,7 @@ impl Tried<'_> {
             }
             Some(chosen) if !items.is_empty() => {
                 let plan = media_plan(
-                    self.key,
+                    self.key(),
                     self.prepared,
                     &mut chosen.iter().map(|encoder| encoder.name.clone()),
                 );
