@@ -91,17 +91,18 @@ pub(super) async fn forward(
         if attempt > 0 {
             state.metrics.retry();
         }
-        let tried = Tried {
+        let (outcome, text_only) = Attempt {
             admitted,
             prepared,
             media,
             body: body.clone(),
             response_id: &response_id,
-            attempt,
-        };
-        let (outcome, text_only) = tried.on(state, &lease).await?;
+            number: attempt,
+        }
+        .on(state, &lease)
+        .await?;
         match outcome {
-            Attempt::Answered(answer) => {
+            Outcome::Answered(answer) => {
                 return Ok(Forwarded {
                     answer,
                     lease,
@@ -109,7 +110,7 @@ pub(super) async fn forward(
                     strip_usage,
                 });
             }
-            Attempt::Failed(reason) => {
+            Outcome::Failed(reason) => {
                 let worker = lease.worker();
                 tracing::warn!(worker = %worker.name, %reason, "worker failed before its first byte");
                 last_failure = Some(format!("worker `{}`: {reason}", worker.name));
@@ -133,7 +134,7 @@ pub(super) async fn forward(
 }
 
 /// One attempt of a request: what it sends, and under which keys.
-struct Tried<'a> {
+struct Attempt<'a> {
     admitted: &'a Admitted,
     prepared: &'a Prepared,
     media: &'a MediaPlanning,
@@ -142,20 +143,20 @@ struct Tried<'a> {
     /// The unique part of the answer's id ([`api::RESPONSE_ID_HEADER`]).
     response_id: &'a str,
     /// Which attempt of the request this is (0 first).
-    attempt: u32,
+    number: u32,
 }
 
-impl Tried<'_> {
+impl Attempt<'_> {
     /// The key this attempt's media is planned under: unique per gateway, request and attempt.
     fn key(&self) -> String {
-        format!("{}-{}", self.response_id, self.attempt)
+        format!("{}-{}", self.response_id, self.number)
     }
 
     /// Tries the worker `lease` holds: with its media to the encoders chosen for this
     /// attempt, or the media planned for the worker itself (`[encoders] local`), or text only
     /// when some item has no encoder. Answers how the attempt ended and why the media was
     /// left out, if it was.
-    async fn on(self, state: &AppState, lease: &Lease) -> Result<(Attempt, Option<&'static str>), ApiError> {
+    async fn on(self, state: &AppState, lease: &Lease) -> Result<(Outcome, Option<&'static str>), ApiError> {
         let worker = lease.worker();
         let endpoint = self.admitted.endpoint;
         let stream = self.admitted.stream();
@@ -212,7 +213,7 @@ pub(super) struct Answer {
 }
 
 /// How one attempt on a worker ended.
-enum Attempt {
+enum Outcome {
     Answered(Answer),
     Failed(String),
 }
@@ -239,7 +240,7 @@ async fn media_attempt(
     stream: bool,
     plan: MediaPlan,
     media: MediaRequest<'_>,
-) -> Result<(Attempt, Option<&'static str>), ApiError> {
+) -> Result<(Outcome, Option<&'static str>), ApiError> {
     let header = serde_json::to_string(&plan).unwrap_or_default();
     let llm_url = worker.uri("").to_string();
     let encode = encoders::encode_request(
@@ -309,7 +310,7 @@ async fn attempt_on(
     stream: bool,
     media_plan: Option<&str>,
     response_id: &str,
-) -> Attempt {
+) -> Outcome {
     let mut request = Request::post(worker.endpoint_uri(endpoint.path()))
         .header(header::CONTENT_TYPE, HeaderValue::from_static("application/json"))
         .header(api::RESPONSE_ID_HEADER, response_id);
@@ -319,7 +320,7 @@ async fn attempt_on(
     let request = request.body(Full::new(body));
     let request = match request {
         Ok(request) => request,
-        Err(err) => return Attempt::Failed(format!("could not build the request: {err}")),
+        Err(err) => return Outcome::Failed(format!("could not build the request: {err}")),
     };
     let response = match state.client.answer(request).await {
         Ok(response) => response,
@@ -329,18 +330,18 @@ async fn attempt_on(
             } else {
                 state.router.failed_answer(worker, state.forwarding.errors_to_eject);
             }
-            return Attempt::Failed(err.to_string());
+            return Outcome::Failed(err.to_string());
         }
     };
     let (parts, mut rest) = response.into_parts();
     if parts.status.is_server_error() {
         state.router.failed_answer(worker, state.forwarding.errors_to_eject);
         let detail = read_error_message(rest).await;
-        return Attempt::Failed(format!("answered {}: {detail}", parts.status));
+        return Outcome::Failed(format!("answered {}: {detail}", parts.status));
     }
     if !stream || !parts.status.is_success() {
         worker.record_answer();
-        return Attempt::Answered(Answer {
+        return Outcome::Answered(Answer {
             response: parts,
             first: None,
             rest,
@@ -353,7 +354,7 @@ async fn attempt_on(
                 Ok(data) if data.is_empty() => continue,
                 Ok(data) => {
                     worker.record_answer();
-                    return Attempt::Answered(Answer {
+                    return Outcome::Answered(Answer {
                         response: parts,
                         first: Some(data),
                         rest,
@@ -363,11 +364,11 @@ async fn attempt_on(
             },
             Some(Err(err)) => {
                 state.router.failed_answer(worker, state.forwarding.errors_to_eject);
-                return Attempt::Failed(format!("stream broke before the first byte: {err}"));
+                return Outcome::Failed(format!("stream broke before the first byte: {err}"));
             }
             None => {
                 state.router.failed_answer(worker, state.forwarding.errors_to_eject);
-                return Attempt::Failed("stream ended before the first byte".into());
+                return Outcome::Failed("stream ended before the first byte".into());
             }
         }
     }
