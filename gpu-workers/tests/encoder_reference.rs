@@ -24,7 +24,7 @@ use std::path::{Path, PathBuf};
 use switchyard_encoders::audio;
 use switchyard_encoders::image::{ImageProcessor, PixelValues};
 use switchyard_encoders::mel::{LogMel, MelConfig};
-use switchyard_encoders::tensor::{Safetensors, TensorSource};
+use switchyard_encoders::tensor::Safetensors;
 use switchyard_encoders::video;
 use switchyard_encoders::vit::VisionEncoder;
 use switchyard_encoders::whisper::WhisperEncoder;

@@ -10,7 +10,7 @@
 use std::path::{Path, PathBuf};
 
 use switchyard_encoders::image::PixelValues;
-use switchyard_encoders::tensor::{Safetensors, TensorSource};
+use switchyard_encoders::tensor::Safetensors;
 use switchyard_encoders::vit::VisionEncoder;
 use switchyard_llm::{ForwardError, MediaRows, Model};
 

@@ -65,6 +65,16 @@ pub enum LoadError {
     },
 }
 
+impl From<switchyard_native::weights::WeightsError> for LoadError {
+    fn from(err: switchyard_native::weights::WeightsError) -> LoadError {
+        use switchyard_native::weights::WeightsError;
+        match err {
+            WeightsError::Missing { path, reason } => LoadError::Missing { path, reason },
+            WeightsError::Weights { path, tensor, reason } => LoadError::Weights { path, tensor, reason },
+        }
+    }
+}
+
 /// Why a media item could not be turned into model input. These are the client's errors: the
 /// bytes passed the gateway's header checks but do not decode, or decode to something the model
 /// cannot take.

@@ -38,7 +38,9 @@ use std::sync::Arc;
 
 use cudarc::cublas::sys::cublasOperation_t;
 use cudarc::cublas::{CudaBlas, Gemm, GemmConfig};
-use cudarc::driver::{CudaContext, CudaFunction, CudaGraph, CudaSlice, CudaStream, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaFunction, CudaGraph, CudaSlice, CudaStream, LaunchConfig, PushKernelArg};
+
+use switchyard_native::cuda::{Device, SetupError};
 
 use crate::config::ModelConfig;
 use crate::kv::KvPrecision;
@@ -109,17 +111,21 @@ fn driver(err: cudarc::driver::DriverError) -> CudaError {
     CudaError::Driver(err.to_string())
 }
 
-/// Whether NVRTC can be loaded on this machine (no GPU needed).
-pub fn nvrtc_present() -> bool {
-    // SAFETY: only probes whether the shared library can be opened.
-    unsafe { cudarc::nvrtc::sys::is_culib_present() }
+impl From<SetupError> for CudaError {
+    fn from(err: SetupError) -> CudaError {
+        match err {
+            SetupError::NoDriver => CudaError::NoDriver,
+            SetupError::NoNvrtc => CudaError::NoNvrtc,
+            SetupError::NoCublas => CudaError::NoCublas,
+            SetupError::NoDevice { ordinal, count } => CudaError::NoDevice { ordinal, count },
+            SetupError::Driver(message) => CudaError::Driver(message),
+            SetupError::Compile(message) => CudaError::Compile(message),
+            SetupError::Blas(message) => CudaError::Blas(message),
+        }
+    }
 }
 
-/// Whether the CUDA driver can be loaded on this machine.
-pub fn driver_present() -> bool {
-    // SAFETY: only probes whether the shared library can be opened.
-    unsafe { cudarc::driver::sys::is_culib_present() }
-}
+pub use switchyard_native::cuda::{driver_present, nvrtc_present};
 
 /// Compiles the kernels to PTX. Needs NVRTC only, not a GPU, so CPU machines can check them.
 ///
@@ -127,17 +133,7 @@ pub fn driver_present() -> bool {
 ///
 /// [`CudaError::NoNvrtc`] without NVRTC, [`CudaError::Compile`] with the compiler's log.
 pub fn compile_kernels() -> Result<cudarc::nvrtc::Ptx, CudaError> {
-    if !nvrtc_present() {
-        return Err(CudaError::NoNvrtc);
-    }
-    cudarc::nvrtc::compile_ptx_with_opts(
-        KERNELS,
-        cudarc::nvrtc::CompileOptions {
-            name: Some("switchyard_llm.cu".into()),
-            ..Default::default()
-        },
-    )
-    .map_err(|err| CudaError::Compile(err.to_string()))
+    Ok(switchyard_native::cuda::compile(KERNELS, "switchyard_llm.cu")?)
 }
 
 struct Kernels {
@@ -377,18 +373,7 @@ impl CudaExecutor {
         num_blocks: usize,
         precision: KvPrecision,
     ) -> Result<CudaExecutor, CudaError> {
-        if !driver_present() {
-            return Err(CudaError::NoDriver);
-        }
-        // SAFETY: only probes whether the shared library can be opened.
-        if !unsafe { cudarc::cublas::sys::is_culib_present() } {
-            return Err(CudaError::NoCublas);
-        }
-        let count = CudaContext::device_count().map_err(driver)?;
-        let count = usize::try_from(count).unwrap_or(0);
-        if ordinal >= count {
-            return Err(CudaError::NoDevice { ordinal, count });
-        }
+        switchyard_native::cuda::check_device(ordinal)?;
         let config = model.config().clone();
         if config.head_dim > 512 || !config.head_dim.is_multiple_of(2) {
             return Err(CudaError::Unsupported(format!(
@@ -397,14 +382,12 @@ impl CudaExecutor {
             )));
         }
         let ptx = compile_kernels()?;
-        let context = CudaContext::new(ordinal).map_err(driver)?;
-        // One stream does everything, so cudarc's cross-stream event tracking is not needed
-        // (and its event records would not belong in a captured graph).
-        // SAFETY: no slice is shared between streams in this backend.
-        unsafe { context.disable_event_tracking() };
-        // A stream of its own: graph capture cannot use the legacy default stream.
-        let stream = context.new_stream().map_err(driver)?;
-        let module = context.load_module(ptx).map_err(driver)?;
+        let Device {
+            stream,
+            module,
+            blas,
+            workspace,
+        } = switchyard_native::cuda::open(ordinal, ptx, CUBLAS_WORKSPACE)?;
         let load = |name: &str| module.load_function(name).map_err(driver);
         let [rope_and_store, paged_attention, paged_attention_by_key] = match precision {
             KvPrecision::F32 => [4, 5, 8],
@@ -422,24 +405,6 @@ impl CudaExecutor {
             paged_attention_by_key: load(KERNEL_NAMES[paged_attention_by_key])?,
             combine_splits: load(KERNEL_NAMES[12])?,
         };
-        let blas = CudaBlas::new(stream.clone()).map_err(|err| CudaError::Blas(err.to_string()))?;
-        let workspace = stream.alloc_zeros::<u8>(CUBLAS_WORKSPACE).map_err(driver)?;
-        {
-            use cudarc::driver::DevicePtr;
-            let (pointer, _synced) = workspace.device_ptr(&stream);
-            // SAFETY: the workspace is device memory of `CUBLAS_WORKSPACE` bytes that lives as
-            // long as the handle (both are fields of the executor), used only on this stream.
-            let status = unsafe {
-                cudarc::cublas::sys::cublasSetWorkspace_v2(
-                    *blas.handle(),
-                    pointer as *mut std::ffi::c_void,
-                    CUBLAS_WORKSPACE,
-                )
-            };
-            if status != cudarc::cublas::sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
-                return Err(CudaError::Blas(format!("cublasSetWorkspace: {status:?}")));
-            }
-        }
         let upload = |values: &[f32]| stream.clone_htod(values).map_err(driver);
         // One block more than the engine hands out: the decode graphs' padding rows write there.
         let kv_values = (num_blocks + 1) * block_size * config.num_kv_heads * config.head_dim;

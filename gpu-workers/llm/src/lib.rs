@@ -70,3 +70,13 @@ pub enum LoadError {
         reason: String,
     },
 }
+
+impl From<switchyard_native::weights::WeightsError> for LoadError {
+    fn from(err: switchyard_native::weights::WeightsError) -> LoadError {
+        use switchyard_native::weights::WeightsError;
+        match err {
+            WeightsError::Missing { path, reason } => LoadError::Missing { path, reason },
+            WeightsError::Weights { path, tensor, reason } => LoadError::Weights { path, tensor, reason },
+        }
+    }
+}
