@@ -11,6 +11,7 @@
 #![deny(missing_docs, missing_debug_implementations, unsafe_op_in_unsafe_fn)]
 #![warn(unreachable_pub)]
 
+pub mod binary;
 pub mod encoder;
 pub mod engine;
 pub mod features;

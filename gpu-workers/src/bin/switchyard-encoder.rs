@@ -90,27 +90,10 @@ struct Args {
 }
 
 fn main() -> std::process::ExitCode {
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
-        Ok(runtime) => runtime,
-        Err(err) => {
-            eprintln!("switchyard-encoder: error: cannot start the runtime: {err}");
-            return std::process::ExitCode::FAILURE;
-        }
-    };
-    match runtime.block_on(run()) {
-        Ok(()) => std::process::ExitCode::SUCCESS,
-        Err(err) => {
-            eprintln!("switchyard-encoder: error: {err:#}");
-            std::process::ExitCode::FAILURE
-        }
-    }
+    switchyard_workers::binary::main("switchyard-encoder", None, run)
 }
 
 async fn run() -> anyhow::Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
-        .with_writer(std::io::stderr)
-        .init();
     let args = Args::parse();
     let gpu: Option<usize> = match args.device.as_str() {
         "cpu" => None,

@@ -149,27 +149,10 @@ fn spot_schedule(args: &Args) -> anyhow::Result<Option<(std::time::Duration, std
 }
 
 fn main() -> std::process::ExitCode {
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
-        Ok(runtime) => runtime,
-        Err(err) => {
-            eprintln!("switchyard-mocker: error: cannot start the runtime: {err}");
-            return std::process::ExitCode::FAILURE;
-        }
-    };
-    match runtime.block_on(run()) {
-        Ok(()) => std::process::ExitCode::SUCCESS,
-        Err(err) => {
-            eprintln!("switchyard-mocker: error: {err:#}");
-            std::process::ExitCode::FAILURE
-        }
-    }
+    switchyard_workers::binary::main("switchyard-mocker", None, run)
 }
 
 async fn run() -> anyhow::Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
-        .with_writer(std::io::stderr)
-        .init();
     let args = Args::parse();
     if let Err(err) = rlimit::increase_nofile_limit(u64::MAX) {
         tracing::warn!(error = %err, "could not raise the open-file limit");

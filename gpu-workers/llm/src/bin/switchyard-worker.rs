@@ -172,31 +172,10 @@ impl std::str::FromStr for Device {
 }
 
 fn main() -> std::process::ExitCode {
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-    {
-        Ok(runtime) => runtime,
-        Err(err) => {
-            eprintln!("switchyard-worker: error: cannot start the runtime: {err}");
-            return std::process::ExitCode::FAILURE;
-        }
-    };
-    match runtime.block_on(run()) {
-        Ok(()) => std::process::ExitCode::SUCCESS,
-        Err(err) => {
-            eprintln!("switchyard-worker: error: {err:#}");
-            std::process::ExitCode::FAILURE
-        }
-    }
+    switchyard_workers::binary::main("switchyard-worker", Some(2), run)
 }
 
 async fn run() -> anyhow::Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
-        .with_writer(std::io::stderr)
-        .init();
     let args = Args::parse();
     anyhow::ensure!(args.block_size > 0, "--block-size must be at least 1");
     anyhow::ensure!(
