@@ -2,23 +2,17 @@
 //! prefix-cache hit and a miss, batched and single decoding. Checked on the tiny Llama fixture
 //! that `hf_reference` checks against transformers.
 
-use std::path::Path;
-
+use switchyard_harness::fixtures::{self, max_difference};
 use switchyard_llm::{Chunk, ForwardError, KvPrecision, Logits, Model, PagedKv, SequenceKv};
 
 fn model() -> Model {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tiny-llama");
+    let dir = fixtures::llm("tiny-llama");
     Model::load(&dir).expect("tiny-llama loads")
 }
 
 const PROMPT: [u32; 23] = [
     1, 17, 42, 99, 7, 256, 3, 3, 64, 200, 11, 5, 9, 9, 31, 140, 141, 2, 77, 78, 79, 80, 12,
 ];
-
-fn max_difference(a: &[f32], b: &[f32]) -> f32 {
-    assert_eq!(a.len(), b.len());
-    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
-}
 
 fn argmax(logits: &[f32]) -> u32 {
     let mut best = 0;

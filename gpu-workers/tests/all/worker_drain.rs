@@ -1,10 +1,9 @@
 //! Graceful shutdown of a worker's HTTP server: a request in flight when shutdown starts runs
 //! to its last token, new connections are refused, and shutdown returns once it is done.
 
-mod common;
-
 use std::time::Duration;
 
+use switchyard_harness::sse_json;
 use switchyard_workers::mocker::{EngineConfig, ServerConfig, WorkerServer, spawn_engine};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -44,7 +43,7 @@ async fn shutdown_finishes_requests_in_flight_and_takes_no_new_ones() {
         "no new connections after shutdown"
     );
     let response = client.await.expect("client task");
-    let events = common::sse_events(&response);
+    let events = sse_json(&response);
     assert_eq!(events.len(), 61, "60 tokens and the finish chunk: {response}");
     assert!(response.contains("data: [DONE]"));
 }

@@ -4,21 +4,18 @@
 //! same token ids; quantized tensors load within their rounding; broken files are named.
 
 use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
+use switchyard_harness::fixtures::{self, max_difference};
 use switchyard_llm::weights::Weights;
 use switchyard_llm::{Model, ModelConfig};
 use switchyard_tokenize::Tokenizer;
-
-fn fixture() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tiny-llama")
-}
 
 /// The fixture with plain RoPE (GGUF files carry no Llama 3 scaling parameters).
 fn plain_rope_copy() -> tempfile::TempDir {
     let dir = tempfile::tempdir().expect("temp dir");
     for name in ["model.safetensors", "tokenizer.json", "config.json"] {
-        std::fs::copy(fixture().join(name), dir.path().join(name)).expect("copy");
+        std::fs::copy(fixtures::llm("tiny-llama").join(name), dir.path().join(name)).expect("copy");
     }
     let path = dir.path().join("config.json");
     let mut config: serde_json::Value =
@@ -302,11 +299,6 @@ fn convert(dir: &Path, out: &Path, linear: Store) {
 }
 
 const PROMPT: [u32; 12] = [5, 17, 42, 99, 7, 256, 3, 64, 200, 11, 140, 12];
-
-fn max_difference(a: &[f32], b: &[f32]) -> f32 {
-    assert_eq!(a.len(), b.len());
-    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
-}
 
 #[test]
 fn a_converted_gguf_gives_the_safetensors_logits_and_tokens() {

@@ -2,16 +2,14 @@
 //! wire format as the mocker, text from the model's tokenizer, streamed text equal to the whole
 //! answer, prefix-cache hits, metrics, refusals, and a clean exit on SIGTERM.
 
-#[path = "../../tests/common/mod.rs"]
-mod common;
-
-use std::path::Path;
 use std::process::Command;
+use std::time::Duration;
 
-use common::{get, post, sse_events, start};
+use switchyard_harness::blocking::{get, post};
+use switchyard_harness::{NativeWorker, fixtures, sse_json};
 
-fn worker(extra: &[&str]) -> common::Running {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tiny-llama");
+fn worker(extra: &[&str]) -> NativeWorker {
+    let dir = fixtures::llm("tiny-llama");
     let dir = dir.to_str().expect("UTF-8 path").to_string();
     let mut args = vec![
         "--model",
@@ -26,7 +24,7 @@ fn worker(extra: &[&str]) -> common::Running {
         "2",
     ];
     args.extend_from_slice(extra);
-    start(env!("CARGO_BIN_EXE_switchyard-worker"), &args, "worker ready")
+    NativeWorker::start(&args).expect("the worker starts")
 }
 
 fn json(text: &str) -> serde_json::Value {
@@ -36,7 +34,7 @@ fn json(text: &str) -> serde_json::Value {
 #[test]
 fn serves_the_model_with_streaming_and_prefix_caching() {
     let worker = worker(&["--served-model-name", "tiny"]);
-    let addr = worker.1[0];
+    let addr = worker.addr;
     let (status, models) = get(addr, "/v1/models");
     assert_eq!(status, 200);
     assert_eq!(json(&models)["data"][0]["id"], "tiny");
@@ -64,7 +62,7 @@ fn serves_the_model_with_streaming_and_prefix_caching() {
 
     let (status, streamed) = post(addr, "/v1/chat/completions", &chat(true));
     assert_eq!(status, 200);
-    let events = sse_events(&streamed);
+    let events = sse_json(&streamed);
     let pieces: String = events
         .iter()
         .filter_map(|event| event["choices"][0]["delta"]["content"].as_str())
@@ -102,7 +100,7 @@ fn serves_the_model_with_streaming_and_prefix_caching() {
 #[test]
 fn stop_strings_cut_the_answer_before_them_streamed_or_not() {
     let worker = worker(&[]);
-    let addr = worker.1[0];
+    let addr = worker.addr;
     let body = |stop: Option<&str>, stream: bool| {
         let mut body = serde_json::json!({
             "model": "tiny-llama", "prompt": "hello switchyard", "max_tokens": 40,
@@ -136,7 +134,7 @@ fn stop_strings_cut_the_answer_before_them_streamed_or_not() {
 
     let (status, streamed) = post(addr, "/v1/completions", &body(Some(stop), true));
     assert_eq!(status, 200);
-    let events = sse_events(&streamed);
+    let events = sse_json(&streamed);
     let text: String = events.iter().filter_map(|e| e["choices"][0]["text"].as_str()).collect();
     assert_eq!(text, expected, "streamed, stop {stop:?}");
     assert_eq!(events.last().expect("a finish")["choices"][0]["finish_reason"], "stop");
@@ -146,7 +144,7 @@ fn stop_strings_cut_the_answer_before_them_streamed_or_not() {
 #[test]
 fn refuses_what_the_model_cannot_take_and_keeps_serving() {
     let worker = worker(&[]);
-    let addr = worker.1[0];
+    let addr = worker.addr;
     let cases = [
         (r#"{"model":"tiny-llama","prompt":[1,2,999]}"#, "invalid_value"),
         (
@@ -173,12 +171,13 @@ fn refuses_what_the_model_cannot_take_and_keeps_serving() {
 #[test]
 fn exits_cleanly_on_sigterm() {
     let mut worker = worker(&[]);
-    let (status, _) = get(worker.1[0], "/healthz");
+    let (status, _) = get(worker.addr, "/healthz");
     assert_eq!(status, 200);
-    let pid = worker.0.id().to_string();
-    let sent = Command::new("kill").args(["-TERM", &pid]).status().expect("kill runs");
-    assert!(sent.success());
-    let exit = worker.0.wait().expect("the worker exits");
+    worker.process.terminate().expect("kill runs");
+    let exit = worker
+        .process
+        .wait_exit(Duration::from_secs(60))
+        .expect("the worker exits");
     assert!(exit.success(), "{exit:?}");
 }
 
@@ -202,7 +201,7 @@ fn a_missing_model_is_named() {
 #[cfg(not(feature = "cuda"))]
 #[test]
 fn a_gpu_without_the_cuda_build_is_refused_with_the_fix() {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tiny-llama");
+    let dir = fixtures::llm("tiny-llama");
     let output = Command::new(env!("CARGO_BIN_EXE_switchyard-worker"))
         .arg("--model")
         .arg(&dir)

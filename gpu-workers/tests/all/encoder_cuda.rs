@@ -10,7 +10,6 @@
 //! other cuBLAS kernels.
 #![cfg(feature = "cuda")]
 
-use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 
 use switchyard_encoders::cuda::vision::CudaVision;
@@ -21,26 +20,12 @@ use switchyard_encoders::mel::{LogMel, MelConfig};
 use switchyard_encoders::vit::VisionEncoder;
 use switchyard_encoders::whisper::WhisperEncoder;
 use switchyard_encoders::{audio, video};
+use switchyard_harness::fixtures::{self, max_difference};
 
 const TOLERANCE: f32 = 2e-3;
 
 fn required(level: &str) -> bool {
     std::env::var("SWITCHYARD_CUDA_TESTS").is_ok_and(|value| value == level || value == "gpu")
-}
-
-/// The fixtures folder: `SWITCHYARD_FIXTURES_DIR` where the test binary runs away from its
-/// source tree (a GPU machine it was copied to), else the source tree's.
-fn fixture(name: &str) -> PathBuf {
-    std::env::var_os("SWITCHYARD_FIXTURES_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures"))
-        .join("encoders")
-        .join(name)
-}
-
-fn max_diff(a: &[f32], b: &[f32]) -> f32 {
-    assert_eq!(a.len(), b.len(), "lengths differ");
-    a.iter().zip(b).fold(0.0f32, |m, (x, y)| m.max((x - y).abs()))
 }
 
 /// `result`'s value, or `None` (with a note) where the machine has no GPU and none is required.
@@ -76,7 +61,7 @@ fn kernels_compile_with_nvrtc() {
 
 #[test]
 fn asking_for_a_missing_device_is_a_clear_error() {
-    let encoder = VisionEncoder::load(&fixture("tiny-llava")).expect("loads");
+    let encoder = VisionEncoder::load(&fixtures::encoder("tiny-llava")).expect("loads");
     match CudaVision::new(&encoder, 4096, 64) {
         Err(CudaError::NoDevice { ordinal: 4096, .. } | CudaError::NoDriver | CudaError::NoCublas) => {}
         Err(CudaError::NoNvrtc) if !required("nvrtc") => {}
@@ -95,11 +80,11 @@ fn vision_inputs(processor: &ImageProcessor) -> Vec<PixelValues> {
     let mut out: Vec<PixelValues> = ["gradient.png", "photo.jpg", "alpha.webp", "anim.gif", "gray.png"]
         .iter()
         .map(|name| {
-            let bytes = std::fs::read(fixture(&format!("images/{name}"))).expect("image fixture");
+            let bytes = std::fs::read(fixtures::encoder(&format!("images/{name}"))).expect("image fixture");
             processor.preprocess(&bytes).expect("preprocesses")
         })
         .collect();
-    let mp4 = std::fs::read(fixture("videos/baseline.mp4")).expect("video fixture");
+    let mp4 = std::fs::read(fixtures::encoder("videos/baseline.mp4")).expect("video fixture");
     for frame in video::decode_frames(&mp4, &[0, 9, 19], 1 << 20).expect("decodes") {
         out.push(processor.preprocess_rgb(&frame.to_rgb()).expect("preprocesses"));
     }
@@ -108,7 +93,7 @@ fn vision_inputs(processor: &ImageProcessor) -> Vec<PixelValues> {
 
 #[test]
 fn vision_graph_replay_matches_eager_gpu_and_cpu() {
-    let dir = fixture("tiny-llava");
+    let dir = fixtures::encoder("tiny-llava");
     let encoder = VisionEncoder::load(&dir).expect("loads");
     let processor = ImageProcessor::from_file(&dir.join("preprocessor_config.json")).expect("processor");
     let inputs = vision_inputs(&processor);
@@ -139,7 +124,10 @@ fn vision_cases(gpu: &CudaVision, encoder: &VisionEncoder, inputs: &[PixelValues
         let eager = gpu.encode_eager(&batch).expect("eager");
         let cpu = encoder.encode(&batch).expect("cpu");
         assert_eq!(graph.tokens, cpu.tokens);
-        let (vs_eager, vs_cpu) = (max_diff(&graph.data, &eager.data), max_diff(&graph.data, &cpu.data));
+        let (vs_eager, vs_cpu) = (
+            max_difference(&graph.data, &eager.data),
+            max_difference(&graph.data, &cpu.data),
+        );
         println!("{members:?} ({path:?}): graph vs eager {vs_eager:e}, graph vs CPU {vs_cpu:e}");
         assert!(vs_eager <= TOLERANCE && vs_cpu <= TOLERANCE, "{members:?}");
         let replayed = gpu.counters().replays.load(Ordering::Relaxed) - replays;
@@ -152,12 +140,12 @@ fn vision_cases(gpu: &CudaVision, encoder: &VisionEncoder, inputs: &[PixelValues
 
 #[test]
 fn whisper_graph_replay_matches_eager_gpu_and_cpu() {
-    let encoder = WhisperEncoder::load(&fixture("tiny-whisper")).expect("loads");
+    let encoder = WhisperEncoder::load(&fixtures::encoder("tiny-whisper")).expect("loads");
     let mel = LogMel::new(MelConfig::default());
     let clips: Vec<Vec<f32>> = ["tone.wav", "chirp.wav"]
         .iter()
         .map(|name| {
-            let bytes = std::fs::read(fixture(&format!("audio/{name}"))).expect("audio fixture");
+            let bytes = std::fs::read(fixtures::encoder(&format!("audio/{name}"))).expect("audio fixture");
             let waveform = audio::decode(&bytes, 60.0).expect("decodes");
             mel.compute(&audio::resample(&waveform, 16_000).expect("resamples").samples)
         })
@@ -179,7 +167,7 @@ fn whisper_cases(gpu: &CudaWhisper, encoder: &WhisperEncoder, clips: &[Vec<f32>]
         let graph = gpu.forward(&mels, true).expect("graph or eager");
         let eager = gpu.forward(&mels, false).expect("eager");
         let cpu = encoder.forward(&mels).expect("cpu");
-        let (vs_eager, vs_cpu) = (max_diff(&graph, &eager), max_diff(&graph, &cpu));
+        let (vs_eager, vs_cpu) = (max_difference(&graph, &eager), max_difference(&graph, &cpu));
         println!("windows {windows:?}: graph vs eager {vs_eager:e}, graph vs CPU {vs_cpu:e}");
         assert!(vs_eager <= TOLERANCE && vs_cpu <= TOLERANCE, "{windows:?}");
     }

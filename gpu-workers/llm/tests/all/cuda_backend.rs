@@ -6,8 +6,7 @@
 //! missing GPU one too (run it on a GPU machine).
 #![cfg(feature = "cuda")]
 
-use std::path::{Path, PathBuf};
-
+use switchyard_harness::fixtures::{self, max_difference};
 use switchyard_llm::cuda::{self, AttentionKernel, CudaError, CudaExecutor, GpuChunk};
 use switchyard_llm::{Chunk, KvPrecision, Logits, MediaRows, Model, PagedKv, SequenceKv, spawn_cpu_engine};
 use switchyard_workers::engine::{EngineConfig, Output, SamplingParams};
@@ -16,16 +15,8 @@ fn required(level: &str) -> bool {
     std::env::var("SWITCHYARD_CUDA_TESTS").is_ok_and(|value| value == level || value == "gpu")
 }
 
-/// The fixtures folder: `SWITCHYARD_FIXTURES_DIR` where the test binary runs away from its
-/// source tree (a GPU machine it was copied to), else the source tree's.
-fn fixtures() -> PathBuf {
-    std::env::var_os("SWITCHYARD_FIXTURES_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures"))
-}
-
 fn model(name: &str) -> Model {
-    Model::load(&fixtures().join(name)).expect("fixture loads")
+    Model::load(&fixtures::llm(name)).expect("fixture loads")
 }
 
 #[test]
@@ -76,14 +67,17 @@ fn gpu_logits_match_the_cpu_backend() {
         let model = model(name);
         let Some(mut gpu) = gpu(&model, 32) else { return };
         let cpu_f32 = two_steps_on_the_cpu(&model, KvPrecision::F32);
-        let difference = max_difference(&cpu_f32, &two_steps_on_the_gpu(&mut gpu));
+        let difference = max_row_difference(&cpu_f32, &two_steps_on_the_gpu(&mut gpu));
         assert!(difference < 1e-3, "{name}: max |Δlogit| {difference}");
         // With f16 caches both backends round the same values once: the GPU's logits are the
         // CPU's f16 ones, nearer them than the f32 ones (which an f32 cache would give).
         let mut gpu = CudaExecutor::with_precision(&model, 0, 4, 32, KvPrecision::F16).expect("an f16 cache");
         let gpu_f16 = two_steps_on_the_gpu(&mut gpu);
         let cpu_f16 = two_steps_on_the_cpu(&model, KvPrecision::F16);
-        let (to_f16, to_f32) = (max_difference(&cpu_f16, &gpu_f16), max_difference(&cpu_f32, &gpu_f16));
+        let (to_f16, to_f32) = (
+            max_row_difference(&cpu_f16, &gpu_f16),
+            max_row_difference(&cpu_f32, &gpu_f16),
+        );
         eprintln!("{name}, f16 caches: max |Δlogit| {to_f16} from the CPU's f16, {to_f32} from its f32");
         assert!(
             to_f16 < 1e-3 && to_f16 < to_f32,
@@ -191,19 +185,13 @@ fn two_steps_on_the_gpu(gpu: &mut CudaExecutor) -> Vec<Vec<f32>> {
 
 /// The tiny LLaVA checkpoint (its language model) of the encoder fixtures.
 fn llava() -> Model {
-    let dir = match std::env::var_os("SWITCHYARD_FIXTURES_DIR") {
-        Some(dir) => PathBuf::from(dir).join("encoders/tiny-llava"),
-        None => Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/encoders/tiny-llava"),
-    };
-    Model::load(&dir).expect("tiny LLaVA loads")
+    Model::load(&fixtures::encoder("tiny-llava")).expect("tiny LLaVA loads")
 }
 
-fn max_difference(a: &[Vec<f32>], b: &[Vec<f32>]) -> f32 {
+/// The largest difference between two runs' rows of logits.
+fn max_row_difference(a: &[Vec<f32>], b: &[Vec<f32>]) -> f32 {
     assert_eq!(a.len(), b.len());
-    a.iter()
-        .zip(b)
-        .flat_map(|(x, y)| x.iter().zip(y).map(|(p, q)| (p - q).abs()))
-        .fold(0.0, f32::max)
+    a.iter().zip(b).map(|(x, y)| max_difference(x, y)).fold(0.0, f32::max)
 }
 
 #[test]
@@ -338,7 +326,7 @@ fn gpu_merges_media_rows_as_the_cpu_backend_does() {
         ])
         .expect("gpu step"),
     );
-    let difference = max_difference(&cpu, &on_gpu);
+    let difference = max_row_difference(&cpu, &on_gpu);
     println!("media merged on the GPU: max |Δlogit| {difference:e} against the CPU");
     assert!(difference < 1e-3, "max |Δlogit| {difference}");
 
@@ -402,11 +390,11 @@ fn decode_graphs_give_the_eager_steps_logits() {
     let all = [0, 1, 2, 3, 4];
     let prefilled = step(&mut graphs, &tokens, &all, true);
     assert_eq!(
-        max_difference(&prefilled, &step(&mut eager, &tokens, &all, true)),
+        max_row_difference(&prefilled, &step(&mut eager, &tokens, &all, true)),
         0.0,
         "prefill runs eagerly on both"
     );
-    assert!(max_difference(&prefilled, &step(&mut by_warp, &tokens, &all, true)) < 1e-4);
+    assert!(max_row_difference(&prefilled, &step(&mut by_warp, &tokens, &all, true)) < 1e-4);
     // Buckets 8 (three padding rows), 4, 1, 8 again with new positions, and 2 out of order.
     let rounds: [&[usize]; 5] = [&all, &[0, 1, 2], &[3], &all, &[4, 0]];
     for (round, members) in rounds.iter().enumerate() {
@@ -417,8 +405,8 @@ fn decode_graphs_give_the_eager_steps_logits() {
         let stepped = step(&mut eager, &tokens, members, false);
         let first_kernel = step(&mut by_warp, &tokens, members, false);
         let (difference, vs_first) = (
-            max_difference(&replayed, &stepped),
-            max_difference(&replayed, &first_kernel),
+            max_row_difference(&replayed, &stepped),
+            max_row_difference(&replayed, &first_kernel),
         );
         println!(
             "decode round {round} ({} sequences): graph vs eager max |Δlogit| {difference:e}, by key vs by warp {vs_first:e}",
@@ -453,7 +441,7 @@ fn split_attention_merges_to_the_unsplit_logits() {
         step_of(executor, tokens, &blocks, &[0, 1], prefill)
     };
     assert_eq!(
-        max_difference(&step(&mut split, &tokens, true), &step(&mut whole, &tokens, true)),
+        max_row_difference(&step(&mut split, &tokens, true), &step(&mut whole, &tokens, true)),
         0.0,
         "prefill does not split"
     );
@@ -461,7 +449,7 @@ fn split_attention_merges_to_the_unsplit_logits() {
         for (i, tokens) in tokens.iter_mut().enumerate() {
             tokens.push((round * 5 + i as u32 * 3 + 1) % vocab);
         }
-        let difference = max_difference(&step(&mut split, &tokens, false), &step(&mut whole, &tokens, false));
+        let difference = max_row_difference(&step(&mut split, &tokens, false), &step(&mut whole, &tokens, false));
         println!("decode round {round}: split vs unsplit max |Δlogit| {difference:e}");
         assert!(difference < 1e-4, "round {round}: max |Δlogit| {difference}");
     }

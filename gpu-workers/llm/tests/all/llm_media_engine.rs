@@ -5,15 +5,14 @@
 //! the prompt's blocks (media included) come from the prefix cache. Placeholders without rows
 //! never reach the model.
 
-use std::path::Path;
-
+use switchyard_harness::fixtures;
 use switchyard_llm::{MediaRows, Model, spawn_cpu_engine};
 use switchyard_workers::engine::{EngineConfig, MediaSpan, Output, PrefillGate, SamplingParams, SubmitError};
 use tokio::sync::mpsc;
 
 /// The tiny LLaVA's language model (hidden 48, vocabulary 320).
 fn model() -> Model {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/encoders/tiny-llava");
+    let dir = fixtures::encoder("tiny-llava");
     Model::load_language_model(&dir).expect("tiny-llava's language model loads")
 }
 

@@ -10,10 +10,9 @@
 //! the value groups. Needs a C++20 compiler (`$CXX`, else `c++`; `scripts/test.sh` installs
 //! `g++`); without one it says so and passes, unless `SWITCHYARD_KERNEL_EMULATION=required`.
 
-#[path = "../../encoders/tests/kernel_emulation/run.rs"]
-mod emulation;
+use switchyard_harness::kernel_emulation;
 
-const KERNELS: &str = include_str!("../src/cuda_kernels.cu");
+const KERNELS: &str = include_str!("../../src/cuda_kernels.cu");
 const HARNESS: &str = include_str!("kernel_emulation/paged_attention.cpp");
 
 /// The emulated part of the kernels, made plain C++: no `extern "C"`.
@@ -26,7 +25,7 @@ fn kernel_source() -> String {
 
 #[test]
 fn both_attention_kernels_match_plain_attention_on_the_cpu() {
-    let Some(report) = emulation::compile_and_run("paged_attention", &kernel_source(), HARNESS) else {
+    let Some(report) = kernel_emulation::compile_and_run("paged_attention", &kernel_source(), HARNESS) else {
         return;
     };
     assert_eq!(

@@ -6,13 +6,11 @@
 //! pooled in time, a repeat is served from the feature cache, the
 //! metrics count all of it, and SIGTERM ends the process cleanly.
 
-mod common;
-
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener};
-use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use switchyard_encoders::audio;
 use switchyard_encoders::image::{ImageProcessor, PixelValues};
@@ -21,14 +19,9 @@ use switchyard_encoders::tensor::to_f16_le;
 use switchyard_encoders::video;
 use switchyard_encoders::vit::VisionEncoder;
 use switchyard_encoders::whisper::WhisperEncoder;
+use switchyard_harness::{NativeEncoder, blocking, fixtures};
 use switchyard_media::{MediaId, MediaKind};
 use switchyard_protocol::encode::{Delivery, EncodeBatch, EncodeItem, EncodeReply, ItemStatus};
-
-fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures/encoders")
-        .join(name)
-}
 
 /// One pushed feature body: its path, headers and bytes.
 #[derive(Debug, Clone)]
@@ -98,7 +91,7 @@ fn item(bytes: &[u8], kind: MediaKind, format: &str, worker: SocketAddr, slot: u
 
 fn post_batch(encoder: SocketAddr, items: Vec<EncodeItem>) -> EncodeReply {
     let body = serde_json::to_string(&EncodeBatch { items }).expect("batch");
-    let (status, reply) = common::post(encoder, "/v1/encode", &body);
+    let (status, reply) = blocking::post(encoder, "/v1/encode", &body);
     assert_eq!(status, 200, "{reply}");
     serde_json::from_str(&reply).expect("reply")
 }
@@ -111,42 +104,37 @@ fn metric(text: &str, name: &str) -> f64 {
         .unwrap_or_else(|| panic!("no {name} in:\n{text}"))
 }
 
-fn sigterm(running: &mut common::Running) {
-    let pid = running.0.id().to_string();
-    let status = std::process::Command::new("kill")
-        .args(["-TERM", &pid])
-        .status()
-        .expect("kill");
-    assert!(status.success());
-    let exit = running.0.wait().expect("wait");
+fn sigterm(encoder: &mut NativeEncoder) {
+    encoder.process.terminate().expect("kill");
+    let exit = encoder
+        .process
+        .wait_exit(Duration::from_secs(60))
+        .expect("the encoder exits");
     assert!(exit.success(), "exit status {exit}");
 }
 
 #[test]
 fn vision_encoder_pushes_the_models_features() {
     let (worker, pushes) = receiver();
-    let model = fixture("tiny-llava");
-    let mut encoder = common::start(
-        env!("CARGO_BIN_EXE_switchyard-encoder"),
-        &[
-            "--model",
-            model.to_str().expect("utf-8"),
-            "--port",
-            "0",
-            "--served-model-name",
-            "tiny-llava",
-        ],
-        "encoder ready",
-    );
-    let addr = encoder.1[0];
-    let png = std::fs::read(fixture("images/gradient.png")).expect("png");
-    let webp = std::fs::read(fixture("images/alpha.webp")).expect("webp");
+    let model = fixtures::encoder("tiny-llava");
+    let mut encoder = NativeEncoder::start(&[
+        "--model",
+        model.to_str().expect("utf-8"),
+        "--port",
+        "0",
+        "--served-model-name",
+        "tiny-llava",
+    ])
+    .expect("the encoder starts");
+    let addr = encoder.addr;
+    let png = std::fs::read(fixtures::encoder("images/gradient.png")).expect("png");
+    let webp = std::fs::read(fixtures::encoder("images/alpha.webp")).expect("webp");
     let mut broken = png.clone();
     let middle = broken.len() / 2;
     broken[middle] ^= 0xff;
     // An MP4 whose samples are placeholders, not H.264: the client's error.
     let placeholder = switchyard_media::fixtures::Mp4Video::default().build();
-    let mp4 = std::fs::read(fixture("videos/baseline.mp4")).expect("mp4");
+    let mp4 = std::fs::read(fixtures::encoder("videos/baseline.mp4")).expect("mp4");
     let frames = [0u32, 5, 10];
     let mut movie = item(&mp4, MediaKind::Video, "mp4", worker, 4, true);
     movie.frames = frames.to_vec();
@@ -220,7 +208,7 @@ fn vision_encoder_pushes_the_models_features() {
     let reply = post_batch(addr, vec![item(&png, MediaKind::Image, "png", worker, 4, false)]);
     assert_eq!(reply.items[0].status, ItemStatus::Cached);
     assert_eq!(reply.batch_size, 0);
-    let (status, text) = common::get(addr, "/metrics");
+    let (status, text) = blocking::get(addr, "/metrics");
     assert_eq!(status, 200);
     assert_eq!(metric(&text, "switchyard_encoder_encoded_items_total"), 3.0);
     assert_eq!(metric(&text, "switchyard_encoder_cache_hits_total"), 1.0);
@@ -237,28 +225,25 @@ fn vision_encoder_pushes_the_models_features() {
         metric(&text, "switchyard_encoder_feature_bytes_total"),
         80.0 * 48.0 * 2.0
     );
-    assert_eq!(common::get(addr, "/healthz").0, 200);
+    assert_eq!(blocking::get(addr, "/healthz").0, 200);
     sigterm(&mut encoder);
 }
 
 #[test]
 fn audio_encoder_pushes_whisper_features() {
     let (worker, pushes) = receiver();
-    let model = fixture("tiny-whisper");
-    let mut encoder = common::start(
-        env!("CARGO_BIN_EXE_switchyard-encoder"),
-        &[
-            "--model",
-            model.to_str().expect("utf-8"),
-            "--port",
-            "0",
-            "--served-model-name",
-            "tiny",
-        ],
-        "encoder ready",
-    );
-    let addr = encoder.1[0];
-    let wav = std::fs::read(fixture("audio/tone.wav")).expect("wav");
+    let model = fixtures::encoder("tiny-whisper");
+    let mut encoder = NativeEncoder::start(&[
+        "--model",
+        model.to_str().expect("utf-8"),
+        "--port",
+        "0",
+        "--served-model-name",
+        "tiny",
+    ])
+    .expect("the encoder starts");
+    let addr = encoder.addr;
+    let wav = std::fs::read(fixtures::encoder("audio/tone.wav")).expect("wav");
     let mut audio_item = item(&wav, MediaKind::Audio, "wav", worker, 0, true);
     audio_item.tokens = 93;
     audio_item.duration_s = 3.7;
@@ -283,7 +268,7 @@ fn a_bad_model_directory_is_named_at_start() {
     // Real weights, a config without its vision tower.
     let dir = tempfile::tempdir().expect("tempdir");
     std::fs::copy(
-        fixture("tiny-llava/model.safetensors"),
+        fixtures::encoder("tiny-llava/model.safetensors"),
         dir.path().join("model.safetensors"),
     )
     .expect("copy");

@@ -1,32 +1,31 @@
 //! The `switchyard-mocker` binary over HTTP: several engines, text and token-id prompts,
 //! streaming, prefix-cache hits, errors.
 
-mod common;
+use switchyard_harness::Mockers;
+use switchyard_harness::blocking::post;
 
-use common::{post, start};
-
-fn mocker(args: &[&str]) -> common::Running {
-    start(env!("CARGO_BIN_EXE_switchyard-mocker"), args, "mocker ready")
+fn mocker(args: &[&str]) -> Mockers {
+    Mockers::start(args).expect("the mocker starts")
 }
 
 #[test]
 fn serves_several_engines_with_prefix_caching() {
     let mocker = mocker(&["--num-workers", "3", "--speedup", "20", "--block-size", "16"]);
-    assert_eq!(mocker.1.len(), 3, "one port per engine");
+    assert_eq!(mocker.addrs.len(), 3, "one port per engine");
     let prompt: Vec<u32> = (0..100).collect();
     let body = serde_json::json!({"model": "mock", "prompt": prompt, "max_tokens": 4}).to_string();
-    let (status, first) = post(mocker.1[1], "/v1/completions", &body);
+    let (status, first) = post(mocker.addrs[1], "/v1/completions", &body);
     assert_eq!(status, 200, "{first}");
     let first: serde_json::Value = serde_json::from_str(&first).expect("json");
     assert_eq!(first["usage"]["prompt_tokens"], 100);
     assert_eq!(first["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
-    let (_, second) = post(mocker.1[1], "/v1/completions", &body);
+    let (_, second) = post(mocker.addrs[1], "/v1/completions", &body);
     let second: serde_json::Value = serde_json::from_str(&second).expect("json");
     assert_eq!(
         second["usage"]["prompt_tokens_details"]["cached_tokens"], 96,
         "six full blocks of 16 hit the cache"
     );
-    let (_, other_engine) = post(mocker.1[2], "/v1/completions", &body);
+    let (_, other_engine) = post(mocker.addrs[2], "/v1/completions", &body);
     let other: serde_json::Value = serde_json::from_str(&other_engine).expect("json");
     assert_eq!(
         other["usage"]["prompt_tokens_details"]["cached_tokens"], 0,
@@ -38,7 +37,7 @@ fn serves_several_engines_with_prefix_caching() {
 fn streams_chat_tokens_as_sse() {
     let mocker = mocker(&["--speedup", "20"]);
     let body = r#"{"model":"mock","messages":[{"role":"user","content":"hi"}],"stream":true,"max_tokens":5}"#;
-    let (status, text) = post(mocker.1[0], "/v1/chat/completions", body);
+    let (status, text) = post(mocker.addrs[0], "/v1/chat/completions", body);
     assert_eq!(status, 200);
     let data: Vec<&str> = text.lines().filter_map(|l| l.strip_prefix("data: ")).collect();
     assert_eq!(data.len(), 7, "5 tokens, the finish chunk, [DONE]: {text}");
@@ -50,7 +49,7 @@ fn include_usage_ends_the_stream_with_a_usage_chunk() {
     let mocker = mocker(&["--speedup", "20"]);
     let body = r#"{"model":"mock","messages":[{"role":"user","content":"hi"}],"stream":true,"max_tokens":3,
                   "stream_options":{"include_usage":true}}"#;
-    let (status, text) = post(mocker.1[0], "/v1/chat/completions", body);
+    let (status, text) = post(mocker.addrs[0], "/v1/chat/completions", body);
     assert_eq!(status, 200);
     let data: Vec<&str> = text.lines().filter_map(|l| l.strip_prefix("data: ")).collect();
     assert_eq!(
@@ -94,7 +93,7 @@ fn refuses_bad_requests_with_openai_errors() {
         ),
     ];
     for (body, status, code) in cases {
-        let (got, text) = post(mocker.1[0], "/v1/completions", body);
+        let (got, text) = post(mocker.addrs[0], "/v1/completions", body);
         assert_eq!(got, status, "{body}: {text}");
         let json: serde_json::Value = serde_json::from_str(&text).expect("json");
         assert_eq!(json["error"]["code"], code, "{text}");

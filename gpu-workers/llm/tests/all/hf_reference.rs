@@ -7,9 +7,10 @@
 //! absolute on logits of magnitude ~1 (f32 sums in a different order; the measured differences,
 //! printed by the test, were at most 2.4e-6).
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use serde::Deserialize;
+use switchyard_harness::fixtures;
 use switchyard_llm::{ForwardError, LoadError, Model};
 
 const TOLERANCE: f32 = 1e-5;
@@ -20,12 +21,8 @@ struct Reference {
     logits: Vec<Vec<Vec<f32>>>,
 }
 
-fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(name)
-}
-
 fn check(name: &str) {
-    let dir = fixture(name);
+    let dir = fixtures::llm(name);
     let model = Model::load(&dir).unwrap_or_else(|err| panic!("loading {name}: {err}"));
     let text = std::fs::read_to_string(dir.join("reference.json")).expect("reference.json");
     let reference: Reference = serde_json::from_str(&text).expect("reference.json parses");
@@ -60,7 +57,7 @@ fn tiny_qwen2_in_bf16_matches_transformers() {
 
 #[test]
 fn bad_prompts_are_refused() {
-    let model = Model::load(&fixture("tiny-llama")).expect("load");
+    let model = Model::load(&fixtures::llm("tiny-llama")).expect("load");
     assert_eq!(model.forward(&[]), Err(ForwardError::Empty));
     assert!(matches!(
         model.forward(&[1, 2, 288]),
@@ -80,7 +77,7 @@ fn bad_prompts_are_refused() {
 fn broken_copy(name: &str, change: impl FnOnce(&Path)) -> (tempfile::TempDir, Result<Model, LoadError>) {
     let dir = tempfile::tempdir().expect("tempdir");
     for file in ["config.json", "model.safetensors", "tokenizer.json"] {
-        std::fs::copy(fixture(name).join(file), dir.path().join(file)).expect("copy");
+        std::fs::copy(fixtures::llm(name).join(file), dir.path().join(file)).expect("copy");
     }
     change(dir.path());
     let result = Model::load(dir.path());

@@ -4,16 +4,16 @@
 //! not depend on the batch; its KV events name the gateway's block hashes; bad requests are
 //! refused before they reach the model.
 
-use std::path::Path;
 use std::sync::atomic::Ordering;
 
+use switchyard_harness::fixtures;
 use switchyard_llm::{Model, spawn_cpu_engine};
 use switchyard_protocol::block_hash::block_hashes;
 use switchyard_workers::engine::{EngineConfig, EngineHandle, KvEvent, Output, SamplingParams, SubmitError};
 use tokio::sync::mpsc;
 
 fn model() -> Model {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tiny-llama");
+    let dir = fixtures::llm("tiny-llama");
     Model::load(&dir).expect("tiny-llama loads")
 }
 
