@@ -14,7 +14,7 @@
 # cuBLAS are loaded at run time: the CUDA toolkit's when it has both, else those of the
 # `nvidia-*` wheels of the machine's Python. Exits non-zero when any step failed.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 out=${OUT:-.gpu/out}
 mkdir -p "$out"
 failed=()
