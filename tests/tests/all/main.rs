@@ -14,6 +14,8 @@
 //! | `fleet_` | gateway replicas sharing NATS |
 //! | `planner_` | the planner's rules and its process connector |
 //! | `native_` | the native LLM worker and encoders behind the gateway |
+//!
+//! One test is a binary of its own, `policy_batcher_hot_swap` (its module doc says why).
 
 mod admin_dashboard;
 mod admin_metrics_listener;
@@ -37,7 +39,6 @@ mod native_multimodal;
 mod native_worker;
 mod planner_process;
 mod planner_rules;
-mod policy_batcher_hot_swap;
 mod policy_columns;
 mod policy_cost_routing;
 mod policy_fallbacks;

@@ -4,6 +4,11 @@
 //! built-ins and by hostile batchers that loop, name items that do not exist, leave items out
 //! or trap. No client request may fail or lose its media: a hostile answer is replaced by the
 //! host's fallback batching, counted, and the hostile version rolled back.
+//!
+//! A test binary of its own, outside `all`: its traffic runs for as long as the swaps take, so
+//! on two cores a test running beside it in the same process slows the swaps, the traffic piles
+//! up and the gateway's health checks time out (beside `planner_process` it failed that way).
+//! Cargo runs test binaries one after another, so here it has the machine to itself.
 
 use std::time::Duration;
 
