@@ -6,12 +6,14 @@
 //! [`cached_blocks`] read what the gateway reports.
 
 use std::net::SocketAddr;
+use std::panic::Location;
 use std::time::Duration;
 
 use anyhow::Context;
 
 use crate::client::Client;
 use crate::process::{Process, binary};
+use crate::turns::{self, Turn};
 
 /// The `switchyard` gateway running as a child process.
 #[derive(Debug)]
@@ -28,15 +30,27 @@ pub struct Gateway {
     pub admin: Option<SocketAddr>,
     /// The folder holding its config file.
     pub dir: tempfile::TempDir,
+    /// The calling file's turn, given back after the process is killed (fields drop in order).
+    _turn: Turn,
 }
 
 impl Gateway {
     /// Writes `config` to a file and starts `switchyard --config FILE --listen 127.0.0.1:0`.
     ///
+    /// It first waits for the turn of the file it is called from, and the gateway holds that
+    /// turn until it is dropped: tests of one file run side by side, and a test of another file
+    /// in the same test binary waits at its first gateway, as if each file were a test binary
+    /// of its own (many of these tests load both cores and judge timing).
+    ///
     /// # Errors
     ///
     /// Fails if the gateway does not print its ready line.
+    #[track_caller]
     pub fn start(config: &str) -> anyhow::Result<Gateway> {
+        Gateway::launch(config, turns::take(Location::caller().file()))
+    }
+
+    fn launch(config: &str, turn: Turn) -> anyhow::Result<Gateway> {
         let dir = tempfile::tempdir()?;
         let path = dir.path().join("gateway.toml");
         std::fs::write(&path, config)?;
@@ -90,22 +104,26 @@ impl Gateway {
             encoders: embedded("embedded encoder "),
             admin,
             dir,
+            _turn: turn,
         })
     }
 }
 
 impl Gateway {
     /// Starts a plain-HTTP gateway from `config` with the admin API enabled on a free loopback
-    /// port under `token`; returns it with a client of the admin API.
+    /// port under `token`; returns it with a client of the admin API. It waits for the calling
+    /// file's turn as [`Gateway::start`] does.
     ///
     /// # Errors
     ///
     /// Fails if the gateway does not start.
+    #[track_caller]
     pub fn start_with_admin(config: &str, token: &str) -> anyhow::Result<(Gateway, Admin)> {
+        let turn = turns::take(Location::caller().file());
         // Port 0, read back from the gateway's own line: a port found free here and handed over
         // can be taken by any other socket before the gateway binds it.
         let config = format!("{config}\n[admin]\nlisten = \"127.0.0.1:0\"\ntoken = \"{token}\"\n");
-        let gateway = Gateway::start(&config)?;
+        let gateway = Gateway::launch(&config, turn)?;
         let admin_addr = gateway.admin.context("the gateway printed no admin API line")?;
         let admin = Admin {
             client: Client::plain(admin_addr),

@@ -7,6 +7,7 @@
 //! |---|---|
 //! | `process` | finding the workspace's binaries ([`binary`]); [`Process`], a child killed on drop; the workers ([`Mockers`], [`NativeWorker`], [`NativeEncoder`]) and [`NatsServer`] |
 //! | `gateway` | the [`Gateway`] as a child process, its admin API ([`Admin`]), and reading what it reports ([`metric_sum`], [`cached_blocks`]) |
+//! | `turns` | the tests of one file run together, no other file's beside them (a gateway holds its file's turn) |
 //! | `tls` | a throwaway certificate authority ([`TestCa`]) |
 //! | `client` | an HTTP/1.1 and HTTP/2 [`Client`] over TLS or TCP whose [`Reply`] keeps each body frame's arrival time; [`chat_body`], [`sse_json`], [`DeadAddress`] |
 //! | [`blocking`] | that client for tests that are not async |
@@ -30,6 +31,7 @@ pub mod kernel_emulation;
 mod process;
 pub mod rng;
 mod tls;
+mod turns;
 
 use std::time::{Duration, Instant};
 

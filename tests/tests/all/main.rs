@@ -15,6 +15,8 @@
 //! | `planner_` | the planner's rules and its process connector |
 //! | `native_` | the native LLM worker and encoders behind the gateway |
 //!
+//! Tests of one module run side by side and no other module's beside them, as when each file
+//! was a test binary of its own: a harness `Gateway` holds its calling file's turn.
 //! One test is a binary of its own, `policy_batcher_hot_swap` (its module doc says why).
 
 mod admin_dashboard;
