@@ -7,7 +7,7 @@
 //! |---|---|
 //! | `process` | finding the workspace's binaries ([`binary`]); [`Process`], a child killed on drop; the workers ([`Mockers`], [`NativeWorker`], [`NativeEncoder`]) and [`NatsServer`] |
 //! | `gateway` | the [`Gateway`] as a child process, its admin API ([`Admin`]), and reading what it reports ([`metric_sum`], [`cached_blocks`]) |
-//! | `turns` | the tests of one file run together, no other file's beside them (a gateway holds its file's turn) |
+//! | `turns` | the tests of one file run together, no other file's beside them ([`turn`]; a gateway holds its file's turn) |
 //! | `tls` | a throwaway certificate authority ([`TestCa`]) |
 //! | `client` | an HTTP/1.1 and HTTP/2 [`Client`] over TLS or TCP whose [`Reply`] keeps each body frame's arrival time; [`chat_body`], [`sse_json`], [`DeadAddress`] |
 //! | [`blocking`] | that client for tests that are not async |
@@ -39,6 +39,7 @@ pub use client::{Alpn, Client, Connection, DeadAddress, Reply, chat_body, sse_js
 pub use gateway::{Admin, Gateway, cached_blocks, metric_sum};
 pub use process::{Mockers, NativeEncoder, NativeWorker, NatsServer, Process, binary};
 pub use tls::TestCa;
+pub use turns::{Turn, turn};
 
 /// Polls `check` every 50 ms until it returns true or `timeout` passes.
 pub async fn eventually<F, Fut>(timeout: Duration, mut check: F) -> bool

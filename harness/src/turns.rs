@@ -1,13 +1,14 @@
 //! Whose turn it is: the tests of one file run together, and no other file's tests beside them.
 //!
-//! A package's end-to-end tests are one test binary with a module per file, and libtest runs
+//! A package's integration tests are one test binary with a module per file, and libtest runs
 //! its tests on parallel threads in name order. Many of them load both cores of a small machine
-//! with real processes (gateways, workers, traffic) and judge timing, so a test running beside
-//! another file's test can miss its marks. [`Gateway::start`](crate::Gateway::start) takes a turn
-//! for the file it was called from and the gateway holds it: tests of the same file share the
-//! turn and run side by side, as they always did in their own test binary; a test of another
-//! file waits at its first gateway until the turn is free. A program that is not a test (the
-//! bench tool) never waits: its gateways take one turn.
+//! (real processes, traffic, forward passes) and judge timing, memory or what a cache kept, so
+//! a test running beside another file's test can miss its marks. A test takes its file's
+//! [`turn`] and holds it while it runs: tests of the same file share the turn and run side by
+//! side, as they did in their own test binary; a test of another file waits until the turn is
+//! free. [`Gateway::start`](crate::Gateway::start) takes the turn itself, so an end-to-end test
+//! need not; an in-process test calls [`turn`] first. A program that is not a test (the bench
+//! tool) never waits: all its gateways share one turn.
 
 use std::sync::{Condvar, Mutex, MutexGuard, PoisonError};
 
@@ -32,7 +33,15 @@ fn holder() -> MutexGuard<'static, Holder> {
 
 /// A share of the turn of one file's tests, given back when dropped.
 #[derive(Debug)]
-pub(crate) struct Turn(());
+#[must_use = "the turn is given back when this is dropped"]
+pub struct Turn(());
+
+/// Waits until no other file's tests hold the turn, then shares it with the other tests of the
+/// file this is called from; hold it for the whole test: `let _turn = turn();`.
+#[track_caller]
+pub fn turn() -> Turn {
+    take(std::panic::Location::caller().file())
+}
 
 /// Waits until no other file's tests hold the turn, then shares it with the tests of `file`.
 pub(crate) fn take(file: &'static str) -> Turn {

@@ -42,6 +42,7 @@ fn on_gpu<T>(result: Result<T, CudaError>) -> Option<T> {
 
 #[test]
 fn kernels_compile_with_nvrtc() {
+    let _turn = switchyard_harness::turn();
     match cuda::compile_kernels() {
         Ok(ptx) => {
             let ptx = ptx.to_src();
@@ -61,6 +62,7 @@ fn kernels_compile_with_nvrtc() {
 
 #[test]
 fn asking_for_a_missing_device_is_a_clear_error() {
+    let _turn = switchyard_harness::turn();
     let encoder = VisionEncoder::load(&fixtures::encoder("tiny-llava")).expect("loads");
     match CudaVision::new(&encoder, 4096, 64) {
         Err(CudaError::NoDevice { ordinal: 4096, .. } | CudaError::NoDriver | CudaError::NoCublas) => {}
@@ -71,6 +73,7 @@ fn asking_for_a_missing_device_is_a_clear_error() {
 
 #[test]
 fn budgets_are_powers_of_two_up_to_the_largest() {
+    let _turn = switchyard_harness::turn();
     assert_eq!(cuda::budgets_up_to(64), vec![1, 2, 4, 8, 16, 32, 64]);
     assert_eq!(cuda::budgets_up_to(18_432)[14..], [16_384, 18_432]);
 }
@@ -93,6 +96,7 @@ fn vision_inputs(processor: &ImageProcessor) -> Vec<PixelValues> {
 
 #[test]
 fn vision_graph_replay_matches_eager_gpu_and_cpu() {
+    let _turn = switchyard_harness::turn();
     let dir = fixtures::encoder("tiny-llava");
     let encoder = VisionEncoder::load(&dir).expect("loads");
     let processor = ImageProcessor::from_file(&dir.join("preprocessor_config.json")).expect("processor");
@@ -140,6 +144,7 @@ fn vision_cases(gpu: &CudaVision, encoder: &VisionEncoder, inputs: &[PixelValues
 
 #[test]
 fn whisper_graph_replay_matches_eager_gpu_and_cpu() {
+    let _turn = switchyard_harness::turn();
     let encoder = WhisperEncoder::load(&fixtures::encoder("tiny-whisper")).expect("loads");
     let mel = LogMel::new(MelConfig::default());
     let clips: Vec<Vec<f32>> = ["tone.wav", "chirp.wav"]

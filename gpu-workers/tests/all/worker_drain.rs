@@ -9,6 +9,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shutdown_finishes_requests_in_flight_and_takes_no_new_ones() {
+    let _turn = switchyard_harness::turn();
     // Real time (speed-up 1): 60 decode steps take about 0.35 s.
     let engine = spawn_engine(EngineConfig {
         speedup: 1.0,

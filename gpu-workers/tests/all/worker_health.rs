@@ -19,6 +19,7 @@ impl Executor for Panics {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dead_engine_fails_the_health_check() {
+    let _turn = switchyard_harness::turn();
     let engine =
         spawn_native(EngineConfig::default(), ModelLimits::default(), Panics, "doomed-engine").expect("spawns");
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("binds");

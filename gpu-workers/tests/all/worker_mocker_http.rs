@@ -10,6 +10,7 @@ fn mocker(args: &[&str]) -> Mockers {
 
 #[test]
 fn serves_several_engines_with_prefix_caching() {
+    let _turn = switchyard_harness::turn();
     let mocker = mocker(&["--num-workers", "3", "--speedup", "20", "--block-size", "16"]);
     assert_eq!(mocker.addrs.len(), 3, "one port per engine");
     let prompt: Vec<u32> = (0..100).collect();
@@ -35,6 +36,7 @@ fn serves_several_engines_with_prefix_caching() {
 
 #[test]
 fn streams_chat_tokens_as_sse() {
+    let _turn = switchyard_harness::turn();
     let mocker = mocker(&["--speedup", "20"]);
     let body = r#"{"model":"mock","messages":[{"role":"user","content":"hi"}],"stream":true,"max_tokens":5}"#;
     let (status, text) = post(mocker.addrs[0], "/v1/chat/completions", body);
@@ -46,6 +48,7 @@ fn streams_chat_tokens_as_sse() {
 
 #[test]
 fn include_usage_ends_the_stream_with_a_usage_chunk() {
+    let _turn = switchyard_harness::turn();
     let mocker = mocker(&["--speedup", "20"]);
     let body = r#"{"model":"mock","messages":[{"role":"user","content":"hi"}],"stream":true,"max_tokens":3,
                   "stream_options":{"include_usage":true}}"#;
@@ -69,6 +72,7 @@ fn include_usage_ends_the_stream_with_a_usage_chunk() {
 
 #[test]
 fn refuses_bad_requests_with_openai_errors() {
+    let _turn = switchyard_harness::turn();
     let mocker = mocker(&["--num-gpu-blocks", "4", "--block-size", "4"]);
     let cases = [
         ("{", 400, "invalid_json"),

@@ -25,6 +25,7 @@ fn expand(prompt: &[u32], rows: &[u32]) -> Vec<Option<usize>> {
 
 #[test]
 fn spans_match_the_expanded_prompt() {
+    let _turn = switchyard_harness::turn();
     let mut rng = SmallRng::seed_from_u64(0x5eed);
     for case in 0..2000 {
         let items = rng.random_range(0..6usize);

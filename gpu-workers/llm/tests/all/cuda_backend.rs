@@ -21,6 +21,7 @@ fn model(name: &str) -> Model {
 
 #[test]
 fn kernels_compile_with_nvrtc() {
+    let _turn = switchyard_harness::turn();
     match cuda::compile_kernels() {
         Ok(ptx) => {
             let ptx = ptx.to_src();
@@ -52,6 +53,7 @@ fn gpu(model: &Model, blocks: usize) -> Option<CudaExecutor> {
 
 #[test]
 fn asking_for_a_missing_device_is_a_clear_error() {
+    let _turn = switchyard_harness::turn();
     let model = model("tiny-llama");
     match CudaExecutor::new(&model, 4096, 4, 8) {
         Err(CudaError::NoDevice { ordinal: 4096, .. } | CudaError::NoDriver | CudaError::NoCublas) => {}
@@ -63,6 +65,7 @@ const PROMPT: [u32; 19] = [1, 17, 42, 99, 7, 256, 3, 3, 64, 200, 11, 5, 9, 9, 31
 
 #[test]
 fn gpu_logits_match_the_cpu_backend() {
+    let _turn = switchyard_harness::turn();
     for name in ["tiny-llama", "tiny-qwen2"] {
         let model = model(name);
         let Some(mut gpu) = gpu(&model, 32) else { return };
@@ -196,6 +199,7 @@ fn max_row_difference(a: &[Vec<f32>], b: &[Vec<f32>]) -> f32 {
 
 #[test]
 fn gpu_merges_media_rows_as_the_cpu_backend_does() {
+    let _turn = switchyard_harness::turn();
     let model = llava();
     let Some(mut gpu) = gpu(&model, 32) else { return };
     let hidden = model.config().hidden_size;
@@ -368,6 +372,7 @@ fn step_of(
 
 #[test]
 fn decode_graphs_give_the_eager_steps_logits() {
+    let _turn = switchyard_harness::turn();
     let model = model("tiny-llama");
     let Some(mut graphs) = gpu(&model, 64) else { return };
     let Some(mut eager) = gpu(&model, 64) else { return };
@@ -425,6 +430,7 @@ fn decode_graphs_give_the_eager_steps_logits() {
 
 #[test]
 fn split_attention_merges_to_the_unsplit_logits() {
+    let _turn = switchyard_harness::turn();
     // Two sequences past a 128-key tile: a decode step of 2 rows × 4 heads splits each
     // (row, head)'s keys 16 ways (two of the splits hold keys, the rest none), and the merged
     // result must be what one block over all the keys gives.
@@ -457,6 +463,7 @@ fn split_attention_merges_to_the_unsplit_logits() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_gpu_engine_generates_the_cpu_engines_tokens() {
+    let _turn = switchyard_harness::turn();
     let model = model("tiny-llama");
     let config = EngineConfig {
         block_size: 4,

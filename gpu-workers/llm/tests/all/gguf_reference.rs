@@ -302,6 +302,7 @@ const PROMPT: [u32; 12] = [5, 17, 42, 99, 7, 256, 3, 64, 200, 11, 140, 12];
 
 #[test]
 fn a_converted_gguf_gives_the_safetensors_logits_and_tokens() {
+    let _turn = switchyard_harness::turn();
     let dir = plain_rope_copy();
     let gguf = dir.path().join("tiny.gguf");
     convert(dir.path(), &gguf, Store::F32);
@@ -331,6 +332,7 @@ fn a_converted_gguf_gives_the_safetensors_logits_and_tokens() {
 
 #[test]
 fn q8_0_weights_load_within_their_rounding() {
+    let _turn = switchyard_harness::turn();
     let dir = plain_rope_copy();
     let gguf = dir.path().join("tiny-q8.gguf");
     convert(dir.path(), &gguf, Store::Q8_0);
@@ -349,6 +351,7 @@ fn q8_0_weights_load_within_their_rounding() {
 
 #[test]
 fn quantized_weights_stay_quantized_and_multiply_within_a_stated_tolerance() {
+    let _turn = switchyard_harness::turn();
     // The quantized path (activations quantized per block to 16 bits, integer block dot
     // products; from 16 rows on, widened tiles and `gemm`) against the same blocks widened to
     // f32 at load. Stated tolerance: 1e-3 of the largest logit (measured ~6e-5 through the
@@ -387,6 +390,7 @@ fn quantized_weights_stay_quantized_and_multiply_within_a_stated_tolerance() {
 
 #[test]
 fn broken_gguf_files_are_named() {
+    let _turn = switchyard_harness::turn();
     let dir = plain_rope_copy();
     let gguf = dir.path().join("tiny.gguf");
     convert(dir.path(), &gguf, Store::F32);

@@ -47,16 +47,19 @@ fn check(name: &str) {
 
 #[test]
 fn tiny_llama_matches_transformers() {
+    let _turn = switchyard_harness::turn();
     check("tiny-llama");
 }
 
 #[test]
 fn tiny_qwen2_in_bf16_matches_transformers() {
+    let _turn = switchyard_harness::turn();
     check("tiny-qwen2");
 }
 
 #[test]
 fn bad_prompts_are_refused() {
+    let _turn = switchyard_harness::turn();
     let model = Model::load(&fixtures::llm("tiny-llama")).expect("load");
     assert_eq!(model.forward(&[]), Err(ForwardError::Empty));
     assert!(matches!(
@@ -94,6 +97,7 @@ fn edit_config(dir: &Path, from: &str, to: &str) {
 
 #[test]
 fn missing_and_inconsistent_files_are_named() {
+    let _turn = switchyard_harness::turn();
     let (_dir, result) = broken_copy("tiny-llama", |dir| {
         std::fs::remove_file(dir.join("tokenizer.json")).expect("rm");
     });

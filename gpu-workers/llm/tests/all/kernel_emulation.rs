@@ -25,6 +25,7 @@ fn kernel_source() -> String {
 
 #[test]
 fn both_attention_kernels_match_plain_attention_on_the_cpu() {
+    let _turn = switchyard_harness::turn();
     let Some(report) = kernel_emulation::compile_and_run("paged_attention", &kernel_source(), HARNESS) else {
         return;
     };

@@ -38,6 +38,7 @@ fn prefill(model: &Model, kv: &mut PagedKv, sequence: &mut SequenceKv, tokens: &
 
 #[test]
 fn chunked_prefill_gives_the_one_shot_logits() {
+    let _turn = switchyard_harness::turn();
     let model = model();
     let whole = model.forward(&PROMPT).expect("one shot");
     for chunk in [1, 4, 7, 16] {
@@ -56,6 +57,7 @@ fn chunked_prefill_gives_the_one_shot_logits() {
 
 #[test]
 fn a_prefill_of_several_groups_of_rows_gives_the_one_token_logits() {
+    let _turn = switchyard_harness::turn();
     // 129 rows: two full groups of attention rows (64 each) and a group of one, which takes
     // the decode path; one token at a time every row takes it.
     let model = model();
@@ -73,6 +75,7 @@ fn a_prefill_of_several_groups_of_rows_gives_the_one_token_logits() {
 
 #[test]
 fn an_f16_cache_keeps_the_logits_near_the_f32_caches() {
+    let _turn = switchyard_harness::turn();
     // A prefill of three groups of rows (the keys gathered from the cache) and decode steps
     // (the keys read in place), in each precision.
     let model = model();
@@ -102,6 +105,7 @@ fn an_f16_cache_keeps_the_logits_near_the_f32_caches() {
 
 #[test]
 fn a_prefix_cache_hit_gives_the_logits_of_a_miss() {
+    let _turn = switchyard_harness::turn();
     let model = model();
     let mut kv = PagedKv::new(model.config(), 4, 16);
     // Sequence A computes the whole prompt in blocks 0..6.
@@ -139,6 +143,7 @@ fn a_prefix_cache_hit_gives_the_logits_of_a_miss() {
 
 #[test]
 fn batched_and_single_greedy_decoding_give_the_same_tokens() {
+    let _turn = switchyard_harness::turn();
     let model = model();
     let prompts: [&[u32]; 3] = [&PROMPT[..5], &PROMPT[3..20], &PROMPT[10..12]];
     let steps = 12;
@@ -214,6 +219,7 @@ fn batched_and_single_greedy_decoding_give_the_same_tokens() {
 
 #[test]
 fn a_step_that_does_not_fit_its_blocks_is_refused_and_writes_nothing() {
+    let _turn = switchyard_harness::turn();
     let model = model();
     let mut kv = PagedKv::new(model.config(), 4, 4);
     let mut sequence = SequenceKv {

@@ -105,6 +105,7 @@ async fn run_all(engine: &EngineHandle, prompts: &[Vec<u32>], params: &SamplingP
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn batched_chunked_cached_generation_matches_plain_greedy_decoding() {
+    let _turn = switchyard_harness::turn();
     let reference_model = model();
     let prompts = prompts();
     let expected: Vec<Vec<u32>> = prompts
@@ -154,6 +155,7 @@ async fn batched_chunked_cached_generation_matches_plain_greedy_decoding() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn preemption_and_eviction_do_not_change_the_tokens() {
+    let _turn = switchyard_harness::turn();
     let reference_model = model();
     let prompts = prompts();
     let expected: Vec<Vec<u32>> = prompts
@@ -191,6 +193,7 @@ async fn preemption_and_eviction_do_not_change_the_tokens() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn seeded_sampling_does_not_depend_on_the_batch() {
+    let _turn = switchyard_harness::turn();
     let engine = spawn_cpu_engine(model(), config()).expect("engine starts");
     let params = SamplingParams {
         temperature: 1.5,
@@ -243,6 +246,7 @@ async fn seeded_sampling_does_not_depend_on_the_batch() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stop_tokens_end_a_generation_early() {
+    let _turn = switchyard_harness::turn();
     let reference = reference_greedy(&model(), &[5, 6, 7, 8], 8);
     let stop = reference[3];
     let engine = spawn_cpu_engine(model(), config()).expect("engine starts");
@@ -277,6 +281,7 @@ async fn stop_tokens_end_a_generation_early() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn requests_the_model_cannot_take_are_refused() {
+    let _turn = switchyard_harness::turn();
     let engine = spawn_cpu_engine(model(), config()).expect("engine starts");
     assert!(matches!(
         engine.submit(vec![1, 2, 288], greedy(1)),

@@ -90,6 +90,7 @@ async fn collect(mut outputs: mpsc::UnboundedReceiver<Output>) -> (Vec<u32>, u32
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn media_rows_through_the_engine_match_direct_merging() {
+    let _turn = switchyard_harness::turn();
     let (tokens, media) = prompt();
     let expected = reference(&model(), &tokens, &media, 8);
     let engine = spawn_cpu_engine(

