@@ -14,8 +14,7 @@
 # Usage: scripts/build-edge.sh [TARGET...]   (default: both targets)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-
-as_root() { if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi; }
+. scripts/lib.sh
 
 targets=("$@")
 if [ ${#targets[@]} -eq 0 ]; then
@@ -31,7 +30,7 @@ rustup target add "${targets[@]}" >&2
 # Zig in a virtual environment of its own; cargo-zigbuild finds it as `python3 -m ziglang`.
 if [ ! -x "$tools/venv/bin/python3" ]; then
     python3 -m venv "$tools/venv" || {
-        as_root apt-get update -qq && as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv
+        apt_install python3-venv
         python3 -m venv "$tools/venv"
     }
 fi
@@ -49,8 +48,7 @@ for target in "${targets[@]}"; do
 done
 if $needs_qemu && ! command -v qemu-aarch64 >/dev/null 2>&1; then
     echo "installing qemu-user (Debian package) for the ARM smoke test" >&2
-    as_root apt-get update -qq
-    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq qemu-user
+    apt_install qemu-user
 fi
 
 binaries=(switchyard switchyard-mocker switchyard-worker)

@@ -2,7 +2,7 @@
 # Builds llama.cpp's `llama-bench` from the `llama-cpp-python` source distribution on PyPI (which
 # vendors llama.cpp), checks the archive's sha256 and prints the binary's path. The anchor the
 # native LLM's CPU benchmark measures beside itself:
-#   SWITCHYARD_SMOLLM2_GGUF=$(scripts/fetch-smollm2.sh) SWITCHYARD_LLAMA_BENCH=$(scripts/build-llama-cpp.sh) \
+#   SWITCHYARD_SMOLLM2_GGUF=$(scripts/fetch-wheel.sh smollm2) SWITCHYARD_LLAMA_BENCH=$(scripts/build-llama-cpp.sh) \
 #     cargo bench -p switchyard-llm --bench llm_cpu
 # Needs a C++ compiler and cmake (Debian: `apt-get install g++ cmake`). Built for this CPU
 # (GGML_NATIVE), CPU backend only, no network code (LLAMA_CURL off).

@@ -7,7 +7,9 @@
 # Stable Rust is enough: without a sanitizer (`-s none`) cargo-fuzz needs no nightly flags;
 # Rust's own checks (bounds, overflow, debug assertions) are what catches bugs here.
 set -euo pipefail
-cd "$(dirname "$0")/../fuzz"
+cd "$(dirname "$0")/.."
+. scripts/lib.sh
+cd fuzz
 
 seconds=${1:-20}
 shift || true
@@ -17,9 +19,7 @@ if ! cargo fuzz --version 2>/dev/null | grep -q "$cargo_fuzz_version"; then
 fi
 # libFuzzer is C++, built by libfuzzer-sys.
 if ! command -v c++ >/dev/null 2>&1; then
-    sudo_if() { if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi; }
-    sudo_if apt-get update -qq
-    sudo_if env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq g++
+    apt_install g++
 fi
 
 targets=("$@")

@@ -14,7 +14,7 @@
 # cuBLAS are loaded at run time: the CUDA toolkit's when it has both, else those of the
 # `nvidia-*` wheels of the machine's Python. Exits non-zero when any step failed.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 out=${OUT:-.gpu/out}
 mkdir -p "$out"
 failed=()
@@ -59,8 +59,8 @@ step() {
     [ "$rc" = 0 ] || failed+=("$name")
 }
 
-step cuda_backend "${LIMIT_TESTS:-120}" .gpu/cuda_backend --test-threads 1 --nocapture
-step encoder_cuda "${LIMIT_TESTS:-120}" .gpu/encoder_cuda --test-threads 1 --nocapture
+step cuda_backend "${LIMIT_TESTS:-120}" .gpu/llm_tests cuda_backend:: --test-threads 1 --nocapture
+step encoder_cuda "${LIMIT_TESTS:-120}" .gpu/worker_tests encoder_cuda:: --test-threads 1 --nocapture
 step llm_cuda "${LIMIT_LLM_BENCH:-100}" .gpu/llm_cuda --bench
 step encoders_cuda "${LIMIT_BENCH:-150}" .gpu/encoders_cuda --bench --runs "${RUNS:-30}"
 
@@ -69,10 +69,10 @@ if [ -x .gpu/switchyard-worker ]; then
     step worker_binary_f16 60 python3 scripts/gpu-worker-smoke.py .gpu/switchyard-worker .gpu/fixtures/tiny-llama f16
 fi
 
-if [ -x .gpu/e2e/native_multimodal ] && [ -x .gpu/switchyard-worker ]; then
+if [ -x .gpu/e2e/e2e_tests ] && [ -x .gpu/switchyard-worker ]; then
     cp .gpu/switchyard-worker .gpu/e2e/
     SWITCHYARD_BIN_DIR=.gpu/e2e SWITCHYARD_E2E_DEVICE=cuda:0 \
-        step native_multimodal 120 .gpu/e2e/native_multimodal --nocapture
+        step native_multimodal 120 .gpu/e2e/e2e_tests native_multimodal:: --nocapture
 fi
 
 if [ ${#failed[@]} -gt 0 ]; then

@@ -6,8 +6,7 @@
 # Extra arguments go to `cargo test` (e.g. `scripts/test.sh -p switchyard`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-
-as_root() { if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi; }
+. scripts/lib.sh
 
 # rustup ≥ 1.28 installs a pinned toolchain only when asked; this asks (and is a no-op when it
 # is already there).
@@ -26,8 +25,7 @@ if [ -z "${CXX:-}" ] && ! command -v c++ >/dev/null 2>&1; then
 fi
 if [ ${#missing[@]} -gt 0 ]; then
     echo "installing ${missing[*]} (Debian packages) for the messaging, dashboard and kernel emulation tests" >&2
-    if ! { as_root apt-get update -qq >&2 \
-        && as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >&2; }; then
+    if ! apt_install "${missing[@]}" >&2; then
         # Without chromium the dashboard test says it skipped, and without g++ the kernel
         # emulation test; without nats-server the messaging tests fail, naming the package.
         echo "could not install ${missing[*]}" >&2

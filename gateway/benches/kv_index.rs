@@ -41,16 +41,16 @@ use dynamo_kv_router::protocols::{
 use dynamo_kv_router::{ConcurrentRadixTreeCompressed, RadixTree};
 use parking_lot::RwLock;
 use switchyard::bench::{KvIndex, Overlaps};
+use switchyard_harness::heap::live;
+use switchyard_harness::rng::splitmix64;
 use switchyard_protocol::block_hash::{HASH_SEED, chain_hash};
 use switchyard_protocol::kv_events::{KvEvent, StorageTier, StoredBlock};
 use xxhash_rust::xxh3::xxh3_64_with_seed;
 
 // ------------------------------------------------------------------ counting allocator
 
-#[path = "../tests/support/counting_alloc.rs"]
-mod counting_alloc;
-
-use counting_alloc::live;
+#[global_allocator]
+static HEAP: switchyard_harness::heap::Counting = switchyard_harness::heap::Counting;
 
 // ------------------------------------------------------------------ workload
 
@@ -60,13 +60,6 @@ const CAPACITY: usize = 512;
 const BATCH: usize = switchyard::bench::MAX_BATCH;
 /// Offset added to every hash id but 0 on each replay (the trace's ids are below 182,790).
 const REPLAY_ID_STRIDE: u64 = 1 << 32;
-
-fn splitmix(mut x: u64) -> u64 {
-    x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    x ^ (x >> 31)
-}
 
 fn trace_path() -> PathBuf {
     match std::env::var_os("SWITCHYARD_TRACE") {
@@ -195,7 +188,7 @@ fn generate(requests: &Requests, workers: u32) -> Stream {
             best: best as u32,
         });
         stream.lookups += 1;
-        let pick = splitmix(request as u64);
+        let pick = splitmix64(request as u64);
         let worker = if best >= 2 {
             stream.routed_by_overlap += 1;
             let deepest = &sim.holders[&seq[best - 1]];

@@ -22,15 +22,17 @@
 use std::fmt::Write as _;
 use std::time::Instant;
 
-#[path = "support/counting_alloc.rs"]
-mod counting_alloc;
-
-use counting_alloc::live;
-
 use switchyard::bench::{IndexSize, KvIndex};
+use switchyard_harness::heap::live;
+use switchyard_harness::rng::SplitMix64;
 use switchyard_protocol::block_hash::{HASH_SEED, chain_hash};
 use switchyard_protocol::kv_events::{KvEvent, StorageTier, StoredBlock};
 use xxhash_rust::xxh3::xxh3_64_with_seed;
+
+/// Counts this process's live heap: the test measures the index's memory with it, so this
+/// binary holds no other test.
+#[global_allocator]
+static HEAP: switchyard_harness::heap::Counting = switchyard_harness::heap::Counting;
 
 const EVENTS: u64 = 10_000_000;
 const WARMUP: u64 = 1_000_000;
@@ -41,22 +43,6 @@ const WORKERS: u32 = 64;
 const DEPTH: usize = 7;
 /// Chains: leaves of a 4-ary tree of depth 7 (block `i` of chain `c` is node `c >> 2(6-i)`).
 const CHAINS: u64 = 1 << (2 * (DEPTH - 1));
-
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut x = self.0;
-        x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        x ^ (x >> 31)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
 
 /// The universe: per depth, per node at that depth, (sequence hash, local hash).
 fn universe() -> Vec<Vec<(u64, u64)>> {
@@ -113,7 +99,7 @@ fn index_memory_stays_bounded_under_churn() {
     assert_eq!(universe_blocks, 5_461);
     let max_holdings = universe_blocks * WORKERS as usize;
 
-    let mut rng = Rng(0x5EED);
+    let mut rng = SplitMix64::new(0x5EED);
     let mut report = Report::new();
     let start_live = live();
     let index = KvIndex::new();

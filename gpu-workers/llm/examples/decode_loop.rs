@@ -6,7 +6,7 @@
 //!
 //! ```text
 //! cargo build --release -p switchyard-llm --example decode_loop
-//! SWITCHYARD_SMOLLM2_GGUF=$(scripts/fetch-smollm2.sh) BATCH=32 perf record -g target/release/examples/decode_loop
+//! SWITCHYARD_SMOLLM2_GGUF=$(scripts/fetch-wheel.sh smollm2) BATCH=32 perf record -g target/release/examples/decode_loop
 //! ```
 use std::time::Instant;
 
