@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds Switchyard's static release binaries for the edge — the gateway (`switchyard`, with its
 # embedded simulated workers), the simulated engine (`switchyard-mocker`) and the native LLM
-# worker (`switchyard-worker`) — for x86_64-unknown-linux-musl and aarch64-unknown-linux-musl,
+# worker (`switchyard-llm`) — for x86_64-unknown-linux-musl and aarch64-unknown-linux-musl,
 # from a checkout with only rustup, Python 3 and Debian's apt. Then it smoke-tests each: the
 # x86-64 gateway natively, the ARM one under `qemu-aarch64` (Debian's qemu-user): it starts the
 # embedded default (config/dev.toml) and streams one answer. Binaries and sizes land in
@@ -51,7 +51,7 @@ if $needs_qemu && ! command -v qemu-aarch64 >/dev/null 2>&1; then
     apt_install qemu-user
 fi
 
-binaries=(switchyard switchyard-mocker switchyard-worker)
+binaries=(switchyard switchyard-mocker switchyard-llm)
 
 # Starts the embedded default with `runner` (empty: natively) and streams one answer. Under
 # qemu every instruction is emulated, tens of times slower than the CPU it stands for, so the

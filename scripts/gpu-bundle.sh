@@ -2,7 +2,7 @@
 # Builds what a GPU machine without Rust needs to check the CUDA backends, into `.gpu/` (ignored
 # by git; copy it to the GPU machine with the repository): the LLM's and the workers' test binaries
 # (for their `cuda_backend` and `encoder_cuda` tests) and the `llm_cuda` and `encoders_cuda`
-# bench binaries, `switchyard-worker` built with `cuda`, and the end-to-end test binary (for
+# bench binaries, `switchyard-llm` built with `cuda`, and the end-to-end test binary (for
 # `native_multimodal`) with the gateway and `switchyard-encoder` built with `cuda`
 # (release, stripped, xz-compressed so the bundle stays under 64 MiB; the last three under
 # `.gpu/e2e/`) and the fixtures. Then, on the GPU machine, from the repository root:
@@ -40,8 +40,8 @@ llm_tests=$(executable all test --release -p switchyard-llm --features cuda --te
 bench_bin=$(executable llm_cuda bench -p switchyard-llm --features cuda --bench llm_cuda)
 worker_tests=$(executable all test --release -p switchyard-workers --features cuda --test all)
 encoder_bench=$(executable encoders_cuda bench -p switchyard-encoders --features cuda --bench encoders_cuda)
-cargo build --release -p switchyard-llm --features cuda --bin switchyard-worker
-strip -o .gpu/switchyard-worker target/release/switchyard-worker
+cargo build --release -p switchyard-llm --features cuda --bin switchyard-llm
+strip -o .gpu/switchyard-llm target/release/switchyard-llm
 # The end-to-end multimodal test with the encoders and the worker on the GPU: the gateway, the
 # encoder built with `cuda`, and the test.
 cargo build --release -p switchyard --bin switchyard
@@ -55,10 +55,10 @@ strip -o .gpu/llm_tests "$llm_tests"
 strip -o .gpu/llm_cuda "$bench_bin"
 strip -o .gpu/worker_tests "$worker_tests"
 strip -o .gpu/encoders_cuda "$encoder_bench"
-cp -r gpu-workers/llm/tests/fixtures .gpu/fixtures
+cp -r llm/tests/fixtures .gpu/fixtures
 mkdir -p .gpu/fixtures/encoders
 for f in tiny-llava tiny-whisper tiny-whisper-48 images audio videos; do
-    cp -r "gpu-workers/tests/fixtures/encoders/$f" .gpu/fixtures/encoders/
+    cp -r "workers/tests/fixtures/encoders/$f" .gpu/fixtures/encoders/
 done
-xz -T2 -6 .gpu/e2e/* .gpu/llm_tests .gpu/llm_cuda .gpu/worker_tests .gpu/encoders_cuda .gpu/switchyard-worker
+xz -T2 -6 .gpu/e2e/* .gpu/llm_tests .gpu/llm_cuda .gpu/worker_tests .gpu/encoders_cuda .gpu/switchyard-llm
 du -sh .gpu

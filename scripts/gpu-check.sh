@@ -2,9 +2,9 @@
 # Runs, on a GPU machine without Rust, what `scripts/gpu-bundle.sh` packed into `.gpu/`: the CUDA
 # tests of the LLM and the encoders (with `SWITCHYARD_CUDA_TESTS=gpu`, so a missing GPU, driver,
 # NVRTC or cuBLAS fails them instead of skipping), both CUDA benches, and, when the bundle holds
-# `switchyard-worker`, the worker binary on `--device cuda:0` answering the same greedy requests
+# `switchyard-llm`, the worker binary on `--device cuda:0` answering the same greedy requests
 # as on `--device cpu` (with f32 and with f16 KV caches), and the end-to-end multimodal test
-# (gateway, two `switchyard-encoder`s and `switchyard-worker`, the three on `cuda:0`). From the
+# (gateway, two `switchyard-encoder`s and `switchyard-llm`, the three on `cuda:0`). From the
 # repository root:
 #
 #   bash scripts/gpu-check.sh            # logs under $OUT if set, else .gpu/out
@@ -64,13 +64,13 @@ step encoder_cuda "${LIMIT_TESTS:-120}" .gpu/worker_tests encoder_cuda:: --test-
 step llm_cuda "${LIMIT_LLM_BENCH:-100}" .gpu/llm_cuda --bench
 step encoders_cuda "${LIMIT_BENCH:-150}" .gpu/encoders_cuda --bench --runs "${RUNS:-30}"
 
-if [ -x .gpu/switchyard-worker ]; then
-    step worker_binary 60 python3 scripts/gpu-worker-smoke.py .gpu/switchyard-worker .gpu/fixtures/tiny-llama
-    step worker_binary_f16 60 python3 scripts/gpu-worker-smoke.py .gpu/switchyard-worker .gpu/fixtures/tiny-llama f16
+if [ -x .gpu/switchyard-llm ]; then
+    step worker_binary 60 python3 scripts/gpu-worker-smoke.py .gpu/switchyard-llm .gpu/fixtures/tiny-llama
+    step worker_binary_f16 60 python3 scripts/gpu-worker-smoke.py .gpu/switchyard-llm .gpu/fixtures/tiny-llama f16
 fi
 
-if [ -x .gpu/e2e/e2e_tests ] && [ -x .gpu/switchyard-worker ]; then
-    cp .gpu/switchyard-worker .gpu/e2e/
+if [ -x .gpu/e2e/e2e_tests ] && [ -x .gpu/switchyard-llm ]; then
+    cp .gpu/switchyard-llm .gpu/e2e/
     SWITCHYARD_BIN_DIR=.gpu/e2e SWITCHYARD_E2E_DEVICE=cuda:0 \
         step native_multimodal 120 .gpu/e2e/e2e_tests native_multimodal:: --nocapture
 fi

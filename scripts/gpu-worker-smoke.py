@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The native worker binary on a GPU, end to end (run by scripts/gpu-check.sh).
 
-Starts `switchyard-worker` twice on the same model, `--device cpu` and `--device cuda:0`, sends
+Starts `switchyard-llm` twice on the same model, `--device cpu` and `--device cuda:0`, sends
 each the same greedy chat requests (whole and streamed, a shared prefix so the second hits the
 prefix cache) and fails unless both devices give the same tokens. Standard library only: the GPU
 machine has no Rust and nothing to fetch.

@@ -1,4 +1,4 @@
-//! GGUF model files as `switchyard-worker --model FILE.gguf` loads them: the header and its
+//! GGUF model files as `switchyard-llm --model FILE.gguf` loads them: the header and its
 //! metadata, the model configuration, the embedded tokenizer and chat template, then every
 //! tensor the configuration implies, dequantized. A model file is input from whoever published
 //! it: nothing may panic, and a bad file is an error that names it.

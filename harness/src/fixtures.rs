@@ -1,7 +1,7 @@
 //! The committed model fixtures and how computed outputs are compared with their references.
 //!
 //! The tiny models live beside the crates that test them: the LLM's under
-//! `gpu-workers/llm/tests/fixtures/` and the encoders' under `gpu-workers/tests/fixtures/encoders/`.
+//! `llm/tests/fixtures/` and the encoders' under `workers/tests/fixtures/encoders/`.
 //! `$SWITCHYARD_FIXTURES_DIR` replaces both roots (holding the LLM's fixtures and an `encoders/`
 //! folder), as `scripts/gpu-bundle.sh` lays them out for a machine without the source tree.
 
@@ -15,20 +15,20 @@ pub fn repository_root() -> &'static Path {
 }
 
 /// An LLM fixture, e.g. `llm("tiny-llama")`: `$SWITCHYARD_FIXTURES_DIR/NAME`, else
-/// `gpu-workers/llm/tests/fixtures/NAME`.
+/// `llm/tests/fixtures/NAME`.
 pub fn llm(name: &str) -> PathBuf {
     std::env::var_os("SWITCHYARD_FIXTURES_DIR")
         .map(PathBuf::from)
-        .unwrap_or_else(|| repository_root().join("gpu-workers/llm/tests/fixtures"))
+        .unwrap_or_else(|| repository_root().join("llm/tests/fixtures"))
         .join(name)
 }
 
 /// An encoder fixture, e.g. `encoder("tiny-llava")` or `encoder("audio/tone.wav")`:
-/// `$SWITCHYARD_FIXTURES_DIR/encoders/NAME`, else `gpu-workers/tests/fixtures/encoders/NAME`.
+/// `$SWITCHYARD_FIXTURES_DIR/encoders/NAME`, else `workers/tests/fixtures/encoders/NAME`.
 pub fn encoder(name: &str) -> PathBuf {
     std::env::var_os("SWITCHYARD_FIXTURES_DIR")
         .map(PathBuf::from)
-        .unwrap_or_else(|| repository_root().join("gpu-workers/tests/fixtures"))
+        .unwrap_or_else(|| repository_root().join("workers/tests/fixtures"))
         .join("encoders")
         .join(name)
 }

@@ -1,7 +1,7 @@
 //! Runs a CUDA kernel on the CPU for tests on machines without a GPU: the kernel's source,
 //! made plain C++, is compiled beside a C++20 harness that runs each block's threads as real
-//! threads (`gpu-workers/llm/tests/all/kernel_emulation/` and
-//! `gpu-workers/encoders/tests/kernel_emulation/` hold the LLM's and the encoders' harnesses).
+//! threads (`llm/tests/all/kernel_emulation/` and
+//! `encoders/tests/kernel_emulation/` hold the LLM's and the encoders' harnesses).
 //! NVRTC only proves a kernel compiles; this runs it.
 
 use std::process::Command;

@@ -2,7 +2,7 @@
 //! they print, and stopping them (every process here is killed when its value is dropped).
 //!
 //! The gateway has a module of its own ([`crate::Gateway`]); this one has the workers
-//! (`switchyard-mocker`, `switchyard-worker`, `switchyard-encoder`) and a real `nats-server`.
+//! (`switchyard-mocker`, `switchyard-llm`, `switchyard-encoder`) and a real `nats-server`.
 
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
@@ -190,7 +190,7 @@ impl Mockers {
     }
 }
 
-/// `switchyard-worker`: the native LLM worker.
+/// `switchyard-llm`: the native LLM worker.
 #[derive(Debug)]
 pub struct NativeWorker {
     /// The process.
@@ -200,13 +200,13 @@ pub struct NativeWorker {
 }
 
 impl NativeWorker {
-    /// Starts `switchyard-worker` with `args` (e.g. `--model DIR --port 0`).
+    /// Starts `switchyard-llm` with `args` (e.g. `--model DIR --port 0`).
     ///
     /// # Errors
     ///
     /// Fails if it cannot start, load its model, or report its port.
     pub fn start(args: &[&str]) -> anyhow::Result<NativeWorker> {
-        let (process, addrs) = start_listening("switchyard-worker", args, "worker ready", Duration::from_secs(60))?;
+        let (process, addrs) = start_listening("switchyard-llm", args, "worker ready", Duration::from_secs(60))?;
         let addr = *addrs.first().context("the worker printed no address")?;
         Ok(NativeWorker { process, addr })
     }

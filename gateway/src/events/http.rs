@@ -1,6 +1,6 @@
 //! KV events, registrations and dumps over HTTP, for workers that reach a gateway without NATS.
 //!
-//! Such a worker (`switchyard-worker --gateway URL --gateway-token T`) posts to the admin API:
+//! Such a worker (`switchyard-llm --gateway URL --gateway-token T`) posts to the admin API:
 //! `POST /admin/workers` with its [`Registration`] (first as registration, then as its
 //! heartbeat), `POST /admin/workers/{name}/events` with a JSON array of its numbered
 //! [`WorkerEvent`]s, and `DELETE /admin/workers/{name}` when it leaves. The admin handlers

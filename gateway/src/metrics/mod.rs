@@ -44,7 +44,7 @@ struct ReasonLabel {
 }
 
 /// Why a request's media was answered text-only, as `/metrics` names it: the gateway's reasons
-/// and the workers' (`gpu-workers`' media path). The reason comes back in a worker's
+/// and the workers' (`workers`' media path). The reason comes back in a worker's
 /// `x-switchyard-media` header, which carries whatever an encoder reported when it gave up, so
 /// any other reason counts as `other`: what a worker sends cannot grow the label set.
 const TEXT_ONLY_REASONS: [&str; 10] = [

@@ -1,7 +1,7 @@
 //! Connectors: what turns a pool's desired size into workers starting and stopping.
 //!
 //! [`ProcessConnector`] runs workers as processes on this machine from each pool's `command`
-//! (the embedded default's way to grow: `switchyard-mocker` or `switchyard-worker` processes
+//! (the embedded default's way to grow: `switchyard-mocker` or `switchyard-llm` processes
 //! that register themselves over NATS or the admin API). A scale-down sends SIGTERM to the
 //! newest worker: it leaves routing at once and drains its streams before it exits, so no
 //! stream is cut. Processes stop with the gateway: killed when it drops their handles, and on

@@ -6,7 +6,7 @@
 //! request waits for all of it) from one with many cheap decoders (a new request shares the next
 //! step with them). This policy instead predicts the time to first token in milliseconds with
 //! the step-time model the workers themselves are timed by (Dynamo's fitted polynomials, see
-//! `gpu-workers/src/mocker/perf.rs`) and a vLLM-like scheduler: each step has a budget of
+//! `workers/src/mocker/perf.rs`) and a vLLM-like scheduler: each step has a budget of
 //! `step_tokens` tokens, decoding sequences take one token of it each, prefill fills the rest.
 //!
 //! For each LLM worker `i` with block size `bs`, device overlap `d`, host overlap `h`, queued

@@ -48,7 +48,7 @@ pub struct Model {
 }
 
 impl Default for Model {
-    /// The mocker's constants (`gpu-workers/src/mocker/perf.rs`) and the default weights.
+    /// The mocker's constants (`workers/src/mocker/perf.rs`) and the default weights.
     fn default() -> Model {
         Model {
             prefill: [4.209989e-7, 1.518344e-2, 16.50142],

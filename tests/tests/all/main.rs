@@ -1,5 +1,5 @@
 //! Switchyard's end-to-end tests: the real `switchyard`, `switchyard-mocker`,
-//! `switchyard-worker` and `switchyard-encoder` binaries (built by `cargo test --workspace`),
+//! `switchyard-llm` and `switchyard-encoder` binaries (built by `cargo test --workspace`),
 //! TLS and NATS, driven through `switchyard-harness`. One test binary, one module per file,
 //! each named by its area so that an area runs alone by its prefix, e.g.
 //! `cargo test -p switchyard-e2e --test all -- policy_`:

@@ -1,6 +1,6 @@
 //! The whole multimodal path on native models, on this machine: the gateway (TLS) in front of
 //! two `switchyard-encoder`s (vision: the tiny LLaVA's CLIP tower and projector; audio: a tiny
-//! Whisper of the LLM's width) and a `switchyard-worker` serving the tiny LLaVA's language
+//! Whisper of the LLM's width) and a `switchyard-llm` serving the tiny LLaVA's language
 //! model. An image, a video (H.264 MP4) and an audio question are answered, streamed: the gateway sizes
 //! the media from their headers, the encoders decode, preprocess and encode them and push f16
 //! feature rows to the worker, which merges them at the placeholders and prefills. The lifecycle

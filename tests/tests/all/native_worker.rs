@@ -1,4 +1,4 @@
-//! The native LLM worker behind the gateway, as the mocker would be: two `switchyard-worker`
+//! The native LLM worker behind the gateway, as the mocker would be: two `switchyard-llm`
 //! processes on the tiny Llama fixture register (over a real `nats-server`, or directly with
 //! the gateway's admin API), publish their KV events, and the gateway (tokenizing with the
 //! model's own `tokenizer.json`) routes a repeated prompt to the worker that cached it, where

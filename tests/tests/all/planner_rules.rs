@@ -1,7 +1,7 @@
 //! The planner's rules, through the real host: the built-in `load-based` and `sla-based`
 //! planners compiled to Wasm, loaded by the gateway's policy runtime and called through its
 //! planner switch (sandbox, answer checks, fallback, rollback) with scripted observations.
-//! Each of seed 004's rules is checked, and hostile planners (a loop, absurd counts, an unknown
+//! Each rule of their crate docs (`plugins/load-based`, `plugins/sla-based`) is checked, and hostile planners (a loop, absurd counts, an unknown
 //! pool, a trap, a refusal) change nothing: every pool holds its size.
 
 use std::sync::Arc;

@@ -178,7 +178,7 @@ async fn warm_baseline(client: &Client, pid: u32) -> anyhow::Result<f64> {
     rss_mib(pid)
 }
 
-/// Issue 20, item 0: a memory bomb's instance grows to the memory cap and traps; its slot's
+/// A memory bomb's instance grows to the memory cap and traps; its slot's
 /// memory must be given back when the instance is dropped, not when 64 slots have piled up
 /// in wasmtime's decommit queue (five pushes left ~250 MiB resident that way).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -221,7 +221,7 @@ async fn a_policy_that_grows_its_memory_leaves_none_behind() -> anyhow::Result<(
     Ok(())
 }
 
-/// Issue 20, item 0: a policy that leaks across calls, tried as a shadow candidate, then
+/// A policy that leaks across calls, tried as a shadow candidate, then
 /// the rollout is ended by the operator. Its instances never trapped, so they sit in the
 /// runtime threads' instance caches holding what they leaked, beside the active version's
 /// (still cached, so no thread misses and re-instantiates); the next call on each thread must

@@ -1,4 +1,4 @@
-//! The `switchyard-worker` binary over HTTP on the tiny Llama fixture: the same endpoints and
+//! The `switchyard-llm` binary over HTTP on the tiny Llama fixture: the same endpoints and
 //! wire format as the mocker, text from the model's tokenizer, streamed text equal to the whole
 //! answer, prefix-cache hits, metrics, refusals, and a clean exit on SIGTERM.
 
@@ -188,14 +188,14 @@ fn exits_cleanly_on_sigterm() {
 #[test]
 fn a_missing_model_is_named() {
     let _turn = switchyard_harness::turn();
-    let output = Command::new(env!("CARGO_BIN_EXE_switchyard-worker"))
+    let output = Command::new(env!("CARGO_BIN_EXE_switchyard-llm"))
         .args(["--model", "/nonexistent/model-dir", "--port", "0"])
         .output()
         .expect("runs");
     assert!(!output.status.success());
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.contains("/nonexistent/model-dir/config.json"), "{stderr}");
-    let output = Command::new(env!("CARGO_BIN_EXE_switchyard-worker"))
+    let output = Command::new(env!("CARGO_BIN_EXE_switchyard-llm"))
         .args(["--model", "/nonexistent", "--device", "gpu"])
         .output()
         .expect("runs");
@@ -208,7 +208,7 @@ fn a_missing_model_is_named() {
 fn a_gpu_without_the_cuda_build_is_refused_with_the_fix() {
     let _turn = switchyard_harness::turn();
     let dir = fixtures::llm("tiny-llama");
-    let output = Command::new(env!("CARGO_BIN_EXE_switchyard-worker"))
+    let output = Command::new(env!("CARGO_BIN_EXE_switchyard-llm"))
         .arg("--model")
         .arg(&dir)
         .args(["--device", "cuda:0", "--port", "0"])

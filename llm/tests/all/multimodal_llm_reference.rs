@@ -1,6 +1,6 @@
 //! The native multimodal LLM against transformers' `LlavaForConditionalGeneration`.
 //!
-//! `tests/fixtures/encoders/tiny-llava` is a random-weight LLaVA (CLIP tower, 3 layers; GELU
+//! `workers/tests/fixtures/encoders/tiny-llava` is a random-weight LLaVA (CLIP tower, 3 layers; GELU
 //! projector; Llama with GQA, 2 layers), written with the reference logits by
 //! `make_reference.py` (transformers 5.24.0). Here the vision tower and projector run in
 //! `switchyard-encoders` (as on an encoder worker), the features replace the image

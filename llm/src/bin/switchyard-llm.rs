@@ -1,4 +1,4 @@
-//! `switchyard-worker`: the native LLM worker. Loads a Hugging Face model directory, runs it
+//! `switchyard-llm`: the native LLM worker. Loads a Hugging Face model directory, runs it
 //! behind the shared scheduler, serves the OpenAI endpoints, and announces itself (KV events,
 //! registration, heartbeats) over NATS.
 
@@ -19,7 +19,7 @@ use switchyard_workers::{gateway_link, kv_link};
 
 /// A native LLM worker speaking the OpenAI API.
 #[derive(Debug, Parser)]
-#[command(name = "switchyard-worker", version)]
+#[command(name = "switchyard-llm", version)]
 struct Args {
     /// Hugging Face model directory: config.json, *.safetensors, tokenizer.json.
     #[arg(long)]
@@ -172,7 +172,7 @@ impl std::str::FromStr for Device {
 }
 
 fn main() -> std::process::ExitCode {
-    switchyard_workers::binary::main("switchyard-worker", Some(2), run)
+    switchyard_workers::binary::main("switchyard-llm", Some(2), run)
 }
 
 async fn run() -> anyhow::Result<()> {
@@ -277,7 +277,7 @@ async fn run() -> anyhow::Result<()> {
             codec: TextCodec::Model(Arc::new(encoder)),
             eos_token_ids,
             metrics_prefix: "switchyard_worker".into(),
-            owner: "switchyard-worker".into(),
+            owner: "switchyard-llm".into(),
             kv_log: kv_log.clone(),
             ..ServerConfig::default()
         },

@@ -109,7 +109,7 @@ async fn smollm2_answers_coherently() {
     assert_eq!(again, text);
 }
 
-/// The whole serving path with the real model: `switchyard-worker` on the GGUF with its own
+/// The whole serving path with the real model: `switchyard-llm` on the GGUF with its own
 /// chat template answers an OpenAI chat request, streamed, and stops at `<|im_end|>`. Its KV
 /// cache is f16 (`--kv-cache-dtype f16`); the engine test above keeps f32.
 #[test]
@@ -120,7 +120,7 @@ fn the_worker_binary_serves_smollm2_over_http() {
 
     let gguf = gguf();
     let gguf = gguf.to_str().expect("UTF-8 path");
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_switchyard-worker"))
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_switchyard-llm"))
         .args(["--model", gguf, "--chat-template-file", gguf, "--port", "0"])
         .args(["--served-model-name", "smollm2", "--kv-cache-mib", "256"])
         .args(["--kv-cache-dtype", "f16"])

@@ -1,6 +1,6 @@
 //! `switchyard-workers`' integration tests: one test binary, one module per area (`encoder_`:
 //! the native encoders and `switchyard-encoder`; `worker_`: the worker server and
-//! `switchyard-mocker`; `multimodal_`: the encoders and the LLM together). One runs alone by
+//! `switchyard-mocker`). One runs alone by
 //! its name, e.g. `cargo test -p switchyard-workers --test all -- encoder_reference::`.
 //! Each test first takes its file's turn (`switchyard_harness::turn()`): tests of one file run
 //! side by side and no other file's beside them, as when each file was a test binary of its own.
@@ -12,7 +12,6 @@
 mod encoder_cuda;
 mod encoder_http;
 mod encoder_reference;
-mod multimodal_llm_reference;
 mod worker_drain;
 mod worker_health;
 mod worker_mocker_http;

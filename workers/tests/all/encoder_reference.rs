@@ -12,7 +12,7 @@
 //!   half the values exact, since JPEG decoders legitimately differ by a few levels;
 //! - video: decoded planes exact (H.264 decoding is exact), RGB exact (the conversion
 //!   reproduces swscale's fixed point), pixel values within 1e-3 (the reference is stored f16);
-//! - log-mel: 1e-4 (the bound; f64 here, complex64 in the reference's STFT);
+//! - log-mel: 1e-4 (f64 here, complex64 in the reference's STFT);
 //! - encoder features: 1e-4 absolute on values of magnitude ~1 (f32 sums in another order).
 //!
 //! The real Whisper tiny.en check needs the CTranslate2 model from PyPI
