@@ -14,6 +14,7 @@
 //! | [`browser`] | headless Chromium over the DevTools protocol, for the dashboard |
 //! | [`fixtures`] | the committed tiny models, and comparing outputs with references |
 //! | [`kernel_emulation`] | CUDA kernels compiled as C++ and run on the CPU |
+//! | `scripted` | a [`ScriptedEngine`] answering as a third-party engine's documented endpoints do, with figures the test sets |
 //! | [`heap`] | a counting global allocator, for memory tests |
 //! | [`rng`] | splitmix64, the one small deterministic generator |
 //!
@@ -30,6 +31,7 @@ pub mod heap;
 pub mod kernel_emulation;
 mod process;
 pub mod rng;
+mod scripted;
 mod tls;
 mod turns;
 
@@ -38,6 +40,7 @@ use std::time::{Duration, Instant};
 pub use client::{Alpn, Client, Connection, DeadAddress, Reply, chat_body, sse_json};
 pub use gateway::{Admin, Gateway, cached_blocks, metric_sum};
 pub use process::{Mockers, NativeEncoder, NativeWorker, NatsServer, Process, binary};
+pub use scripted::ScriptedEngine;
 pub use tls::TestCa;
 pub use turns::{Turn, turn};
 

@@ -10,6 +10,9 @@ pub const KV_RESET: &str = "/kv/reset";
 
 /// Worker and gateway: `GET` answers 200 while the server is serving.
 pub const HEALTHZ: &str = "/healthz";
+/// Worker: the same check as [`HEALTHZ`] at the path other routers, engines and Kubernetes
+/// probes use.
+pub const HEALTH: &str = "/health";
 
 /// Worker and gateway: `GET` answers Prometheus text.
 pub const METRICS: &str = "/metrics";

@@ -2,7 +2,7 @@
 //!
 //! This module owns the worker side of the worker API: `POST /v1/chat/completions` and
 //! `POST /v1/completions` (text or token-id prompts, sampling fields, SSE streaming or a whole
-//! answer), `GET /v1/models`, `GET /healthz`, `GET /metrics` (Prometheus text),
+//! answer), `GET /v1/models`, `GET /healthz` (also at `/health`), `GET /metrics` (Prometheus text),
 //! `POST /kv/reset` (drop the prefix cache's unreferenced blocks, announced as KV events),
 //! `POST /v1/features/...` (media features pushed by encoders, see [`media`]) and,
 //! for workers linked to a gateway over HTTP, `GET /kv/dump` (the KV cache for a resync). It parses
@@ -41,7 +41,7 @@ use media::FEATURES_PREFIX;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use switchyard_protocol::api::{self, ApiError, Endpoint, GenerateRequest, ModelList, StopStrings};
 use switchyard_protocol::kv_events::EventLog;
-use switchyard_protocol::paths::{HEALTHZ, KV_DUMP, KV_RESET, METRICS};
+use switchyard_protocol::paths::{HEALTH, HEALTHZ, KV_DUMP, KV_RESET, METRICS};
 use switchyard_protocol::respond::{self, Body};
 use switchyard_tokenize::{PromptEncoder, StreamDecoder};
 
@@ -285,27 +285,29 @@ async fn handle(state: Arc<State>, request: Request<Incoming>) -> Response<Body>
             StatusCode::OK,
             &ModelList::new([state.config.model.as_str()], &state.config.owner),
         )),
-        (Method::GET, HEALTHZ) if draining => Err(shutting_down()),
-        (Method::GET, HEALTHZ) if state.preempting.load(Ordering::Relaxed) => Err(ApiError::new(
+        (Method::GET, HEALTHZ | HEALTH) if draining => Err(shutting_down()),
+        (Method::GET, HEALTHZ | HEALTH) if state.preempting.load(Ordering::Relaxed) => Err(ApiError::new(
             StatusCode::SERVICE_UNAVAILABLE,
             "server_error",
             "preempting",
             "this worker's capacity is being reclaimed (spot preemption); route elsewhere",
         )),
-        (Method::GET, HEALTHZ) if !state.engine.is_running() => Err(ApiError::new(
+        (Method::GET, HEALTHZ | HEALTH) if !state.engine.is_running() => Err(ApiError::new(
             StatusCode::SERVICE_UNAVAILABLE,
             "server_error",
             "engine_stopped",
             "this worker's engine has stopped (its log says why); it takes no requests",
         )),
-        (Method::GET, HEALTHZ) => Ok(respond::text(StatusCode::OK, "text/plain", "ok\n")),
+        (Method::GET, HEALTHZ | HEALTH) => Ok(respond::text(StatusCode::OK, "text/plain", "ok\n")),
         (Method::GET, METRICS) => Ok(metrics(&state)),
         (Method::GET, KV_DUMP) => dump(&state),
         (Method::POST, KV_RESET) => reset(&state).await,
         (_, api::CHAT_COMPLETIONS_PATH | api::COMPLETIONS_PATH) => {
             Err(respond::method_not_allowed(&method, &path, "POST"))
         }
-        (_, api::MODELS_PATH | HEALTHZ | METRICS | KV_DUMP) => Err(respond::method_not_allowed(&method, &path, "GET")),
+        (_, api::MODELS_PATH | HEALTHZ | HEALTH | METRICS | KV_DUMP) => {
+            Err(respond::method_not_allowed(&method, &path, "GET"))
+        }
         (_, KV_RESET) => Err(respond::method_not_allowed(&method, &path, "POST")),
         _ => Err(respond::not_found(&path)),
     };

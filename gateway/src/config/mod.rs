@@ -31,7 +31,7 @@ pub use planner::{PlannerConfig, PoolConfig, profiled_rate};
 pub use policy::PolicyConfig;
 pub use server::{AdminConfig, AdminTlsConfig, ServerConfig, TlsConfig};
 pub use switchyard_protocol::Role;
-pub use workers::{EmbeddedMockers, ForwardingConfig, HealthConfig, WorkerConfig};
+pub use workers::{EmbeddedMockers, EngineKind, ForwardingConfig, HealthConfig, WorkerConfig};
 
 pub use tenants::{ApiKeyConfig, KeysFile, TenantsConfig, validate_key_lists, validate_keys};
 

@@ -40,11 +40,35 @@ pub struct ForwardingConfig {
     pub response_timeout_ms: u64,
     /// Idle pooled connections kept per worker.
     pub pool_max_idle_per_worker: usize,
-    /// Other workers tried when one fails before its first byte.
+    /// Other workers tried when one fails before its first byte (a busy answer, 429 or 503,
+    /// sends the request on without using one).
     pub retries: u32,
-    /// Consecutive failed answers (5xx, or a stream that broke before its first byte) that take
-    /// a worker out of rotation until its health check passes again.
+    /// Consecutive failed answers (a 5xx other than 503, a timeout, a stream that broke before
+    /// its first byte) that open a worker's circuit breaker.
     pub errors_to_eject: u32,
+    /// How long a breaker first stays open; each opening in a row doubles it.
+    pub breaker_open_ms: u64,
+    /// The longest a breaker stays open.
+    pub breaker_open_max_ms: u64,
+    /// How long a worker that answered 429 or 503 without `Retry-After` is left alone first;
+    /// each busy answer in a row doubles it.
+    pub busy_backoff_ms: u64,
+    /// The longest a busy worker is left alone (a longer `Retry-After` is cut to this).
+    pub busy_backoff_max_ms: u64,
+}
+
+impl ForwardingConfig {
+    /// The breaker's and the busy backoff's settings.
+    pub fn backoffs(&self) -> crate::workers::breaker::Backoffs {
+        use std::time::Duration;
+        crate::workers::breaker::Backoffs {
+            errors_to_open: self.errors_to_eject,
+            open: Duration::from_millis(self.breaker_open_ms),
+            open_max: Duration::from_millis(self.breaker_open_max_ms),
+            busy: Duration::from_millis(self.busy_backoff_ms),
+            busy_max: Duration::from_millis(self.busy_backoff_max_ms),
+        }
+    }
 }
 
 impl Default for ForwardingConfig {
@@ -55,6 +79,10 @@ impl Default for ForwardingConfig {
             pool_max_idle_per_worker: 256,
             retries: 1,
             errors_to_eject: 3,
+            breaker_open_ms: 1_000,
+            breaker_open_max_ms: 60_000,
+            busy_backoff_ms: 250,
+            busy_backoff_max_ms: 5_000,
         }
     }
 }
@@ -120,6 +148,38 @@ impl Default for EmbeddedMockers {
     }
 }
 
+/// What serves a worker's requests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum EngineKind {
+    /// Switchyard's own workers (the mocker, `switchyard-llm`, the encoders).
+    Switchyard,
+    /// vLLM's OpenAI-compatible server.
+    Vllm,
+    /// SGLang's server.
+    Sglang,
+    /// llama.cpp's `llama-server`.
+    Llamacpp,
+    /// Hugging Face Text Generation Inference.
+    Tgi,
+    /// Any other OpenAI-compatible server (health at `/health`, no load metrics).
+    Openai,
+}
+
+impl EngineKind {
+    /// The engine's name as configured.
+    pub fn name(self) -> &'static str {
+        match self {
+            EngineKind::Switchyard => "switchyard",
+            EngineKind::Vllm => "vllm",
+            EngineKind::Sglang => "sglang",
+            EngineKind::Llamacpp => "llamacpp",
+            EngineKind::Tgi => "tgi",
+            EngineKind::Openai => "openai",
+        }
+    }
+}
+
 /// `[[workers]]`: one worker reachable over HTTP.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -156,6 +216,14 @@ pub struct WorkerConfig {
     /// (a registration with `preempting`) takes it out of routing at once.
     #[serde(default)]
     pub spot: bool,
+    /// Its engine (`switchyard`, `vllm`, `sglang`, `llamacpp`, `tgi`, `openai`); unset, the
+    /// gateway tells from the worker's answers and logs what it found.
+    #[serde(default)]
+    pub engine: Option<EngineKind>,
+    /// Where its health is checked, in place of its engine's (`/healthz` for Switchyard's
+    /// workers, `/health` for every other engine).
+    #[serde(default)]
+    pub health_path: Option<String>,
 }
 
 fn default_capabilities() -> Vec<String> {
@@ -192,13 +260,32 @@ impl HealthConfig {
 }
 
 impl ForwardingConfig {
-    /// Refuses timeouts and counts of 0.
+    /// Refuses timeouts, counts and backoffs of 0, and a longest backoff below the first.
     pub(super) fn check(&self) -> Checked {
         positive(&[
             ("forwarding.connect_timeout_ms", self.connect_timeout_ms),
             ("forwarding.response_timeout_ms", self.response_timeout_ms),
             ("forwarding.errors_to_eject", u64::from(self.errors_to_eject)),
-        ])
+            ("forwarding.breaker_open_ms", self.breaker_open_ms),
+            ("forwarding.busy_backoff_ms", self.busy_backoff_ms),
+        ])?;
+        for (key, max, first) in [
+            (
+                "forwarding.breaker_open_max_ms",
+                self.breaker_open_max_ms,
+                self.breaker_open_ms,
+            ),
+            (
+                "forwarding.busy_backoff_max_ms",
+                self.busy_backoff_max_ms,
+                self.busy_backoff_ms,
+            ),
+        ] {
+            if max < first {
+                return Err(Invalid::new(key, format!("{max} is below the first backoff, {first}")));
+            }
+        }
+        Ok(())
     }
 }
 
@@ -274,6 +361,14 @@ pub(super) fn check_workers(workers: &[WorkerConfig]) -> Checked {
             return Err(Invalid::new(
                 key("cost"),
                 format!("must be a non-negative number, got {}", worker.cost),
+            ));
+        }
+        if let Some(path) = &worker.health_path
+            && (!path.starts_with('/') || path.parse::<http::uri::PathAndQuery>().is_err())
+        {
+            return Err(Invalid::new(
+                key("health_path"),
+                format!("`{path}` must be a path starting with `/`, e.g. `/health`"),
             ));
         }
         if !names.insert(worker.display_name()) {

@@ -445,6 +445,9 @@ impl Applier {
             node: registration.node.clone(),
             token_budgets: registration.token_budgets.clone(),
             spot: registration.spot,
+            // Only Switchyard's workers register themselves.
+            engine: Some(crate::config::EngineKind::Switchyard),
+            health_path: None,
         };
         let (worker, fresh) = match self.pool.upsert(&config) {
             Ok(upserted) => upserted,

@@ -86,6 +86,8 @@ fn fixture(config: SyncConfig) -> Fixture {
         node: String::new(),
         token_budgets: Vec::new(),
         spot: false,
+        engine: None,
+        health_path: None,
     };
     let pool = Arc::new(WorkerPool::new(&[worker], Arc::new(Metrics::new())).expect("valid url"));
     let (inbound, _task) = spawn(kv.clone(), pool.clone(), config);

@@ -81,6 +81,10 @@ pub struct Metrics {
     request_duration: HistogramFamily,
     worker_in_flight: Family<Labels, Gauge>,
     worker_healthy: Family<Labels, Gauge>,
+    worker_busy: Family<Labels, Counter>,
+    worker_breaker_state: Family<Labels, Gauge>,
+    worker_breaker_transitions: Family<Labels, Counter>,
+    worker_misconfigured: Family<Labels, Gauge>,
     retries: Counter,
     preemptions: Counter,
     media_items: Family<KindLabel, Counter>,
@@ -105,6 +109,10 @@ impl Metrics {
         let request_duration: HistogramFamily = Family::new_with_constructor(latency_histogram);
         let worker_in_flight = Family::<Labels, Gauge>::default();
         let worker_healthy = Family::<Labels, Gauge>::default();
+        let worker_busy = Family::<Labels, Counter>::default();
+        let worker_breaker_state = Family::<Labels, Gauge>::default();
+        let worker_breaker_transitions = Family::<Labels, Counter>::default();
+        let worker_misconfigured = Family::<Labels, Gauge>::default();
         let retries = Counter::default();
         let preemptions = Counter::default();
         let media_items = Family::<KindLabel, Counter>::default();
@@ -156,6 +164,26 @@ impl Metrics {
             worker_healthy.clone(),
         );
         registry.register(
+            "worker_busy",
+            "Answers 429 or 503 (the engine is full): the request went to another worker",
+            worker_busy.clone(),
+        );
+        registry.register(
+            "worker_breaker_state",
+            "A worker's circuit breaker: 0 closed, 1 open, 2 half open",
+            worker_breaker_state.clone(),
+        );
+        registry.register(
+            "worker_breaker_transitions",
+            "Changes of a worker's circuit breaker, by the state entered",
+            worker_breaker_transitions.clone(),
+        );
+        registry.register(
+            "worker_misconfigured",
+            "1 while a worker's health path answers 404 (health_path is wrong for its engine)",
+            worker_misconfigured.clone(),
+        );
+        registry.register(
             "worker_retries",
             "Requests retried on another worker after a failure before the first byte",
             retries.clone(),
@@ -173,6 +201,10 @@ impl Metrics {
             request_duration,
             worker_in_flight,
             worker_healthy,
+            worker_busy,
+            worker_breaker_state,
+            worker_breaker_transitions,
+            worker_misconfigured,
             retries,
             preemptions,
             media_items,
@@ -230,6 +262,34 @@ impl Metrics {
     /// The health gauge of a worker.
     pub fn worker_healthy(&self, worker: &str) -> Gauge {
         self.worker_healthy
+            .get_or_create(&vec![("worker", worker.to_string())])
+            .clone()
+    }
+
+    /// The counter of a worker's busy answers (429 or 503).
+    pub fn worker_busy(&self, worker: &str) -> Counter {
+        self.worker_busy
+            .get_or_create(&vec![("worker", worker.to_string())])
+            .clone()
+    }
+
+    /// The gauge of a worker's circuit breaker state (see [`crate::workers::breaker`]).
+    pub fn worker_breaker_state(&self, worker: &str) -> Gauge {
+        self.worker_breaker_state
+            .get_or_create(&vec![("worker", worker.to_string())])
+            .clone()
+    }
+
+    /// Counts a worker's breaker entering `state`.
+    pub fn worker_breaker_transition(&self, worker: &str, state: &'static str) {
+        self.worker_breaker_transitions
+            .get_or_create(&vec![("worker", worker.to_string()), ("state", state.to_string())])
+            .inc();
+    }
+
+    /// The gauge that says a worker's health path answers 404.
+    pub fn worker_misconfigured(&self, worker: &str) -> Gauge {
+        self.worker_misconfigured
             .get_or_create(&vec![("worker", worker.to_string())])
             .clone()
     }

@@ -13,6 +13,7 @@
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
 
 use tokio::sync::mpsc;
 
@@ -20,6 +21,7 @@ use crate::events::applier::Inbound;
 use crate::kv::{ActiveGuard, KvState, KvSummary, PromptBlocks, SummaryWorker, WorkerId};
 use crate::policy::switch::{PolicySwitch, Routed};
 use crate::policy::table::RequestInfo;
+use crate::workers::breaker::Backoffs;
 use crate::workers::{InFlight, Worker, WorkerPool};
 
 mod measured;
@@ -164,6 +166,7 @@ impl Router {
             prompt.hashes.clone(),
             (prompt.tokens - cached_tokens) as u64,
         );
+        worker.take_turn();
         Lease {
             in_flight: InFlight::new(worker),
             active,
@@ -182,13 +185,18 @@ impl Router {
         }
     }
 
-    /// `worker` failed a request (5xx, or a stream broken before its first byte): after
-    /// `threshold` such answers in a row it leaves the rotation until its health check passes.
-    pub fn failed_answer(&self, worker: &Worker, threshold: u32) {
-        if worker.record_failed_answer(threshold) {
-            tracing::warn!(worker = %worker.name, threshold, "worker ejected: failed answers in a row");
-            self.worker_lost(worker);
-        }
+    /// `worker` failed a request (a 5xx other than 503, a timeout, a stream broken before its
+    /// first byte): counted by its circuit breaker (see [`crate::workers::breaker`]). Its
+    /// cached blocks stay in the index: its cache outlives a run of failed answers.
+    pub fn failed_answer(&self, worker: &Worker, backoffs: &Backoffs) {
+        worker.failed_answer(backoffs);
+    }
+
+    /// `worker` answered 429 or 503 (its engine is full): it is left alone for a backoff,
+    /// counted apart from failures.
+    pub fn busy(&self, worker: &Worker, retry_after: Option<Duration>, backoffs: &Backoffs) {
+        let backoff = worker.busy(retry_after, backoffs);
+        tracing::debug!(worker = %worker.name, backoff_ms = backoff.as_millis() as u64, "worker busy");
     }
 
     /// `worker` left the rotation: its cached blocks leave the index until it is resynced.
@@ -301,7 +309,7 @@ impl Attempts<'_> {
     /// The next worker to try, leased; `None` when every healthy worker has been tried.
     pub fn next_lease(&mut self) -> Option<Lease> {
         while let Some((worker, overlap)) = self.fallbacks.pop_front() {
-            if !worker.is_healthy() || self.tried.contains(&worker.kv_id) {
+            if !worker.is_routable() || self.tried.contains(&worker.kv_id) {
                 continue;
             }
             let Some(routed) = self.routed.clone() else { break };

@@ -37,6 +37,8 @@ fn fixture(workers: usize, policy: &str) -> Fixture {
             node: String::new(),
             token_budgets: Vec::new(),
             spot: false,
+            engine: None,
+            health_path: None,
         })
         .collect();
     let config = Config::parse(

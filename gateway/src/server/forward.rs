@@ -3,7 +3,9 @@
 //! A worker that cannot be reached, answers 5xx, or breaks off before its first body byte is
 //! left for another worker (up to `forwarding.retries` times: the policy's fallbacks first,
 //! then the policy again; see [`crate::routing`]); an unreachable one is also taken out of
-//! rotation at once. A request with media carries its media plan to the worker, while its
+//! rotation at once, and failed answers count toward the worker's circuit breaker. A worker
+//! that answers 429 or 503 is full, not broken: the request goes on to another worker without
+//! using a retry, and the busy one is left alone for a backoff ([`crate::workers::breaker`]). A request with media carries its media plan to the worker, while its
 //! items go to encoders through [`crate::encoders`]; the attempt settles once the media has:
 //! merged, text-only (the worker is told), or a client error.
 
@@ -82,7 +84,14 @@ pub(super) async fn forward(
     let response_id = format!("{:016x}-{id}", router.kv().origin());
     let mut reservation = Some(reservation);
     let mut last_failure: Option<String> = None;
-    for attempt in 0..=state.forwarding.retries {
+    let mut last_busy: Option<(String, Option<std::time::Duration>)> = None;
+    let mut failures = 0;
+    // Busy answers send the request on without using a retry; the attempts end when every
+    // worker has been tried.
+    for attempt in 0.. {
+        if failures > state.forwarding.retries {
+            break;
+        }
         let Some(lease) = attempts.next_lease() else {
             break;
         };
@@ -114,21 +123,34 @@ pub(super) async fn forward(
                 let worker = lease.worker();
                 tracing::warn!(worker = %worker.name, %reason, "worker failed before its first byte");
                 last_failure = Some(format!("worker `{}`: {reason}", worker.name));
+                failures += 1;
+            }
+            Outcome::Busy { status, retry_after } => {
+                let worker = lease.worker();
+                state.router.busy(worker, retry_after, &state.forwarding.backoffs());
+                last_busy = Some((format!("worker `{}` answered {status}", worker.name), retry_after));
             }
         }
     }
-    Err(match last_failure {
-        None => ApiError::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "server_error",
-            "no_healthy_worker",
-            format!("no healthy worker is available for model `{model}`; try again shortly"),
-        ),
-        Some(reason) => ApiError::new(
+    Err(match (last_failure, last_busy) {
+        (Some(reason), _) => ApiError::new(
             StatusCode::BAD_GATEWAY,
             "server_error",
             "worker_unavailable",
             format!("every worker tried failed before answering; last: {reason}"),
+        ),
+        (None, Some((reason, retry_after))) => ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "server_error",
+            "workers_busy",
+            format!("every worker of model `{model}` is at capacity ({reason}); try again shortly"),
+        )
+        .with_retry_after(retry_after.unwrap_or(std::time::Duration::from_secs(1))),
+        (None, None) => ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "server_error",
+            "no_healthy_worker",
+            format!("no healthy worker is available for model `{model}`; try again shortly"),
         ),
     })
 }
@@ -216,6 +238,12 @@ pub(super) struct Answer {
 enum Outcome {
     Answered(Answer),
     Failed(String),
+    /// The engine answered 429 or 503: it is full.
+    Busy {
+        status: StatusCode,
+        /// Its `Retry-After`, in seconds, if it sent one.
+        retry_after: Option<std::time::Duration>,
+    },
 }
 
 /// A request's media and where each item is encoded first.
@@ -301,7 +329,7 @@ async fn abandon(state: &AppState, worker: &Worker, request: &str, reason: &str)
 
 /// Sends the request to `worker` and waits for its first body bytes (a streamed answer) or its
 /// head: a worker that cannot be reached, answers 5xx or breaks off before them has failed the
-/// attempt, and is counted toward its ejection.
+/// attempt, and is counted by its breaker; one that answers 429 or 503 is busy.
 async fn attempt_on(
     state: &AppState,
     worker: &Worker,
@@ -322,25 +350,35 @@ async fn attempt_on(
         Ok(request) => request,
         Err(err) => return Outcome::Failed(format!("could not build the request: {err}")),
     };
+    let backoffs = state.forwarding.backoffs();
     let response = match state.client.answer(request).await {
         Ok(response) => response,
         Err(err) => {
             if err.is_connect() {
                 state.router.unreachable(worker);
             } else {
-                state.router.failed_answer(worker, state.forwarding.errors_to_eject);
+                state.router.failed_answer(worker, &backoffs);
             }
             return Outcome::Failed(err.to_string());
         }
     };
     let (parts, mut rest) = response.into_parts();
+    if matches!(
+        parts.status,
+        StatusCode::TOO_MANY_REQUESTS | StatusCode::SERVICE_UNAVAILABLE
+    ) {
+        return Outcome::Busy {
+            status: parts.status,
+            retry_after: retry_after(&parts.headers),
+        };
+    }
     if parts.status.is_server_error() {
-        state.router.failed_answer(worker, state.forwarding.errors_to_eject);
+        state.router.failed_answer(worker, &backoffs);
         let detail = read_error_message(rest).await;
         return Outcome::Failed(format!("answered {}: {detail}", parts.status));
     }
     if !stream || !parts.status.is_success() {
-        worker.record_answer();
+        worker.answered();
         return Outcome::Answered(Answer {
             response: parts,
             first: None,
@@ -353,7 +391,7 @@ async fn attempt_on(
             Some(Ok(frame)) => match frame.into_data() {
                 Ok(data) if data.is_empty() => continue,
                 Ok(data) => {
-                    worker.record_answer();
+                    worker.answered();
                     return Outcome::Answered(Answer {
                         response: parts,
                         first: Some(data),
@@ -363,15 +401,21 @@ async fn attempt_on(
                 Err(_) => continue,
             },
             Some(Err(err)) => {
-                state.router.failed_answer(worker, state.forwarding.errors_to_eject);
+                state.router.failed_answer(worker, &backoffs);
                 return Outcome::Failed(format!("stream broke before the first byte: {err}"));
             }
             None => {
-                state.router.failed_answer(worker, state.forwarding.errors_to_eject);
+                state.router.failed_answer(worker, &backoffs);
                 return Outcome::Failed("stream ended before the first byte".into());
             }
         }
     }
+}
+
+/// A `Retry-After` given in seconds (the HTTP-date form is not used by engines, and is ignored).
+fn retry_after(headers: &http::HeaderMap) -> Option<std::time::Duration> {
+    let seconds: u64 = headers.get(header::RETRY_AFTER)?.to_str().ok()?.trim().parse().ok()?;
+    Some(std::time::Duration::from_secs(seconds))
 }
 
 async fn read_error_message(body: UpstreamBody) -> String {

@@ -267,9 +267,25 @@ impl Relay<'_> {
         }
         drop(lease);
         state.metrics.request_duration(self.label, elapsed);
-        let mut response = Response::new(respond::full(collected));
+        // An engine's own error shape reaches the client as OpenAI's.
+        let reshaped = (!parts.status.is_success())
+            .then(|| crate::workers::engine::openai_error(parts.status, &collected))
+            .flatten();
+        let mut response = match reshaped {
+            Some(error) => {
+                let mut response = Response::new(respond::full(error));
+                response
+                    .headers_mut()
+                    .insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+                response
+            }
+            None => {
+                let mut response = Response::new(respond::full(collected));
+                copy_headers(&parts.headers, &mut response, &[header::CONTENT_TYPE.as_str()]);
+                response
+            }
+        };
         *response.status_mut() = parts.status;
-        copy_headers(&parts.headers, &mut response, &[header::CONTENT_TYPE.as_str()]);
         copy_headers(&parts.headers, &mut response, &[MERGE_HEADER, MEDIA_HEADER]);
         response
     }

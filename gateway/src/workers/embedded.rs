@@ -11,7 +11,7 @@ use switchyard_workers::encoder::{self, EncoderConfig, EncoderServer};
 use switchyard_workers::mocker::{self, EngineConfig, ServerConfig, WorkerServer};
 use tokio::sync::mpsc;
 
-use crate::config::{EmbeddedMockers, Role, WorkerConfig};
+use crate::config::{EmbeddedMockers, EngineKind, Role, WorkerConfig};
 
 /// The embedded engines and encoders; they stop when dropped.
 #[derive(Debug, Default)]
@@ -106,6 +106,8 @@ pub async fn start(config: &EmbeddedMockers) -> std::io::Result<(EmbeddedFleet, 
                 node: String::new(),
                 token_budgets: Vec::new(),
                 spot,
+                engine: Some(EngineKind::Switchyard),
+                health_path: None,
             });
             engines.push((name, mocker));
         }
@@ -144,6 +146,8 @@ pub async fn start(config: &EmbeddedMockers) -> std::io::Result<(EmbeddedFleet, 
                 node: String::new(),
                 token_budgets: encoder_config.token_budgets.clone(),
                 spot: false,
+                engine: Some(EngineKind::Switchyard),
+                health_path: None,
             });
             encoders.push((name, server));
         }

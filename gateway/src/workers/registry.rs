@@ -7,11 +7,15 @@
 
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, RwLock};
+use std::time::{Duration, Instant};
 
+use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
 
 use crate::config::{Role, WorkerConfig};
 use crate::metrics::Metrics;
+use crate::workers::breaker::{Backoffs, Breaker, BreakerState};
+use crate::workers::engine::{EngineKind, EngineLoad};
 use crate::workers::prefill_fit::{PrefillFit, PrefillLine};
 
 /// One worker and its live state.
@@ -43,13 +47,25 @@ pub struct Worker {
     pub token_budgets: Vec<u32>,
     /// Spot (preemptible) capacity.
     pub spot: bool,
+    /// The health path configured for it, in place of its engine's.
+    health_path: Option<String>,
+    /// Its engine: as configured, or as told from its answers (`None` until then).
+    engine: parking_lot::Mutex<Option<EngineKind>>,
+    /// Its engine's load as last read from its metrics, and until when that reading stands.
+    engine_load: parking_lot::Mutex<Option<(EngineLoad, Instant)>>,
+    /// Its health path answers 404.
+    misconfigured: AtomicBool,
+    misconfigured_gauge: Gauge,
+    /// What its answers say about sending it more.
+    breaker: parking_lot::Mutex<Breaker>,
+    breaker_gauge: Gauge,
+    busy_counter: Counter,
+    metrics: Arc<Metrics>,
     healthy: AtomicBool,
     /// Its reclaim notice came: out of routing for good, whatever its health checks say.
     preempting: AtomicBool,
     failures: AtomicU32,
     successes: AtomicU32,
-    /// Failed answers to requests in a row (not health checks).
-    answer_failures: AtomicU32,
     in_flight: Gauge,
     healthy_gauge: Gauge,
     /// Told each time a request on any worker of the pool ends (room may have freed).
@@ -67,11 +83,20 @@ impl Worker {
     fn new(
         config: &WorkerConfig,
         kv_id: u32,
-        metrics: &Metrics,
+        metrics: &Arc<Metrics>,
         released: Arc<tokio::sync::Notify>,
     ) -> Result<Worker, http::uri::InvalidUri> {
         let name = config.display_name();
         let worker = Worker {
+            health_path: config.health_path.clone(),
+            engine: parking_lot::Mutex::new(config.engine),
+            engine_load: parking_lot::Mutex::new(None),
+            misconfigured: AtomicBool::new(false),
+            misconfigured_gauge: metrics.worker_misconfigured(&name),
+            breaker: parking_lot::Mutex::new(Breaker::new(xxhash_rust::xxh3::xxh3_64(name.as_bytes()))),
+            breaker_gauge: metrics.worker_breaker_state(&name),
+            busy_counter: metrics.worker_busy(&name),
+            metrics: metrics.clone(),
             kv_id,
             capacity_blocks: config.capacity_blocks,
             base: config.url.trim_end_matches('/').parse()?,
@@ -87,7 +112,6 @@ impl Worker {
             preempting: AtomicBool::new(false),
             failures: AtomicU32::new(0),
             successes: AtomicU32::new(0),
-            answer_failures: AtomicU32::new(0),
             in_flight: metrics.worker_in_flight(&name),
             healthy_gauge: metrics.worker_healthy(&name),
             released,
@@ -98,7 +122,113 @@ impl Worker {
             name,
         };
         worker.healthy_gauge.set(1);
+        worker.breaker_gauge.set(BreakerState::Closed.gauge());
         Ok(worker)
+    }
+
+    /// Its engine, if configured or told yet.
+    pub fn engine(&self) -> Option<EngineKind> {
+        *self.engine.lock()
+    }
+
+    /// Records the engine told from its answers.
+    pub fn set_engine(&self, kind: EngineKind) {
+        *self.engine.lock() = Some(kind);
+    }
+
+    /// Where its health is checked: the configured path, else its engine's (`None` while the
+    /// engine is not known and no path is configured).
+    pub fn health_path(&self) -> Option<String> {
+        self.health_path
+            .clone()
+            .or_else(|| self.engine().map(|kind| kind.health_path().to_string()))
+    }
+
+    /// Takes in its engine's load as read from its metrics, standing until `until`.
+    pub fn set_engine_load(&self, load: EngineLoad, until: Instant) {
+        *self.engine_load.lock() = Some((load, until));
+    }
+
+    /// Its engine's load as last read, while that reading stands.
+    pub fn engine_load(&self) -> Option<EngineLoad> {
+        let reading = *self.engine_load.lock();
+        reading.and_then(|(load, until)| (Instant::now() < until).then_some(load))
+    }
+
+    /// Records whether its health path answers 404; returns whether that is news.
+    pub fn set_misconfigured(&self, misconfigured: bool) -> bool {
+        self.misconfigured_gauge.set(i64::from(misconfigured));
+        self.misconfigured.swap(misconfigured, Ordering::Relaxed) != misconfigured
+    }
+
+    /// Whether its health path answers 404.
+    pub fn is_misconfigured(&self) -> bool {
+        self.misconfigured.load(Ordering::Relaxed)
+    }
+
+    /// Whether a request may be sent to it now: in rotation, its breaker not open (or its
+    /// backoff over) and not in a busy backoff.
+    pub fn is_routable(&self) -> bool {
+        self.is_healthy() && self.breaker.lock().would_admit(Instant::now())
+    }
+
+    /// A request was routed to it: a half-open breaker lets this one through as its probe.
+    pub fn take_turn(&self) {
+        let (_, change) = self.breaker.lock().admits(Instant::now());
+        if let Some(state) = change {
+            self.breaker_changed(state);
+        }
+    }
+
+    /// Whether it is in a busy backoff (it answered 429 or 503 lately).
+    pub fn is_busy(&self) -> bool {
+        self.breaker.lock().is_busy(Instant::now())
+    }
+
+    /// Where its breaker is.
+    pub fn breaker_state(&self) -> BreakerState {
+        self.breaker.lock().state()
+    }
+
+    /// It answered: its breaker closes, its busy backoff ends.
+    pub fn answered(&self) {
+        let change = self.breaker.lock().succeeded();
+        if let Some(state) = change {
+            self.breaker_changed(state);
+        }
+    }
+
+    /// It failed an answer (a 5xx other than 503, a timeout, a stream broken before its first
+    /// byte). Returns for how long its breaker opened, if it did.
+    pub fn failed_answer(&self, backoffs: &Backoffs) -> Option<Duration> {
+        let change = self.breaker.lock().failed(Instant::now(), backoffs);
+        let (state, backoff) = change?;
+        self.breaker_changed(state);
+        tracing::warn!(worker = %self.name, backoff_ms = backoff.as_millis() as u64, "circuit breaker open: failed answers in a row");
+        Some(backoff)
+    }
+
+    /// It answered 429 or 503: busy for `retry_after` or its next busy backoff. Returns how
+    /// long.
+    pub fn busy(&self, retry_after: Option<Duration>, backoffs: &Backoffs) -> Duration {
+        self.busy_counter.inc();
+        self.breaker.lock().busy(Instant::now(), retry_after, backoffs)
+    }
+
+    fn breaker_changed(&self, state: BreakerState) {
+        self.breaker_gauge.set(state.gauge());
+        self.metrics.worker_breaker_transition(&self.name, state.name());
+        // In rotation as far as the metrics tell: healthy and the breaker not open.
+        let in_rotation = state == BreakerState::Closed && self.is_healthy();
+        self.healthy_gauge.set(i64::from(in_rotation));
+        match state {
+            // Logged with its backoff where it opens.
+            BreakerState::Open => {}
+            BreakerState::HalfOpen => {
+                tracing::info!(worker = %self.name, "circuit breaker half open: one probe request")
+            }
+            BreakerState::Closed => tracing::info!(worker = %self.name, "circuit breaker closed"),
+        }
     }
 
     /// Takes in one stream's median gap between chunks: an exponentially weighted mean, the
@@ -211,31 +341,13 @@ impl Worker {
         failures >= threshold && self.eject()
     }
 
-    /// Records a request the worker failed (a 5xx, or a stream that broke before its first
-    /// byte); ejects after `threshold` in a row. Returns whether the worker left the rotation
-    /// now. The health checker brings it back once its checks pass.
-    pub fn record_failed_answer(&self, threshold: u32) -> bool {
-        let failures = self.answer_failures.fetch_add(1, Ordering::Relaxed) + 1;
-        if failures >= threshold {
-            self.answer_failures.store(0, Ordering::Relaxed);
-            return self.eject();
-        }
-        false
-    }
-
-    /// Records a request the worker answered: the failed-answer run ends.
-    pub fn record_answer(&self) {
-        if self.answer_failures.load(Ordering::Relaxed) != 0 {
-            self.answer_failures.store(0, Ordering::Relaxed);
-        }
-    }
-
     /// Records a passed health check; restores after `threshold` in a row.
     pub fn record_success(&self, threshold: u32) {
         self.failures.store(0, Ordering::Relaxed);
         let successes = self.successes.fetch_add(1, Ordering::Relaxed) + 1;
         if successes >= threshold && !self.healthy.swap(true, Ordering::Relaxed) && !self.is_preempting() {
-            self.healthy_gauge.set(1);
+            self.healthy_gauge
+                .set(i64::from(self.breaker_state() == BreakerState::Closed));
             tracing::info!(worker = %self.name, "worker back in rotation");
         }
     }
@@ -388,11 +500,12 @@ impl WorkerPool {
         self.workers().iter().any(|w| w.is_healthy())
     }
 
-    /// The healthy LLM workers of `model`, skipping those in `exclude`, in registration order.
+    /// The LLM workers of `model` a request may go to now (see [`Worker::is_routable`]),
+    /// skipping those in `exclude`, in registration order.
     pub fn candidates(&self, model: &str, exclude: &[u32]) -> Vec<Arc<Worker>> {
         self.workers()
             .iter()
-            .filter(|w| w.role == Role::Llm && w.model == model && w.is_healthy())
+            .filter(|w| w.role == Role::Llm && w.model == model && w.is_routable())
             .filter(|w| !exclude.contains(&w.kv_id))
             .cloned()
             .collect()
@@ -416,6 +529,8 @@ mod tests {
             node: String::new(),
             token_budgets: Vec::new(),
             spot: false,
+            engine: None,
+            health_path: None,
         }
     }
 

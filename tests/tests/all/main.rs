@@ -8,6 +8,7 @@
 //! |---|---|
 //! | `gw_` | the gateway serving clients: TLS, HTTP versions, input errors, keys and tenants, admission, latency targets, draining, failover |
 //! | `admin_` | the admin API's listeners and the dashboard |
+//! | `engine_` | engines Switchyard did not write: their load metrics, busy answers, circuit breakers |
 //! | `policy_` | router and batcher policies: hot swaps, rollouts, the watched folder, fallbacks, columns, hostile guests, cost-aware |
 //! | `kv_` | KV events (the mockers', vLLM's) and KV-aware routing |
 //! | `media_` | multimodal requests, media fetching, encoders failing |
@@ -21,6 +22,8 @@
 
 mod admin_dashboard;
 mod admin_metrics_listener;
+mod engine_backpressure;
+mod engine_metrics;
 mod fleet_policies;
 mod fleet_replicas;
 mod gw_admission_queue;

@@ -40,7 +40,7 @@ use switchyard_protocol::encode::{
     MEDIA_ID_HEADER, TOKENS_HEADER, VIDEO_MS_PER_FRAME, features_path, image_batch_ms,
 };
 use switchyard_protocol::kv_events::{EventLog, KvEvent};
-use switchyard_protocol::paths::{HEALTHZ, KV_DUMP, METRICS};
+use switchyard_protocol::paths::{HEALTH, HEALTHZ, KV_DUMP, METRICS};
 use switchyard_protocol::respond::{self, Body};
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, oneshot};
@@ -435,11 +435,11 @@ async fn handle(shared: Arc<Shared>, request: Request<Incoming>) -> Response<Bod
     let method = request.method().clone();
     let result = match (method.clone(), path.as_str()) {
         (Method::POST, ENCODE) => encode(&shared, request).await,
-        (Method::GET, HEALTHZ) => Ok(respond::text(StatusCode::OK, "text/plain", "ok\n")),
+        (Method::GET, HEALTHZ | HEALTH) => Ok(respond::text(StatusCode::OK, "text/plain", "ok\n")),
         (Method::GET, METRICS) => Ok(metrics(&shared)),
         (Method::GET, KV_DUMP) => dump(&shared),
         (_, ENCODE) => Err(respond::method_not_allowed(&method, &path, "POST")),
-        (_, HEALTHZ | METRICS | KV_DUMP) => Err(respond::method_not_allowed(&method, &path, "GET")),
+        (_, HEALTHZ | HEALTH | METRICS | KV_DUMP) => Err(respond::method_not_allowed(&method, &path, "GET")),
         _ => Err(respond::not_found(&path)),
     };
     result.unwrap_or_else(|err| respond::error(&err))

@@ -37,6 +37,11 @@ async fn a_dead_engine_fails_the_health_check() {
         }
     };
     assert_eq!(get("/healthz").await.0, 200, "healthy before any step");
+    assert_eq!(
+        get("/health").await.0,
+        200,
+        "the path other routers probe answers the same"
+    );
 
     let body = r#"{"model":"mock","prompt":"step into the bug","max_tokens":4}"#;
     let reply = client.send("POST", "/v1/completions", body).await.expect("POST");
@@ -57,4 +62,5 @@ async fn a_dead_engine_fails_the_health_check() {
     assert_eq!(health, 503, "a dead engine is not healthy");
     let (_, text) = get("/healthz").await;
     assert!(text.contains("engine_stopped"), "{text}");
+    assert_eq!(get("/health").await.0, 503, "at /health too");
 }
