@@ -296,8 +296,8 @@ pub(crate) async fn bind(addr: SocketAddr) -> Result<(TcpListener, SocketAddr), 
     Ok((listener, bound))
 }
 
-/// Subscribes the applier to the KV event transports: NATS (`[kv] nats_url`) and each vLLM
-/// publisher (`[[kv.vllm]]`).
+/// Subscribes the applier to the KV event transports: NATS (`[kv] nats_url`) and each vLLM or
+/// SGLang publisher (`[[kv.vllm]]`, `[[kv.sglang]]`).
 pub(crate) async fn event_transports(
     config: &Config,
     kv: &Arc<kv::KvState>,
@@ -317,14 +317,16 @@ pub(crate) async fn event_transports(
                 .map_err(nats_error)?,
         );
     }
-    for vllm in &config.kv.vllm {
+    let adapters = (config.kv.vllm.iter().map(|a| ("vLLM", a))).chain(config.kv.sglang.iter().map(|a| ("SGLang", a)));
+    for (engine, adapter) in adapters {
         let block_size = config
             .workers
             .iter()
-            .find(|w| w.display_name() == vllm.worker)
+            .find(|w| w.display_name() == adapter.worker)
             .map_or(64, |w| w.block_size);
         tasks.push(events::vllm::spawn(
-            vllm.clone(),
+            engine,
+            adapter.clone(),
             block_size,
             kv.clone(),
             inbound.clone(),

@@ -7,6 +7,7 @@
 //! |---|---|
 //! | `process` | finding the workspace's binaries ([`binary`]); [`Process`], a child killed on drop; the workers ([`Mockers`], [`NativeWorker`], [`NativeEncoder`]) and [`NatsServer`] |
 //! | `gateway` | the [`Gateway`] as a child process, its admin API ([`Admin`]), and reading what it reports ([`metric_sum`], [`cached_blocks`]) |
+//! | `llamacpp` | llama.cpp's own [`LlamaServer`], a third-party engine behind the gateway |
 //! | `turns` | the tests of one file run together, no other file's beside them ([`turn`]; a gateway holds its file's turn) |
 //! | `tls` | a throwaway certificate authority ([`TestCa`]) |
 //! | `client` | an HTTP/1.1 and HTTP/2 [`Client`] over TLS or TCP whose [`Reply`] keeps each body frame's arrival time; [`chat_body`], [`sse_json`], [`DeadAddress`] |
@@ -29,6 +30,7 @@ pub mod fixtures;
 mod gateway;
 pub mod heap;
 pub mod kernel_emulation;
+mod llamacpp;
 mod process;
 pub mod rng;
 mod scripted;
@@ -39,6 +41,7 @@ use std::time::{Duration, Instant};
 
 pub use client::{Alpn, Client, Connection, DeadAddress, Reply, chat_body, sse_json};
 pub use gateway::{Admin, Gateway, cached_blocks, metric_sum};
+pub use llamacpp::LlamaServer;
 pub use process::{Mockers, NativeEncoder, NativeWorker, NatsServer, Process, binary};
 pub use scripted::ScriptedEngine;
 pub use tls::TestCa;

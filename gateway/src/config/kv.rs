@@ -1,5 +1,5 @@
-//! `[kv]`: where KV events, registrations and heartbeats come from, and `[[kv.vllm]]`
-//! adapters.
+//! `[kv]`: where KV events, registrations and heartbeats come from, and the `[[kv.vllm]]`
+//! and `[[kv.sglang]]` adapters.
 
 use serde::Deserialize;
 
@@ -22,7 +22,9 @@ pub struct KvConfig {
     /// How long a resync dump is awaited, in milliseconds.
     pub resync_timeout_ms: u64,
     /// vLLM workers whose ZMQ KV event stream is consumed.
-    pub vllm: Vec<VllmEventsConfig>,
+    pub vllm: Vec<EngineEventsConfig>,
+    /// SGLang workers whose ZMQ KV event stream is consumed.
+    pub sglang: Vec<EngineEventsConfig>,
 }
 
 impl Default for KvConfig {
@@ -35,14 +37,15 @@ impl Default for KvConfig {
             resync_buffer: 10_000,
             resync_timeout_ms: 2_000,
             vllm: Vec::new(),
+            sglang: Vec::new(),
         }
     }
 }
 
-/// `[[kv.vllm]]`: a vLLM worker's KV event publisher.
+/// `[[kv.vllm]]` and `[[kv.sglang]]`: a vLLM or SGLang worker's KV event publisher.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct VllmEventsConfig {
+pub struct EngineEventsConfig {
     /// The `[[workers]]` entry (by name) the events describe.
     pub worker: String,
     /// Its ZMQ PUB endpoint, e.g. `tcp://10.0.0.5:5557`.
@@ -54,7 +57,7 @@ pub struct VllmEventsConfig {
 
 impl KvConfig {
     /// Refuses a NATS URL of another scheme, a subject prefix NATS cannot take, replica sync
-    /// without NATS, counts and timeouts of 0, and a vLLM adapter for a worker `workers` does
+    /// without NATS, counts and timeouts of 0, and a vLLM or SGLang adapter for a worker `workers` does
     /// not name or on an endpoint that is not ZMQ's.
     pub(super) fn check(&self, workers: &[WorkerConfig]) -> Checked {
         if let Some(url) = &self.nats_url
@@ -87,22 +90,31 @@ impl KvConfig {
             ("kv.resync_buffer", self.resync_buffer as u64),
             ("kv.resync_timeout_ms", self.resync_timeout_ms),
         ])?;
-        for (index, vllm) in self.vllm.iter().enumerate() {
-            if !workers.iter().any(|w| w.display_name() == vllm.worker) {
+        let adapters = self
+            .vllm
+            .iter()
+            .map(|a| ("vllm", a))
+            .chain(self.sglang.iter().map(|a| ("sglang", a)));
+        let mut seen = std::collections::HashMap::<&str, usize>::new();
+        for (section, adapter) in adapters {
+            let index = seen.entry(section).or_default();
+            let key = |field: &str| format!("kv.{section}[{index}].{field}");
+            if !workers.iter().any(|w| w.display_name() == adapter.worker) {
                 return Err(Invalid::new(
-                    format!("kv.vllm[{index}].worker"),
-                    format!("no `[[workers]]` entry is named `{}`", vllm.worker),
+                    key("worker"),
+                    format!("no `[[workers]]` entry is named `{}`", adapter.worker),
                 ));
             }
-            if !vllm.endpoint.starts_with("tcp://") && !vllm.endpoint.starts_with("ipc://") {
+            if !adapter.endpoint.starts_with("tcp://") && !adapter.endpoint.starts_with("ipc://") {
                 return Err(Invalid::new(
-                    format!("kv.vllm[{index}].endpoint"),
+                    key("endpoint"),
                     format!(
                         "`{}` must be a `tcp://host:port` or `ipc://` ZMQ endpoint",
-                        vllm.endpoint
+                        adapter.endpoint
                     ),
                 ));
             }
+            *index += 1;
         }
         Ok(())
     }

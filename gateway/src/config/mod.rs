@@ -24,7 +24,7 @@ mod workers;
 
 pub use admission::AdmissionConfig;
 pub use fleet::FleetConfig;
-pub use kv::{KvConfig, VllmEventsConfig};
+pub use kv::{EngineEventsConfig, KvConfig};
 pub use media::{EncodersConfig, MediaConfig};
 pub use models::{ChatTemplateConfig, ModelConfig};
 pub use planner::{PlannerConfig, PoolConfig, profiled_rate};

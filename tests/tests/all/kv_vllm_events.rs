@@ -1,6 +1,7 @@
-//! The vLLM adapter end to end: a publisher written here emits vLLM's real KV event wire format
-//! (ZMQ PUB, `[topic, seq u64 BE, msgpack KVEventBatch]`, events as msgspec tagged maps with
-//! vLLM's own block hashes), and the gateway routes a prompt to the worker that cached it.
+//! The vLLM and SGLang adapter end to end: a publisher written here emits vLLM's real KV event
+//! wire format (ZMQ PUB, `[topic, seq u64 BE, msgpack KVEventBatch]`, events as msgspec tagged
+//! maps with vLLM's own block hashes), or SGLang's (the same frames, array-like events of
+//! one-token pages), and the gateway routes a prompt to the worker that cached it.
 
 use std::time::Duration;
 
@@ -192,5 +193,92 @@ async fn vllm_kv_events_drive_kv_aware_routing() -> anyhow::Result<()> {
             &["reason=\"undecodable\""]
         ) >= 1.0
     );
+    Ok(())
+}
+
+/// SGLang's `BlockStored` as its msgspec structs encode it: array-like and tagged,
+/// `[tag, block_hashes, parent_block_hash, token_ids, block_size, lora_id]`, with one-token
+/// pages and Python's signed `hash()` ids.
+fn sglang_pages(hashes: &[i64], parent: Option<i64>, tokens: &[u32]) -> Value {
+    Value::Array(vec![
+        Value::from("BlockStored"),
+        Value::Array(hashes.iter().map(|&h| Value::from(h)).collect()),
+        parent.map_or(Value::Nil, Value::from),
+        Value::Array(tokens.iter().map(|&t| Value::from(t)).collect()),
+        Value::from(1),
+        Value::Nil,
+    ])
+}
+
+/// SGLang's `KVEventBatch`: `[ts, events]`.
+fn sglang_batch(events: Vec<Value>) -> Bytes {
+    let value = Value::Array(vec![Value::F64(1_763_900_000.5), Value::Array(events)]);
+    let mut out = Vec::new();
+    rmpv::encode::write_value(&mut out, &value).expect("encodes");
+    Bytes::from(out)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sglang_kv_events_of_one_token_pages_drive_kv_aware_routing() -> anyhow::Result<()> {
+    let mut publisher = zeromq::PubSocket::new();
+    let endpoint = publisher.bind("tcp://127.0.0.1:0").await?;
+    let mockers = Mockers::start(&["--num-workers", "2", "--block-size", "16", "--speedup", "20"])?;
+    let config = format!(
+        "[server]\nplaintext = true\n\
+         [[models]]\nname = \"mock\"\nblock_size = 16\n\
+         [[workers]]\nname = \"sglang-a\"\nurl = \"http://{}\"\nmodel = \"mock\"\nblock_size = 16\n\
+         [[workers]]\nname = \"sglang-b\"\nurl = \"http://{}\"\nmodel = \"mock\"\nblock_size = 16\n\
+         [[kv.sglang]]\nworker = \"sglang-b\"\nendpoint = \"{endpoint}\"\n",
+        mockers.addrs[0], mockers.addrs[1]
+    );
+    let (gateway, admin) = Gateway::start_with_admin(&config, TOKEN)?;
+    let client = Client::plain(gateway.addr);
+    let content = "Which of these radix trees holds the longest cached prefix of this prompt? ".repeat(5);
+    let messages = vec![switchyard_protocol::api::ChatMessage {
+        role: "user".into(),
+        content: Some(switchyard_protocol::api::MessageContent::Text(content.clone())),
+    }];
+    let tokens = switchyard_tokenize::byte_tokens(&switchyard_tokenize::render_chat(&messages));
+    let blocks = tokens.len() / BLOCK;
+    assert!(blocks >= 16);
+    // One page per token, each with SGLang's own (here negative, as Python's hash often is) id.
+    let ids: Vec<i64> = (0..tokens.len() as i64).map(|i| -(i * 104_729 + 17)).collect();
+    let cut = 7 * BLOCK + 5; // the first batch ends inside a block of ours
+    let first = sglang_batch(vec![sglang_pages(&ids[..cut], None, &tokens[..cut])]);
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let mut joined = false;
+    while !joined && std::time::Instant::now() < deadline {
+        publish(&mut publisher, 0, first.clone()).await?;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        joined = cached(&admin, "sglang-b").await == 7;
+    }
+    assert!(joined, "the gateway never indexed the first batch as 7 whole blocks");
+    publish(
+        &mut publisher,
+        1,
+        sglang_batch(vec![sglang_pages(&ids[cut..], Some(ids[cut - 1]), &tokens[cut..])]),
+    )
+    .await?;
+    assert!(
+        eventually(Duration::from_secs(5), || async {
+            cached(&admin, "sglang-b").await == blocks as u64
+        })
+        .await,
+        "the second batch continued the chain from the first's pending tokens"
+    );
+    for _ in 0..6 {
+        let body = serde_json::json!({
+            "model": "mock",
+            "messages": [{"role": "user", "content": content}],
+            "max_tokens": 2,
+        });
+        let reply = client.post_json("/v1/chat/completions", &body).await?;
+        assert_eq!(reply.status, 200);
+        assert_eq!(
+            reply.worker(),
+            "sglang-b",
+            "the worker whose SGLang cache holds the prompt"
+        );
+    }
     Ok(())
 }

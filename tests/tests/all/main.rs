@@ -23,6 +23,7 @@
 mod admin_dashboard;
 mod admin_metrics_listener;
 mod engine_backpressure;
+mod engine_llamacpp_workers;
 mod engine_metrics;
 mod fleet_policies;
 mod fleet_replicas;

@@ -1,11 +1,18 @@
-//! The vLLM adapter: routes a fleet of real vLLM workers KV-aware from their own event stream.
+//! The vLLM and SGLang adapter: routes a fleet of real vLLM or SGLang workers KV-aware from
+//! their own event streams.
 //!
 //! vLLM publishes KV events on a ZMQ PUB socket (`--kv-events-config`), one multipart message
-//! per batch: `[topic, seq u64 BE, msgpack KVEventBatch]` ([`decode`]). Its block hashes are
-//! its own (sha256-based, seeded per process), so this adapter recomputes Switchyard's hashes
-//! from each stored block's `token_ids` (local hash salted by the LoRA name) and chains them
-//! from the parent, keeping a per-worker map from vLLM's hash to ours for later parents and
-//! removals. Device blocks (`medium` GPU or absent) and host blocks (`CPU`) go to their tiers;
+//! per batch: `[topic, seq u64 BE, msgpack KVEventBatch]` ([`decode`]). SGLang
+//! (`--kv-events-config`, `sglang/srt/disaggregation/kv_events.py`) publishes the same frames
+//! and the same tagged events in their array form, with a two-field batch (`[ts, events]`) and
+//! Python-hash block ids; one decoder reads both. Their block hashes are their own (vLLM's
+//! sha256-based and seeded per process), so this adapter recomputes Switchyard's hashes from
+//! each stored block's `token_ids` (local hash salted by the LoRA name) and chains them from the
+//! parent, keeping a per-worker map from the engine's hash to ours for later parents and
+//! removals. An engine whose blocks are smaller than the model's (SGLang's pages are often one
+//! token) has its blocks regrouped: each engine block remembers the chain it ends (our last
+//! whole block and the tokens since), so a child continues it, and the engine block that
+//! completes one of ours stands for it when removed. Device blocks (`medium` GPU or absent) and host blocks (`CPU`) go to their tiers;
 //! events of KV-cache groups other than full attention are skipped. The translated events are
 //! numbered for the applier: a jump in vLLM's `seq` becomes a jump in `event_id`, so the applier
 //! sees the gap, and since vLLM answers no dumps it drops the worker's blocks and goes on from
@@ -24,19 +31,23 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use zeromq::{Socket, SocketRecv};
 
-use crate::config::VllmEventsConfig;
+use crate::config::EngineEventsConfig;
 use crate::events::applier::{BoxFuture, DumpSource, Inbound};
 use crate::kv::KvState;
 
 use self::decode::{VllmBatch, VllmEvent};
 
-/// vLLM answers no dumps: a gap drops the worker's blocks instead.
+/// vLLM and SGLang answer no dumps: a gap drops the worker's blocks instead.
 #[derive(Debug)]
 pub struct NoDumps;
 
 impl DumpSource for NoDumps {
     fn request(&self, worker: String) -> BoxFuture<Result<KvDump, String>> {
-        Box::pin(async move { Err(format!("vLLM worker `{worker}` cannot answer dump requests")) })
+        Box::pin(async move {
+            Err(format!(
+                "worker `{worker}` (vLLM or SGLang) cannot answer dump requests"
+            ))
+        })
     }
 
     fn answers_dumps(&self) -> bool {
@@ -44,14 +55,28 @@ impl DumpSource for NoDumps {
     }
 }
 
-/// Turns one vLLM worker's events into Switchyard's.
+/// Turns one vLLM or SGLang worker's events into Switchyard's.
 #[derive(Debug)]
 pub struct Translator {
     worker: String,
     block_size: usize,
+    /// Engine block → our block, where the sizes agree.
     ours: HashMap<u64, u64>,
+    /// Engine block → the chain it ends, where the engine's blocks are smaller than ours.
+    pages: HashMap<u64, Page>,
     last_seq: Option<u64>,
     next_event_id: u64,
+}
+
+/// Where the chain stands after an engine block smaller than ours.
+#[derive(Debug, Clone, Default)]
+struct Page {
+    /// Our last whole block of the chain.
+    last: Option<u64>,
+    /// Tokens after it, fewer than a block of ours.
+    pending: Vec<u32>,
+    /// Our block this engine block completed, if it did.
+    completes: Option<u64>,
 }
 
 /// What a batch became.
@@ -70,6 +95,7 @@ impl Translator {
             worker: worker.into(),
             block_size: block_size.max(1),
             ours: HashMap::new(),
+            pages: HashMap::new(),
             last_seq: None,
             next_event_id: 1,
         }
@@ -88,8 +114,9 @@ impl Translator {
                 return out;
             }
             Some(last) if batch.seq < last => {
-                // seq 0 after more: vLLM restarted with an empty cache.
+                // seq 0 after more: the engine restarted with an empty cache.
                 self.ours.clear();
+                self.pages.clear();
                 self.next_event_id = 1;
             }
             Some(last) if batch.seq > last + 1 => {
@@ -135,8 +162,15 @@ impl Translator {
                 {
                     return Err("not_full_attention");
                 }
-                if *block_size as usize != self.block_size {
-                    return Err("block_size_mismatch");
+                let engine_block = *block_size as usize;
+                if engine_block != self.block_size {
+                    if engine_block == 0 || !self.block_size.is_multiple_of(engine_block) {
+                        return Err("block_size_mismatch");
+                    }
+                    let seed = lora_seed(lora_name.as_deref());
+                    return self
+                        .regrouped(block_hashes, *parent_block_hash, token_ids, engine_block, seed)
+                        .map(|stored| stored.map(|event| (tier(medium.as_deref()), event)));
                 }
                 if token_ids.len() != block_hashes.len() * self.block_size {
                     return Err("malformed");
@@ -166,7 +200,14 @@ impl Translator {
             VllmEvent::BlockRemoved {
                 block_hashes, medium, ..
             } => {
-                let ours: Vec<u64> = block_hashes.iter().filter_map(|h| self.ours.remove(h)).collect();
+                let ours: Vec<u64> = block_hashes
+                    .iter()
+                    .filter_map(|h| {
+                        self.ours
+                            .remove(h)
+                            .or_else(|| self.pages.remove(h).and_then(|page| page.completes))
+                    })
+                    .collect();
                 if ours.is_empty() {
                     return Ok(None);
                 }
@@ -174,9 +215,62 @@ impl Translator {
             }
             VllmEvent::AllBlocksCleared => {
                 self.ours.clear();
+                self.pages.clear();
                 Ok(Some((StorageTier::Device, KvEvent::Cleared)))
             }
         }
+    }
+}
+
+impl Translator {
+    /// Stored engine blocks of `engine_block` tokens (a divisor of ours), regrouped into our
+    /// whole blocks; `None` when they complete none.
+    fn regrouped(
+        &mut self,
+        theirs: &[u64],
+        parent: Option<u64>,
+        tokens: &[u32],
+        engine_block: usize,
+        seed: u64,
+    ) -> Result<Option<KvEvent>, &'static str> {
+        if tokens.len() != theirs.len() * engine_block {
+            return Err("malformed");
+        }
+        let Page {
+            mut last, mut pending, ..
+        } = match parent {
+            None => Page::default(),
+            Some(parent) => self.pages.get(&parent).cloned().ok_or("unknown_parent")?,
+        };
+        let our_parent = last;
+        let mut blocks = Vec::new();
+        for (&hash, tokens) in theirs.iter().zip(tokens.chunks_exact(engine_block)) {
+            pending.extend_from_slice(tokens);
+            let mut completes = None;
+            if pending.len() == self.block_size {
+                let local = local_hash_with_seed(&pending, seed);
+                let sequence = chain_hash(last, local);
+                blocks.push(StoredBlock {
+                    block_hash: sequence,
+                    tokens_hash: local,
+                });
+                last = Some(sequence);
+                completes = Some(sequence);
+                pending.clear();
+            }
+            self.pages.insert(
+                hash,
+                Page {
+                    last,
+                    pending: pending.clone(),
+                    completes,
+                },
+            );
+        }
+        Ok((!blocks.is_empty()).then_some(KvEvent::Stored {
+            parent: our_parent,
+            blocks,
+        }))
     }
 }
 
@@ -187,9 +281,11 @@ fn tier(medium: Option<&str>) -> StorageTier {
     }
 }
 
-/// Subscribes to one vLLM worker's publisher and feeds the applier until aborted.
+/// Subscribes to one vLLM or SGLang worker's publisher (`engine` names which, for the logs)
+/// and feeds the applier until aborted.
 pub fn spawn(
-    config: VllmEventsConfig,
+    engine: &'static str,
+    config: EngineEventsConfig,
     block_size: usize,
     state: Arc<KvState>,
     inbound: mpsc::UnboundedSender<Inbound>,
@@ -207,21 +303,21 @@ pub fn spawn(
         loop {
             let mut socket = zeromq::SubSocket::new();
             if let Err(err) = socket.subscribe(&config.topic).await {
-                tracing::error!(worker = %config.worker, error = %err, "cannot subscribe to vLLM KV events");
+                tracing::error!(worker = %config.worker, engine, error = %err, "cannot subscribe to KV events");
                 return;
             }
             // `connect` waits for the peer; the socket reconnects by itself after that.
             if let Err(err) = socket.connect(&config.endpoint).await {
-                tracing::warn!(worker = %config.worker, endpoint = %config.endpoint, error = %err, "cannot reach the vLLM KV event publisher; retrying");
+                tracing::warn!(worker = %config.worker, engine, endpoint = %config.endpoint, error = %err, "cannot reach the KV event publisher; retrying");
                 tokio::time::sleep(Duration::from_secs(1)).await;
                 continue;
             }
-            tracing::info!(worker = %config.worker, endpoint = %config.endpoint, "subscribed to vLLM KV events");
+            tracing::info!(worker = %config.worker, engine, endpoint = %config.endpoint, "subscribed to KV events");
             loop {
                 let message = match socket.recv().await {
                     Ok(message) => message,
                     Err(err) => {
-                        tracing::debug!(worker = %config.worker, error = %err, "vLLM event socket error");
+                        tracing::debug!(worker = %config.worker, engine, error = %err, "KV event socket error");
                         continue;
                     }
                 };
@@ -229,7 +325,7 @@ pub fn spawn(
                 let batch = match decode::decode_batch(&frames) {
                     Ok(batch) => batch,
                     Err(err) => {
-                        tracing::warn!(worker = %config.worker, error = %err, "undecodable vLLM KV event batch dropped");
+                        tracing::warn!(worker = %config.worker, engine, error = %err, "undecodable KV event batch dropped");
                         ignored("undecodable");
                         continue;
                     }
@@ -342,5 +438,64 @@ mod tests {
         ));
         assert_eq!(out.skipped, vec!["unknown_parent", "malformed", "block_size_mismatch"]);
         assert!(out.events.is_empty());
+    }
+
+    /// SGLang's one-token pages, as its publisher sends them (Python-hash ids, no medium).
+    fn pages(theirs: &[u64], parent: Option<u64>, tokens: &[u32]) -> VllmEvent {
+        VllmEvent::BlockStored {
+            block_hashes: theirs.to_vec(),
+            parent_block_hash: parent,
+            token_ids: tokens.to_vec(),
+            block_size: 1,
+            lora_id: None,
+            medium: None,
+            lora_name: None,
+            group_idx: None,
+            kv_cache_spec_kind: None,
+        }
+    }
+
+    #[test]
+    fn smaller_engine_blocks_are_regrouped_into_ours() {
+        let mut translator = Translator::new("s", 2);
+        let tokens = [1, 2, 3, 4, 5, 6];
+        let expected = block_hashes(&tokens, 2);
+        // Three pages: one whole block of ours and a token toward the next.
+        let first = translator.translate(&batch(0, vec![pages(&[-11i64 as u64, 12, 13], None, &tokens[..3])]));
+        let KvEvent::Stored { blocks, parent } = &first.events[0].event else {
+            panic!("stored expected");
+        };
+        assert_eq!((*parent, blocks.len()), (None, 1));
+        assert_eq!(blocks[0].block_hash, expected[0].sequence);
+        // Their child continues the chain from the pending token.
+        let second = translator.translate(&batch(1, vec![pages(&[14, 15, 16], Some(13), &tokens[3..])]));
+        let KvEvent::Stored { blocks, parent } = &second.events[0].event else {
+            panic!("stored expected");
+        };
+        assert_eq!(*parent, Some(expected[0].sequence));
+        let ours: Vec<u64> = blocks.iter().map(|b| b.block_hash).collect();
+        assert_eq!(ours, [expected[1].sequence, expected[2].sequence]);
+        // A page that completes none of ours is stored without an event.
+        assert!(
+            translator
+                .translate(&batch(2, vec![pages(&[17], Some(16), &[7])]))
+                .events
+                .is_empty()
+        );
+        // Removing the page that completed a block removes that block; others remove nothing.
+        let removed = translator.translate(&batch(
+            3,
+            vec![VllmEvent::BlockRemoved {
+                block_hashes: vec![17, 16, 15],
+                medium: None,
+                group_idx: None,
+            }],
+        ));
+        assert_eq!(
+            removed.events[0].event,
+            KvEvent::Removed {
+                block_hashes: vec![expected[2].sequence]
+            }
+        );
     }
 }
