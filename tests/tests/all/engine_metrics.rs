@@ -194,3 +194,39 @@ async fn a_health_path_answering_404_is_reported_not_ejected() -> anyhow::Result
     assert_eq!(worker_stats(&admin, "wrong").await?["healthy"], true);
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_engine_full_by_its_own_count_holds_requests_in_admission() -> anyhow::Result<()> {
+    // Other clients keep 10 requests running on the engine; the gateway admits 4 per worker.
+    let shared = ScriptedEngine::start("shared", "vllm", "/health", &vllm(10, 0, 0.2)).await?;
+    let config = format!(
+        "{}[admission]\nmax_requests = 4\nmax_wait_ms = 400\n",
+        config(&[("shared", &shared, "")])
+    );
+    let (gateway, admin) = Gateway::start_with_admin(&config, "engine-admin-token-0123")?;
+    let client = Client::plain(gateway.addr);
+    let read = eventually(Duration::from_secs(10), || async {
+        worker_stats(&admin, "shared")
+            .await
+            .is_ok_and(|w| w["engine_load"]["running"] == 10)
+    })
+    .await;
+    assert!(read, "metrics read");
+    let reply = client
+        .post_json("/v1/chat/completions", &chat_body("m", "wait", 2, false))
+        .await?;
+    assert_eq!(reply.status, 503, "held, then timed out: {:?}", reply.json());
+    assert_eq!(reply.json()?["error"]["code"], "queue_timeout");
+    assert_eq!(shared.generations(), 0);
+    // The others finish: room again.
+    shared.set_metrics(&vllm(1, 0, 0.0));
+    let freed = eventually(Duration::from_secs(10), || async {
+        worker_stats(&admin, "shared")
+            .await
+            .is_ok_and(|w| w["engine_load"]["running"] == 1)
+    })
+    .await;
+    assert!(freed);
+    assert_eq!(answered_by(&client, 2).await?, ["shared", "shared"]);
+    Ok(())
+}
