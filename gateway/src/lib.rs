@@ -215,6 +215,7 @@ pub struct Gateway {
     addr: SocketAddr,
     admin_addr: Option<SocketAddr>,
     admin_token: Option<String>,
+    admin_token_generated: bool,
     admin_tls: bool,
     tls: Option<server::tls::Tls>,
     state: Arc<AppState>,
@@ -272,6 +273,7 @@ impl Gateway {
             tls,
             state,
             admin_addr: admin.as_ref().map(|admin| admin.addr),
+            admin_token_generated: admin.as_ref().is_some_and(|admin| admin.generated),
             admin_token: admin.map(|admin| admin.token),
             admin_tls: config.admin.as_ref().is_some_and(|admin| admin.tls.is_some()),
             tasks,
@@ -348,6 +350,12 @@ impl Gateway {
     /// `[admin]` names none), if the admin API is configured.
     pub fn admin_token(&self) -> Option<&str> {
         self.admin_token.as_deref()
+    }
+
+    /// The admin token when it was generated at start (dev mode without `admin.token`); `None`
+    /// when it came from the configuration, which is never to be shown.
+    pub fn generated_admin_token(&self) -> Option<&str> {
+        self.admin_token.as_deref().filter(|_| self.admin_token_generated)
     }
 
     /// Whether client requests need an API key (`[[api_keys]]` or `[tenants] keys_file`).

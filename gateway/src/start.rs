@@ -438,6 +438,9 @@ pub(crate) fn start_planner(
 pub(crate) struct AdminListener {
     pub(crate) addr: SocketAddr,
     pub(crate) token: String,
+    /// Whether `token` was generated at start (dev mode without `admin.token`): only such a
+    /// token is ever shown, since a configured one is a production secret.
+    pub(crate) generated: bool,
 }
 
 /// Binds and serves the admin API (with its certificate's reloader, under `[admin.tls]`).
@@ -451,9 +454,9 @@ pub(crate) async fn serve_admin(
         return Ok(None);
     };
     let (listener, addr) = bind(admin.listen).await?;
-    let token = match &admin.token {
-        Some(token) => token.clone(),
-        None => admin::generate_token().ok_or(Error::AdminToken)?,
+    let (token, generated) = match &admin.token {
+        Some(token) => (token.clone(), false),
+        None => (admin::generate_token().ok_or(Error::AdminToken)?, true),
     };
     let acceptor = match &admin.tls {
         Some(files) => {
@@ -474,7 +477,7 @@ pub(crate) async fn serve_admin(
         Arc::new(state),
         acceptor,
     )));
-    Ok(Some(AdminListener { addr, token }))
+    Ok(Some(AdminListener { addr, token, generated }))
 }
 
 /// The admin API's state: the routing core, the policies and settings it manages, and what

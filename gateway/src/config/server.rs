@@ -15,8 +15,9 @@ pub struct AdminConfig {
     /// Address of the admin listener (plain HTTP unless `tls` is set; keep it on a private
     /// interface either way).
     pub listen: SocketAddr,
-    /// Bearer token every admin request must carry; absent (dev mode only), one is generated
-    /// at start and printed with the ready line.
+    /// Bearer token every admin request must carry; never printed or logged. Absent (dev mode
+    /// only), one is generated at start and written to a file only this user can read, which
+    /// the ready lines name.
     #[serde(default)]
     pub token: Option<String>,
     /// `[admin.tls]`: serve the admin API over TLS, optionally requiring client certificates.
@@ -207,7 +208,7 @@ impl AdminConfig {
             Some(token) if token.len() < 16 => Err(Invalid::new("admin.token", "must be at least 16 characters")),
             None if mode != Mode::Dev => Err(Invalid::new(
                 "admin.token",
-                "is required outside `mode = \"dev\"` (in dev mode one is generated at start and printed)",
+                "is required outside `mode = \"dev\"` (in dev mode one is generated at start)",
             )),
             _ => Ok(()),
         }
