@@ -201,6 +201,14 @@ pub enum Error {
     /// No admin token is configured and none could be generated (no OS randomness).
     #[error("cannot generate an admin token (no OS randomness); set `admin.token`")]
     AdminToken,
+    /// `admin.worker_token_file` could not be read at start.
+    #[error("`{key}` {reason}")]
+    WorkerToken {
+        /// The configuration key.
+        key: &'static str,
+        /// Why.
+        reason: String,
+    },
     /// A configured policy name is neither a `.wasm` file nor a built-in.
     #[error(transparent)]
     UnknownBuiltIn(#[from] built_ins::UnknownBuiltIn),

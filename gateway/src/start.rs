@@ -458,6 +458,9 @@ pub(crate) async fn serve_admin(
         Some(token) => (token.clone(), false),
         None => (admin::generate_token().ok_or(Error::AdminToken)?, true),
     };
+    let worker_token = admin
+        .worker_token()
+        .map_err(|(key, reason)| Error::WorkerToken { key, reason })?;
     let acceptor = match &admin.tls {
         Some(files) => {
             let tls = server::tls::admin_from_files(files)?;
@@ -473,7 +476,10 @@ pub(crate) async fn serve_admin(
     };
     tasks.push(tokio::spawn(admin::serve(
         listener,
-        token.clone(),
+        admin::Credentials {
+            admin: token.clone(),
+            worker: worker_token,
+        },
         Arc::new(state),
         acceptor,
     )));
