@@ -480,6 +480,10 @@ pub(crate) async fn serve_admin(
             admin: token.clone(),
             worker: worker_token,
         },
+        switchyard_protocol::serve::Limits {
+            header_read_timeout: Some(admin.header_read_timeout()),
+            max_connections: Some(admin.max_connections),
+        },
         Arc::new(state),
         acceptor,
     )));

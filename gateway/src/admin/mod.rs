@@ -103,8 +103,15 @@ impl std::fmt::Debug for Credentials {
     }
 }
 
-/// Serves the admin API on `listener` until the task is aborted.
-pub async fn serve(listener: TcpListener, credentials: Credentials, state: Arc<AdminState>, tls: Option<TlsAcceptor>) {
+/// Serves the admin API on `listener` until the task is aborted, under `limits` (the admin
+/// listener's own header read timeout and connection cap).
+pub async fn serve(
+    listener: TcpListener,
+    credentials: Credentials,
+    limits: switchyard_protocol::serve::Limits,
+    state: Arc<AdminState>,
+    tls: Option<TlsAcceptor>,
+) {
     let candidates = Arc::new(Candidates::default());
     let credentials = Arc::new(credentials);
     let handler = move |request: Request<Incoming>| {
@@ -123,7 +130,16 @@ pub async fn serve(listener: TcpListener, credentials: Credentials, state: Arc<A
         }
     };
     match tls {
-        None => switchyard_protocol::serve::serve_http(listener, "admin", handler).await,
+        None => {
+            switchyard_protocol::serve::serve_http_over(
+                listener,
+                "admin",
+                limits,
+                |stream| std::future::ready(Some(stream)),
+                handler,
+            )
+            .await;
+        }
         // A handshake that fails (no or a wrong client certificate when one is required) or
         // takes over 10 s ends that connection only.
         Some(acceptor) => {
@@ -141,7 +157,7 @@ pub async fn serve(listener: TcpListener, credentials: Credentials, state: Arc<A
                     }
                 }
             };
-            switchyard_protocol::serve::serve_http_over(listener, "admin", handshake, handler).await;
+            switchyard_protocol::serve::serve_http_over(listener, "admin", limits, handshake, handler).await;
         }
     }
 }

@@ -30,9 +30,26 @@ pub struct AdminConfig {
     /// keep the token out of the configuration file. Conflicts with `worker_token`.
     #[serde(default)]
     pub worker_token_file: Option<PathBuf>,
+    /// Time a new admin connection gets to send its first request, and each later request
+    /// head; a silent one is closed then.
+    #[serde(default = "default_admin_header_read_timeout_ms")]
+    pub header_read_timeout_ms: u64,
+    /// Admin connections open at once; one more is closed as soon as it is accepted. Its own
+    /// cap, apart from `server.max_connections`: peers on the admin port cannot take the
+    /// file descriptors the client listener needs.
+    #[serde(default = "default_admin_max_connections")]
+    pub max_connections: usize,
     /// `[admin.tls]`: serve the admin API over TLS, optionally requiring client certificates.
     #[serde(default)]
     pub tls: Option<AdminTlsConfig>,
+}
+
+fn default_admin_header_read_timeout_ms() -> u64 {
+    10_000
+}
+
+fn default_admin_max_connections() -> usize {
+    1_024
 }
 
 /// `[admin.tls]`: the admin listener's certificate, and the CA its clients' certificates must
@@ -211,6 +228,11 @@ impl ServerConfig {
 }
 
 impl AdminConfig {
+    /// [`AdminConfig::header_read_timeout_ms`] as a duration.
+    pub fn header_read_timeout(&self) -> Duration {
+        Duration::from_millis(self.header_read_timeout_ms)
+    }
+
     /// The worker registration token: `worker_token`, or the contents of `worker_token_file`
     /// (trimmed); `None` when neither is set.
     ///
@@ -234,8 +256,12 @@ impl AdminConfig {
 
     /// Refuses a token shorter than 16 characters, and a missing one outside dev mode (where
     /// one is generated at start); a worker token that is set twice, unreadable, shorter than
-    /// 16 characters or the admin token itself.
+    /// 16 characters or the admin token itself; a header read timeout or connection cap of 0.
     pub(super) fn check(&self, mode: Mode) -> Checked {
+        positive(&[
+            ("admin.header_read_timeout_ms", self.header_read_timeout_ms),
+            ("admin.max_connections", self.max_connections as u64),
+        ])?;
         match &self.token {
             Some(token) if token.len() < 16 => {
                 return Err(Invalid::new("admin.token", "must be at least 16 characters"));

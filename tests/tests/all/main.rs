@@ -20,6 +20,7 @@
 //! One test is a binary of its own, `policy_batcher_hot_swap` (its module doc says why).
 
 mod admin_dashboard;
+mod admin_listener_limits;
 mod admin_metrics_listener;
 mod fleet_policies;
 mod fleet_replicas;
