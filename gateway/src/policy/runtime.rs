@@ -486,6 +486,11 @@ impl std::fmt::Debug for RouterPolicy {
 }
 
 impl RouterPolicy {
+    /// The settings the policy was loaded with (what its `config` import reads).
+    pub fn settings(&self) -> &toml::Table {
+        &self.config
+    }
+
     /// The worker-table columns the policy reads (its `init` answer at load).
     pub fn columns(&self) -> table::Columns {
         self.columns
