@@ -22,7 +22,8 @@ pub struct TenantsConfig {
     #[serde(default)]
     pub keys_file: Option<PathBuf>,
     /// A JSON file where each tenant's tokens this month are kept across restarts (written
-    /// every few seconds while they change); absent, monthly quotas count from the last start.
+    /// every few seconds while they change, durably); absent, monthly quotas count from the
+    /// last start. A damaged one is renamed aside and the month counts from zero.
     #[serde(default)]
     pub usage_file: Option<PathBuf>,
 }
