@@ -47,5 +47,6 @@ mod policy_cost_routing;
 mod policy_fallbacks;
 mod policy_hostile_plugins;
 mod policy_hot_swap;
+mod policy_last_good;
 mod policy_rollout;
 mod policy_watch;
