@@ -109,13 +109,16 @@ pub mod planning {
 /// and policies. Not a stable API.
 #[doc(hidden)]
 pub mod fuzzing {
+    pub use crate::config::{ApiKeyConfig, KeysFile, validate_key_lists};
     pub use crate::events::http::{events as posted_events, registration as posted_registration};
     pub use crate::events::vllm::Translator;
     pub use crate::events::vllm::decode::{BytesHashFold, decode_batch_with};
     pub use crate::kv::index::KvIndex;
+    pub use crate::planner::window::Window as PlannerWindow;
     pub use crate::policy::batching::{
         Batch, Budget, PendingTable, fallback as fallback_batches, validate as check_batches,
     };
+    pub use crate::policy::planning::IntervalStats;
     pub use crate::policy::runtime::{Pick, check_route_answer};
     pub use crate::policy::table::{Columns, WorkerTable};
 
