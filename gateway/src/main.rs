@@ -364,7 +364,6 @@ fn token_file_path() -> PathBuf {
 /// first.
 fn write_token_file(token: &str) -> anyhow::Result<PathBuf> {
     use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
     let path = token_file_path();
     match std::fs::remove_file(&path) {
         Err(err) if err.kind() != std::io::ErrorKind::NotFound => {
@@ -372,10 +371,11 @@ fn write_token_file(token: &str) -> anyhow::Result<PathBuf> {
         }
         _ => {}
     }
-    let mut file = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
+    let mut options = std::fs::OpenOptions::new();
+    options.write(true).create_new(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+    let mut file = options
         .open(&path)
         .with_context(|| format!("creating {}", path.display()))?;
     file.write_all(token.as_bytes())
