@@ -269,8 +269,11 @@ async fn run(config: Config) -> anyhow::Result<()> {
             (Some(Ok(path)), Some(token)) if std::io::stdout().is_terminal() => {
                 format!("token {token}, also in {}", path.display())
             }
+            (Some(Err(err)), Some(token)) if std::io::stdout().is_terminal() => {
+                format!("token {token}; not saved: {err:#}")
+            }
             (Some(Ok(path)), _) => format!("token in {}", path.display()),
-            (Some(Err(err)), _) => format!("generated token not saved: {err:#}"),
+            (Some(Err(err)), _) => format!("generated token not saved ({err:#}); set `admin.token`"),
             (None, _) => "token from the config".to_string(),
         };
         println!("admin API listening on {admin_url} ({shown})");
