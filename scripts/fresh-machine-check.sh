@@ -2,8 +2,9 @@
 # Proves the README's first command on a machine as a new user has it: a clean RUSTUP_HOME and
 # CARGO_HOME (no toolchain, no crates), rustup's auto-install turned off. It runs the command
 # exactly as the README prints it, waits for the ready lines, sends the printed curl request,
-# runs the printed `switchyard policy push` (live swap to least-load) and checks that the next
-# answer was routed by it. Used by .ci/run; the test command is proven the same way there.
+# runs the printed `switchyard policy push` (live swap to least-load, with the generated admin
+# token read from the file the gateway names, since stdout here is no terminal) and checks that
+# the next answer was routed by it. Used by .ci/run; the test command is proven the same way there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

@@ -165,9 +165,32 @@ def openai():
     write("openai_request", "completion", b"\x01" + json.dumps(completion).encode())
 
 
+def tenants():
+    key = "a" * 64
+    one = f'[[api_keys]]\nkey_sha256 = "{key}"\ntenant = "acme"\n'
+    write("tenants_keys_file", "one-key", one.encode())
+    limits = (one + 'models = ["small", "large"]\npriority = 2\nrequests_per_minute = 60\n'
+              'tokens_per_minute = 100000\nmonthly_tokens = 5000000\nweight = 2.5\n'
+              f'\n[[api_keys]]\nkey_sha256 = "{"0123456789abcdef" * 4}"\ntenant = "acme"\n'
+              'models = ["small"]\nrequests_per_minute = 60\ntokens_per_minute = 100000\n'
+              'monthly_tokens = 5000000\nweight = 2.5\n')
+    write("tenants_keys_file", "limits", limits.encode())
+    write("tenants_keys_file", "empty", b"")
+    write("tenants_keys_file", "twice", (one + one).encode())
+
+
+def planner_window():
+    # Arbitrary-decoded observation lists: the bytes pick variants and values.
+    write("planner_window", "mixed", bytes(range(0, 256, 3)) * 2)
+    write("planner_window", "closes", bytes([3, 2, 0, 1]) * 16)
+    write("planner_window", "samples", bytes([2, 1]) + struct.pack("<dd", 0.5, 128.0) * 8 + bytes([3, 1, 1]))
+
+
 if __name__ == "__main__":
     vllm()
     kv_json()
     gguf()
     safetensors()
     openai()
+    tenants()
+    planner_window()

@@ -348,10 +348,11 @@ impl Fleet {
         Err(FleetError::Unavailable("the watch ended".into()))
     }
 
-    /// Makes this replica run `state`.
+    /// Makes this replica run `state`: a policy whose name, component or settings differ from
+    /// what runs here is loaded, so new settings for the same component take effect too.
     async fn apply(&self, state: &FleetRouter, objects: &object_store::ObjectStore) -> Result<(), String> {
         let active = self.switch.active();
-        if active.policy.sha256 != state.active.sha256 || active.policy.name != state.active.name {
+        if !runs(&active.policy, &state.active)? {
             let policy = self.load(&state.active, objects).await?;
             self.switch.publish(policy);
         }
@@ -369,11 +370,14 @@ impl Fleet {
                     },
                     other => return Err(format!("unknown rollout mode `{other}`")),
                 };
-                let same = self.switch.rollout().is_some_and(|current| {
-                    current.candidate.policy.sha256 == rollout.candidate.sha256
-                        && current.mode == mode
-                        && current.key_header == rollout.key
-                });
+                let same = match self.switch.rollout() {
+                    Some(current) => {
+                        runs(&current.candidate.policy, &rollout.candidate)?
+                            && current.mode == mode
+                            && current.key_header == rollout.key
+                    }
+                    None => false,
+                };
                 if !same {
                     let candidate = self.load(&rollout.candidate, objects).await?;
                     self.switch.start_rollout(candidate, mode, rollout.key.clone());
@@ -404,8 +408,7 @@ impl Fleet {
                 policy.name, policy.sha256
             ));
         }
-        let config: toml::Table = toml::from_str(&policy.config)
-            .map_err(|err| format!("settings of `{}` are not TOML: {err}", policy.name))?;
+        let config = settings(policy)?;
         let (runtime, name) = (self.runtime.clone(), policy.name.clone());
         tokio::task::spawn_blocking(move || runtime.load_router(&name, &wasm, config))
             .await
@@ -436,6 +439,16 @@ impl Fleet {
 }
 
 /// Lower-case hex of `bytes`.
+/// Whether `policy` is what `wanted` names: the same name, component and settings.
+fn runs(policy: &RouterPolicy, wanted: &PolicyRef) -> Result<bool, String> {
+    Ok(policy.sha256 == wanted.sha256 && policy.name == wanted.name && *policy.settings() == settings(wanted)?)
+}
+
+/// The settings `policy` names, as a table.
+fn settings(policy: &PolicyRef) -> Result<toml::Table, String> {
+    toml::from_str(&policy.config).map_err(|err| format!("settings of `{}` are not TOML: {err}", policy.name))
+}
+
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|byte| format!("{byte:02x}")).collect()
 }

@@ -109,13 +109,16 @@ pub mod planning {
 /// and policies. Not a stable API.
 #[doc(hidden)]
 pub mod fuzzing {
+    pub use crate::config::{ApiKeyConfig, KeysFile, validate_key_lists};
     pub use crate::events::http::{events as posted_events, registration as posted_registration};
     pub use crate::events::vllm::Translator;
     pub use crate::events::vllm::decode::{BytesHashFold, decode_batch_with};
     pub use crate::kv::index::KvIndex;
+    pub use crate::planner::window::Window as PlannerWindow;
     pub use crate::policy::batching::{
         Batch, Budget, PendingTable, fallback as fallback_batches, validate as check_batches,
     };
+    pub use crate::policy::planning::IntervalStats;
     pub use crate::policy::runtime::{Pick, check_route_answer};
     pub use crate::policy::table::{Columns, WorkerTable};
 
@@ -201,6 +204,14 @@ pub enum Error {
     /// No admin token is configured and none could be generated (no OS randomness).
     #[error("cannot generate an admin token (no OS randomness); set `admin.token`")]
     AdminToken,
+    /// `admin.worker_token_file` could not be read at start.
+    #[error("`{key}` {reason}")]
+    WorkerToken {
+        /// The configuration key.
+        key: &'static str,
+        /// Why.
+        reason: String,
+    },
     /// A configured policy name is neither a `.wasm` file nor a built-in.
     #[error(transparent)]
     UnknownBuiltIn(#[from] built_ins::UnknownBuiltIn),
@@ -215,6 +226,7 @@ pub struct Gateway {
     addr: SocketAddr,
     admin_addr: Option<SocketAddr>,
     admin_token: Option<String>,
+    admin_token_generated: bool,
     admin_tls: bool,
     tls: Option<server::tls::Tls>,
     state: Arc<AppState>,
@@ -272,6 +284,7 @@ impl Gateway {
             tls,
             state,
             admin_addr: admin.as_ref().map(|admin| admin.addr),
+            admin_token_generated: admin.as_ref().is_some_and(|admin| admin.generated),
             admin_token: admin.map(|admin| admin.token),
             admin_tls: config.admin.as_ref().is_some_and(|admin| admin.tls.is_some()),
             tasks,
@@ -348,6 +361,12 @@ impl Gateway {
     /// `[admin]` names none), if the admin API is configured.
     pub fn admin_token(&self) -> Option<&str> {
         self.admin_token.as_deref()
+    }
+
+    /// The admin token when it was generated at start (dev mode without `admin.token`); `None`
+    /// when it came from the configuration, which is never to be shown.
+    pub fn generated_admin_token(&self) -> Option<&str> {
+        self.admin_token.as_deref().filter(|_| self.admin_token_generated)
     }
 
     /// Whether client requests need an API key (`[[api_keys]]` or `[tenants] keys_file`).

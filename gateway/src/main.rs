@@ -7,6 +7,7 @@
 //!   worth a C dependency and a change in how memory goes back to the system, which the
 //!   hostile-plugin tests watch.
 
+use std::io::IsTerminal;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
@@ -57,9 +58,34 @@ struct AdminArgs {
     /// The gateway's admin API, e.g. http://127.0.0.1:9443.
     #[arg(long, env = "SWITCHYARD_ADMIN")]
     admin: String,
-    /// The admin bearer token.
-    #[arg(long, env = "SWITCHYARD_ADMIN_TOKEN", hide_env_values = true)]
-    token: String,
+    /// The admin bearer token (visible to every local user on the command line; prefer
+    /// --token-file or the environment).
+    #[arg(
+        long,
+        env = "SWITCHYARD_ADMIN_TOKEN",
+        hide_env_values = true,
+        conflicts_with = "token_file"
+    )]
+    token: Option<String>,
+    /// A file holding the admin bearer token (what a dev gateway writes its generated one to).
+    #[arg(long, env = "SWITCHYARD_ADMIN_TOKEN_FILE", value_name = "FILE")]
+    token_file: Option<PathBuf>,
+}
+
+impl AdminArgs {
+    /// The token, from --token (or its variable) or read from --token-file.
+    fn token(&self) -> anyhow::Result<String> {
+        match (&self.token, &self.token_file) {
+            (Some(token), _) => Ok(token.clone()),
+            (None, Some(path)) => {
+                let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+                Ok(text.trim().to_string())
+            }
+            (None, None) => anyhow::bail!(
+                "the admin API needs a token: --token-file FILE, SWITCHYARD_ADMIN_TOKEN_FILE or SWITCHYARD_ADMIN_TOKEN"
+            ),
+        }
+    }
 }
 
 #[derive(Debug, clap::Subcommand)]
@@ -234,12 +260,30 @@ async fn run(config: Config) -> anyhow::Result<()> {
     for (name, addr) in gateway.embedded_encoders() {
         println!("embedded encoder {name} at http://{addr}");
     }
-    if let (Some(admin), Some(admin_url), Some(token)) =
-        (gateway.admin_addr(), gateway.admin_url(), gateway.admin_token())
-    {
-        println!("admin API listening on {admin_url} (token {token})");
+    if let (Some(admin), Some(admin_url)) = (gateway.admin_addr(), gateway.admin_url()) {
+        let token_file = gateway.generated_admin_token().map(write_token_file);
+        // A configured token is a production secret: logs and terminals never see it. A
+        // generated one goes to a file only its user can read, and is shown once, to a person
+        // at a terminal (stdout that is a pipe usually ends in a log).
+        let shown = match (&token_file, gateway.generated_admin_token()) {
+            (Some(Ok(path)), Some(token)) if std::io::stdout().is_terminal() => {
+                format!("token {token}, also in {}", path.display())
+            }
+            (Some(Err(err)), Some(token)) if std::io::stdout().is_terminal() => {
+                format!("token {token}; not saved: {err:#}")
+            }
+            (Some(Ok(path)), _) => format!("token in {}", path.display()),
+            (Some(Err(err)), _) => format!("generated token not saved ({err:#}); set `admin.token`"),
+            (None, _) => "token from the config".to_string(),
+        };
+        println!("admin API listening on {admin_url} ({shown})");
         if admin_url.starts_with("http://") {
-            println!("swap the router live: {}", push_example(admin, token));
+            let credential = match &token_file {
+                Some(Ok(path)) => format!(" --token-file {}", path.display()),
+                // SWITCHYARD_ADMIN_TOKEN or SWITCHYARD_ADMIN_TOKEN_FILE supplies it.
+                _ => String::new(),
+            };
+            println!("swap the router live: {}", push_example(admin, &credential));
         } else {
             // The `policy` subcommands speak plain HTTP; a TLS admin API wants a client
             // certificate they do not carry.
@@ -265,7 +309,12 @@ async fn run(config: Config) -> anyhow::Result<()> {
     shutdown_signal().await?;
     let timeout = drain_timeout;
     tracing::info!(?timeout, "shutting down: draining the responses in flight");
-    if gateway.drain(timeout).await {
+    let drained = gateway.drain(timeout).await;
+    if gateway.generated_admin_token().is_some() {
+        // The generated token dies with this process; so does its file.
+        let _ = std::fs::remove_file(token_file_path());
+    }
+    if drained {
         tracing::info!("drained; exiting");
     } else {
         tracing::warn!(
@@ -279,8 +328,8 @@ async fn run(config: Config) -> anyhow::Result<()> {
 /// A `switchyard policy push` command that works as printed: this binary, the built-in
 /// `least-load` component where the build left it (or, where the build's output is not on
 /// this machine, a copy of the embedded one written to the temporary folder), this admin
-/// listener and token.
-fn push_example(admin: SocketAddr, token: &str) -> String {
+/// listener and `credential` (the token's flag, or nothing when the environment supplies it).
+fn push_example(admin: SocketAddr, credential: &str) -> String {
     let binary = std::env::current_exe()
         .map(|path| path.display().to_string())
         .unwrap_or_else(|_| "switchyard".into());
@@ -294,11 +343,47 @@ fn push_example(admin: SocketAddr, token: &str) -> String {
     });
     match file {
         Some(file) => format!(
-            "{binary} policy push least-load {} --activate --admin http://{admin} --token {token}",
+            "{binary} policy push least-load {} --activate --admin http://{admin}{credential}",
             file.display()
         ),
-        None => format!("{binary} policy push NAME FILE.wasm --activate --admin http://{admin} --token {token}"),
+        None => format!("{binary} policy push NAME FILE.wasm --activate --admin http://{admin}{credential}"),
     }
+}
+
+/// Where a generated admin token is written: the runtime folder when the session has one
+/// (private to its user), else the temporary folder; named by this process's id.
+fn token_file_path() -> PathBuf {
+    let dir = std::env::var_os("XDG_RUNTIME_DIR")
+        .map(PathBuf::from)
+        .filter(|dir| dir.is_dir())
+        .unwrap_or_else(std::env::temp_dir);
+    dir.join(format!("switchyard-{}-admin-token", std::process::id()))
+}
+
+/// Writes the generated admin token to [`token_file_path`], readable by this user only.
+///
+/// The file is created anew (`O_EXCL`, so never through a link someone planted), with mode
+/// 0600 from its first byte; a stale one left by an earlier process with this id is removed
+/// first.
+fn write_token_file(token: &str) -> anyhow::Result<PathBuf> {
+    use std::io::Write;
+    let path = token_file_path();
+    match std::fs::remove_file(&path) {
+        Err(err) if err.kind() != std::io::ErrorKind::NotFound => {
+            return Err(err).with_context(|| format!("removing the stale {}", path.display()));
+        }
+        _ => {}
+    }
+    let mut options = std::fs::OpenOptions::new();
+    options.write(true).create_new(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+    let mut file = options
+        .open(&path)
+        .with_context(|| format!("creating {}", path.display()))?;
+    file.write_all(token.as_bytes())
+        .with_context(|| format!("writing {}", path.display()))?;
+    Ok(path)
 }
 
 /// Waits for SIGINT (ctrl-c) or, on Unix, SIGTERM.
@@ -403,7 +488,7 @@ async fn admin_request(admin: &AdminArgs, method: http::Method, path: &str, body
     let request = http::Request::builder()
         .method(method)
         .uri(uri)
-        .header(http::header::AUTHORIZATION, format!("Bearer {}", admin.token))
+        .header(http::header::AUTHORIZATION, format!("Bearer {}", admin.token()?))
         .body(Full::new(bytes::Bytes::from(body)))?;
     let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
         .build(hyper_util::client::legacy::connect::HttpConnector::new());

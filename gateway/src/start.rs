@@ -440,6 +440,9 @@ pub(crate) fn start_planner(
 pub(crate) struct AdminListener {
     pub(crate) addr: SocketAddr,
     pub(crate) token: String,
+    /// Whether `token` was generated at start (dev mode without `admin.token`): only such a
+    /// token is ever shown, since a configured one is a production secret.
+    pub(crate) generated: bool,
 }
 
 /// Binds and serves the admin API (with its certificate's reloader, under `[admin.tls]`).
@@ -453,10 +456,13 @@ pub(crate) async fn serve_admin(
         return Ok(None);
     };
     let (listener, addr) = bind(admin.listen).await?;
-    let token = match &admin.token {
-        Some(token) => token.clone(),
-        None => admin::generate_token().ok_or(Error::AdminToken)?,
+    let (token, generated) = match &admin.token {
+        Some(token) => (token.clone(), false),
+        None => (admin::generate_token().ok_or(Error::AdminToken)?, true),
     };
+    let worker_token = admin
+        .worker_token()
+        .map_err(|(key, reason)| Error::WorkerToken { key, reason })?;
     let acceptor = match &admin.tls {
         Some(files) => {
             let tls = server::tls::admin_from_files(files)?;
@@ -472,11 +478,18 @@ pub(crate) async fn serve_admin(
     };
     tasks.push(tokio::spawn(admin::serve(
         listener,
-        token.clone(),
+        admin::Credentials {
+            admin: token.clone(),
+            worker: worker_token,
+        },
+        switchyard_protocol::serve::Limits {
+            header_read_timeout: Some(admin.header_read_timeout()),
+            max_connections: Some(admin.max_connections),
+        },
         Arc::new(state),
         acceptor,
     )));
-    Ok(Some(AdminListener { addr, token }))
+    Ok(Some(AdminListener { addr, token, generated }))
 }
 
 /// The admin API's state: the routing core, the policies and settings it manages, and what

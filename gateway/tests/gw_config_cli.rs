@@ -90,7 +90,7 @@ fn the_embedded_default_prints_a_ready_line_with_a_working_curl() {
     let mut lines = BufReader::new(stdout).lines();
     let ready = lines.next().and_then(Result::ok).unwrap_or_default();
     // Then the certificate's fingerprint, the embedded mockers' addresses, the admin listener
-    // with its generated token and a push command, then the example request.
+    // with the file holding its generated token and a push command, then the example request.
     let mut mockers = 0;
     let mut admin = String::new();
     let mut push = String::new();
@@ -119,9 +119,21 @@ fn the_embedded_default_prints_a_ready_line_with_a_working_curl() {
         .args(&words[words.len() - 4..])
         .output()
         .expect("run policy list");
+    // Stdout is a pipe here, as under a supervisor: the generated token is in a file only this
+    // user can read, never on stdout.
+    let token_file = admin
+        .split("(token in ")
+        .nth(1)
+        .and_then(|rest| rest.strip_suffix(')'))
+        .unwrap_or_default()
+        .to_string();
+    let token = std::fs::read_to_string(&token_file).unwrap_or_default();
+    let mode = std::fs::metadata(&token_file).map(|m| std::os::unix::fs::PermissionsExt::mode(&m.permissions()));
     let _ = child.kill();
     let _ = child.wait();
-    assert!(admin.contains("(token "), "{admin}");
+    assert_eq!(token.len(), 32, "{admin}: {token_file} holds {token:?}");
+    assert_eq!(mode.ok().map(|mode| mode & 0o777), Some(0o600), "{token_file}");
+    assert!(!admin.contains(&token) && !push.contains(&token), "{admin}\n{push}");
     assert!(
         pushed.status.success(),
         "{push}: {}",
@@ -138,4 +150,53 @@ fn the_embedded_default_prints_a_ready_line_with_a_working_curl() {
         curl.contains("\"model\":\"mock\"") && curl.contains("\"stream\":true"),
         "{curl}"
     );
+}
+
+/// Starts the binary on `config` (written to a file), reads stdout up to the example request,
+/// stops it, and returns everything it wrote to stdout and stderr.
+fn ready_output(config: &str) -> (String, String) {
+    use std::io::{BufRead, BufReader, Read};
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("gateway.toml");
+    std::fs::write(&path, config).expect("write config");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_switchyard"))
+        .args([
+            "--config",
+            path.to_str().expect("utf-8 path"),
+            "--listen",
+            "127.0.0.1:0",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run switchyard");
+    let stdout = child.stdout.take().expect("stdout");
+    let mut stderr = child.stderr.take().expect("stderr");
+    let mut printed = String::new();
+    for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+        printed.push_str(&line);
+        printed.push('\n');
+        if line.starts_with("try: ") {
+            break;
+        }
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    let mut logged = String::new();
+    let _ = stderr.read_to_string(&mut logged);
+    (printed, logged)
+}
+
+#[test]
+fn a_configured_admin_token_is_never_printed() {
+    let token = "0123456789abcdef0123";
+    let config = format!(
+        "mode = \"production\"\n[server]\nplaintext = true\n[embedded_mockers]\ncount = 1\n\
+         [admin]\nlisten = \"127.0.0.1:0\"\ntoken = \"{token}\"\n"
+    );
+    let (stdout, stderr) = ready_output(&config);
+    assert!(stdout.contains("admin API listening on http://127.0.0.1:"), "{stdout}");
+    assert!(stdout.contains("try: "), "the gateway started: {stdout}{stderr}");
+    assert!(!stdout.contains(token), "the token is on stdout: {stdout}");
+    assert!(!stderr.contains(token), "the token is on stderr: {stderr}");
 }

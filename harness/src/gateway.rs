@@ -119,10 +119,24 @@ impl Gateway {
     /// Fails if the gateway does not start.
     #[track_caller]
     pub fn start_with_admin(config: &str, token: &str) -> anyhow::Result<(Gateway, Admin)> {
-        let turn = turns::take(Location::caller().file());
+        Gateway::launch_with_admin(config, token, "", turns::take(Location::caller().file()))
+    }
+
+    /// As [`Gateway::start_with_admin`], with `admin_extra` (more `[admin]` keys, one per line,
+    /// e.g. `worker_token = "..."`) added to the `[admin]` table.
+    ///
+    /// # Errors
+    ///
+    /// Fails if the gateway does not start.
+    #[track_caller]
+    pub fn start_with_admin_keys(config: &str, token: &str, admin_extra: &str) -> anyhow::Result<(Gateway, Admin)> {
+        Gateway::launch_with_admin(config, token, admin_extra, turns::take(Location::caller().file()))
+    }
+
+    fn launch_with_admin(config: &str, token: &str, admin_extra: &str, turn: Turn) -> anyhow::Result<(Gateway, Admin)> {
         // Port 0, read back from the gateway's own line: a port found free here and handed over
         // can be taken by any other socket before the gateway binds it.
-        let config = format!("{config}\n[admin]\nlisten = \"127.0.0.1:0\"\ntoken = \"{token}\"\n");
+        let config = format!("{config}\n[admin]\nlisten = \"127.0.0.1:0\"\ntoken = \"{token}\"\n{admin_extra}\n");
         let gateway = Gateway::launch(&config, turn)?;
         let admin_addr = gateway.admin.context("the gateway printed no admin API line")?;
         let admin = Admin {
@@ -150,6 +164,15 @@ impl Admin {
     /// The bearer token.
     pub fn token(&self) -> &str {
         &self.token
+    }
+
+    /// A client of the same listener that sends `token` instead (another credential, or a
+    /// wrong one).
+    pub fn with_token(&self, token: &str) -> Admin {
+        Admin {
+            client: self.client.clone(),
+            token: token.to_string(),
+        }
     }
 
     /// One authenticated request; returns the status and the body as JSON (`null` if it is not).

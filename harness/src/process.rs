@@ -60,8 +60,25 @@ impl Process {
         ready: impl Fn(&str) -> bool,
         timeout: Duration,
     ) -> anyhow::Result<(Process, Vec<String>)> {
+        Process::start_with_env(program, args, &[], ready, timeout)
+    }
+
+    /// As [`Process::start`], with `env` (name, value) added to its environment: how secrets
+    /// reach a child, since its command line is readable by every local user.
+    ///
+    /// # Errors
+    ///
+    /// As [`Process::start`].
+    pub fn start_with_env(
+        program: &Path,
+        args: &[String],
+        env: &[(&str, &str)],
+        ready: impl Fn(&str) -> bool,
+        timeout: Duration,
+    ) -> anyhow::Result<(Process, Vec<String>)> {
         let mut child = Command::new(program)
             .args(args)
+            .envs(env.iter().copied())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()
@@ -152,11 +169,13 @@ impl Drop for Process {
 fn start_listening(
     name: &str,
     args: &[&str],
+    env: &[(&str, &str)],
     ready: &str,
     timeout: Duration,
 ) -> anyhow::Result<(Process, Vec<SocketAddr>)> {
     let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
-    let (process, lines) = Process::start(&binary(name)?, &args, |line| line.starts_with(ready), timeout)?;
+    let (process, lines) =
+        Process::start_with_env(&binary(name)?, &args, env, |line| line.starts_with(ready), timeout)?;
     let addrs = lines
         .iter()
         .filter_map(|line| line.split("listening on http://").nth(1))
@@ -185,7 +204,8 @@ impl Mockers {
     ///
     /// Fails if it cannot start or does not report its ports.
     pub fn start(args: &[&str]) -> anyhow::Result<Mockers> {
-        let (process, addrs) = start_listening("switchyard-mocker", args, "mocker ready", Duration::from_secs(30))?;
+        let (process, addrs) =
+            start_listening("switchyard-mocker", args, &[], "mocker ready", Duration::from_secs(30))?;
         Ok(Mockers { process, addrs })
     }
 }
@@ -206,7 +226,17 @@ impl NativeWorker {
     ///
     /// Fails if it cannot start, load its model, or report its port.
     pub fn start(args: &[&str]) -> anyhow::Result<NativeWorker> {
-        let (process, addrs) = start_listening("switchyard-llm", args, "worker ready", Duration::from_secs(60))?;
+        NativeWorker::start_with_env(args, &[])
+    }
+
+    /// As [`NativeWorker::start`], with `env` added to its environment (e.g. the gateway
+    /// token as `SWITCHYARD_GATEWAY_TOKEN`).
+    ///
+    /// # Errors
+    ///
+    /// As [`NativeWorker::start`].
+    pub fn start_with_env(args: &[&str], env: &[(&str, &str)]) -> anyhow::Result<NativeWorker> {
+        let (process, addrs) = start_listening("switchyard-llm", args, env, "worker ready", Duration::from_secs(60))?;
         let addr = *addrs.first().context("the worker printed no address")?;
         Ok(NativeWorker { process, addr })
     }
@@ -229,7 +259,23 @@ impl NativeEncoder {
     ///
     /// Fails if it cannot start, load its model, or report its port.
     pub fn start(args: &[&str]) -> anyhow::Result<NativeEncoder> {
-        let (process, addrs) = start_listening("switchyard-encoder", args, "encoder ready", Duration::from_secs(60))?;
+        NativeEncoder::start_with_env(args, &[])
+    }
+
+    /// As [`NativeEncoder::start`], with `env` added to its environment (e.g. the gateway
+    /// token as `SWITCHYARD_GATEWAY_TOKEN`).
+    ///
+    /// # Errors
+    ///
+    /// As [`NativeEncoder::start`].
+    pub fn start_with_env(args: &[&str], env: &[(&str, &str)]) -> anyhow::Result<NativeEncoder> {
+        let (process, addrs) = start_listening(
+            "switchyard-encoder",
+            args,
+            env,
+            "encoder ready",
+            Duration::from_secs(60),
+        )?;
         let addr = *addrs.first().context("the encoder printed no address")?;
         Ok(NativeEncoder { process, addr })
     }

@@ -4,7 +4,8 @@
 //! (`POST /admin/workers`, repeated as the heartbeat with the newest event id), numbers the
 //! engine's KV events with the shared [`EventLog`] and posts them in batches
 //! (`POST /admin/workers/{name}/events`), and leaves (`DELETE /admin/workers/{name}`) when it
-//! stops. Every call carries the admin bearer token. A batch that cannot be delivered is
+//! stops. Every call carries the gateway's worker token (`[admin] worker_token`), which
+//! [`token`] reads from a file or the environment, never the command line. A batch that cannot be delivered is
 //! dropped (and logged): the gateway sees the gap in the ids and fetches a dump from the
 //! worker's `GET /kv/dump`, which the worker's server answers from the same log.
 
@@ -26,12 +27,60 @@ const MAX_BATCH: usize = 1024;
 /// How long one call to the gateway may take.
 const CALL_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// The environment variable [`token`] reads the worker token from when no file is named.
+pub const TOKEN_ENV: &str = "SWITCHYARD_GATEWAY_TOKEN";
+
+/// Why a worker has no usable gateway token.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum TokenError {
+    /// The token file cannot be read.
+    #[error("cannot read the gateway token file `{path}`: {source}")]
+    Unreadable {
+        /// The file.
+        path: std::path::PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// Neither a file nor the environment variable gives one.
+    #[error("registering with a gateway needs its worker token: --gateway-token-file FILE or {TOKEN_ENV}")]
+    Missing,
+    /// The file or the variable holds nothing.
+    #[error("the gateway token is empty")]
+    Empty,
+}
+
+/// The worker token: read from `file` when one is named, else from [`TOKEN_ENV`]; surrounding
+/// whitespace is dropped. Both keep it off the command line, which every local user can read
+/// in `/proc/PID/cmdline`.
+///
+/// # Errors
+///
+/// When the file cannot be read, or neither source gives a non-empty token.
+pub fn token(file: Option<&std::path::Path>) -> Result<String, TokenError> {
+    let token = match file {
+        Some(path) => std::fs::read_to_string(path).map_err(|source| TokenError::Unreadable {
+            path: path.to_path_buf(),
+            source,
+        })?,
+        None => std::env::var(TOKEN_ENV).map_err(|_| TokenError::Missing)?,
+    };
+    let token = token.trim();
+    if token.is_empty() {
+        return Err(TokenError::Empty);
+    }
+    Ok(token.to_string())
+}
+
+/// What the worker binaries say to a token given on their command line.
+pub const ARGV_TOKEN_REFUSED: &str = "--gateway-token is no longer accepted: a token on the command line is readable by every local user (/proc/PID/cmdline); put the gateway's worker token (`[admin] worker_token`) in a file for --gateway-token-file FILE, or in SWITCHYARD_GATEWAY_TOKEN";
+
 /// Link settings.
 #[derive(Debug, Clone)]
 pub struct GatewayLinkConfig {
     /// The gateway's admin API, e.g. `http://10.0.0.1:9000`.
     pub admin_url: String,
-    /// Its bearer token.
+    /// The gateway's worker token (see [`token`]).
     pub token: String,
     /// What the worker announces (its `last_event_id` is filled in at each beat).
     pub registration: Registration,

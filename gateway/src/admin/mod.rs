@@ -2,6 +2,8 @@
 //! (plain HTTP, or TLS with `[admin.tls]`, then optionally requiring client certificates).
 //!
 //! Every request needs `authorization: Bearer TOKEN` with the configured token (401 otherwise).
+//! The worker token (`admin.worker_token`), the credential of workers that register over HTTP,
+//! opens the worker routes (`/admin/workers*`) and nothing else (401 elsewhere).
 //! `GET /metrics` serves the gateway's metrics here too (the only place, with `server.metrics =
 //! false`).
 //! `GET /admin/policies` lists the active version, the kept versions and uploaded candidates;
@@ -83,18 +85,43 @@ pub fn generate_token() -> Option<String> {
     Some(bytes.iter().map(|byte| format!("{byte:02x}")).collect())
 }
 
-/// Serves the admin API on `listener` until the task is aborted.
-pub async fn serve(listener: TcpListener, token: String, state: Arc<AdminState>, tls: Option<TlsAcceptor>) {
+/// The bearer tokens the admin API accepts.
+#[derive(Clone)]
+pub struct Credentials {
+    /// Opens every route.
+    pub admin: String,
+    /// Opens only the worker routes (`/admin/workers*`), when configured.
+    pub worker: Option<String>,
+}
+
+impl std::fmt::Debug for Credentials {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Tokens are secrets: a debug print must not show them.
+        f.debug_struct("Credentials")
+            .field("worker", &self.worker.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Serves the admin API on `listener` until the task is aborted, under `limits` (the admin
+/// listener's own header read timeout and connection cap).
+pub async fn serve(
+    listener: TcpListener,
+    credentials: Credentials,
+    limits: switchyard_protocol::serve::Limits,
+    state: Arc<AdminState>,
+    tls: Option<TlsAcceptor>,
+) {
     let candidates = Arc::new(Candidates::default());
-    let token = Arc::new(token);
+    let credentials = Arc::new(credentials);
     let handler = move |request: Request<Incoming>| {
-        let (state, token, candidates) = (state.clone(), token.clone(), candidates.clone());
+        let (state, credentials, candidates) = (state.clone(), credentials.clone(), candidates.clone());
         async move {
             // The page holds no data: it asks for the token and sends it with each call.
             if request.method() == Method::GET && matches!(request.uri().path(), "/" | "/dashboard") {
                 return dashboard::page();
             }
-            match authorize(&request, &token) {
+            match authorize(&request, &credentials) {
                 Ok(()) => handle(&state, &candidates, request)
                     .await
                     .unwrap_or_else(|err| respond::error(&err)),
@@ -103,7 +130,16 @@ pub async fn serve(listener: TcpListener, token: String, state: Arc<AdminState>,
         }
     };
     match tls {
-        None => switchyard_protocol::serve::serve_http(listener, "admin", handler).await,
+        None => {
+            switchyard_protocol::serve::serve_http_over(
+                listener,
+                "admin",
+                limits,
+                |stream| std::future::ready(Some(stream)),
+                handler,
+            )
+            .await;
+        }
         // A handshake that fails (no or a wrong client certificate when one is required) or
         // takes over 10 s ends that connection only.
         Some(acceptor) => {
@@ -121,26 +157,41 @@ pub async fn serve(listener: TcpListener, token: String, state: Arc<AdminState>,
                     }
                 }
             };
-            switchyard_protocol::serve::serve_http_over(listener, "admin", handshake, handler).await;
+            switchyard_protocol::serve::serve_http_over(listener, "admin", limits, handshake, handler).await;
         }
     }
 }
 
-fn authorize(request: &Request<Incoming>, token: &str) -> Result<(), ApiError> {
+/// Whether `path` is one of the worker routes, the only ones the worker token opens: split as
+/// [`handle`] splits it, so what this lets through is what `handle` sends to `workers`.
+fn is_worker_route(path: &str) -> bool {
+    let mut segments = path.trim_matches('/').split('/');
+    segments.next() == Some("admin") && segments.next() == Some("workers")
+}
+
+/// Compares in constant time, so a token cannot be guessed byte by byte.
+fn same_token(presented: &str, token: &str) -> bool {
+    presented.len() == token.len()
+        && presented
+            .bytes()
+            .zip(token.bytes())
+            .fold(0u8, |acc, (a, b)| acc | (a ^ b))
+            == 0
+}
+
+fn authorize(request: &Request<Incoming>, credentials: &Credentials) -> Result<(), ApiError> {
     let presented = request
         .headers()
         .get(http::header::AUTHORIZATION)
         .and_then(|value| value.to_str().ok())
         .and_then(|value| value.strip_prefix("Bearer "))
         .unwrap_or("");
-    // Compare in constant time so the token cannot be guessed byte by byte.
-    let matches = presented.len() == token.len()
-        && presented
-            .bytes()
-            .zip(token.bytes())
-            .fold(0u8, |acc, (a, b)| acc | (a ^ b))
-            == 0;
-    if matches {
+    let admin = same_token(presented, &credentials.admin);
+    let worker = credentials
+        .worker
+        .as_deref()
+        .is_some_and(|token| same_token(presented, token));
+    if admin || (worker && is_worker_route(request.uri().path())) {
         Ok(())
     } else {
         Err(ApiError::new(

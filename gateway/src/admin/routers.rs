@@ -185,6 +185,7 @@ fn list(state: &AdminState, candidates: &Candidates) -> Response<Body> {
             "active": {
                 "name": active.policy.name,
                 "sha256": active.policy.sha256,
+                "config": active.policy.settings(),
                 "generation": active.generation,
                 "failures": active.failures(),
                 "decisions": {

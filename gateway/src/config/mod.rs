@@ -336,6 +336,43 @@ mod tests {
     }
 
     #[test]
+    fn admin_credentials_and_limits_name_the_key() {
+        let base =
+            "[embedded_mockers]\ncount = 1\n[admin]\nlisten = \"127.0.0.1:0\"\ntoken = \"admin-token-0123456789\"\n";
+        let dir = tempfile::tempdir().expect("temp dir");
+        let file = dir.path().join("worker-token");
+        std::fs::write(&file, "worker-token-from-a-file\n").expect("write");
+        let cases = [
+            ("worker_token = \"short\"\n", "admin.worker_token"),
+            ("worker_token = \"admin-token-0123456789\"\n", "admin.worker_token"),
+            (
+                "worker_token_file = \"/nonexistent/worker-token\"\n",
+                "admin.worker_token_file",
+            ),
+            (
+                &*format!(
+                    "worker_token = \"worker-token-0123456789\"\nworker_token_file = \"{}\"\n",
+                    file.display()
+                ),
+                "admin.worker_token_file",
+            ),
+            ("max_connections = 0\n", "admin.max_connections"),
+            ("header_read_timeout_ms = 0\n", "admin.header_read_timeout_ms"),
+        ];
+        for (extra, expected) in cases {
+            let err = parse(&format!("{base}{extra}")).unwrap_err();
+            assert!(
+                matches!(&err, ConfigError::Invalid { key, .. } if key == expected),
+                "{extra}: {err}"
+            );
+        }
+        let config = parse(&format!("{base}worker_token_file = \"{}\"\n", file.display())).expect("a token file");
+        let admin = config.admin.expect("[admin]");
+        assert_eq!(admin.worker_token(), Ok(Some("worker-token-from-a-file".to_string())));
+        assert_eq!(admin.max_connections, 1024);
+    }
+
+    #[test]
     fn wrong_types_are_named() {
         let err = parse("[server]\nlisten = 42\n").unwrap_err().to_string();
         assert!(err.contains("listen"), "{err}");

@@ -21,6 +21,9 @@ pub struct PolicyConfig {
     /// Failures of one version after which the previous version is restored.
     pub max_failures: u32,
     /// Where compiled policy code is cached (keyed by sha256 and engine); none disables it.
+    /// Refused unless the folder belongs to the gateway's user, only its owner can write it,
+    /// and no other user can replace it (every folder above is this user's or root's, and
+    /// writable by others only with the sticky bit).
     pub cache_dir: Option<PathBuf>,
     /// Instance slots of the policy sandbox (every thread that calls a policy keeps up to four
     /// instances); absent, sized from the machine's threads (at least 256). A call that finds

@@ -15,13 +15,41 @@ pub struct AdminConfig {
     /// Address of the admin listener (plain HTTP unless `tls` is set; keep it on a private
     /// interface either way).
     pub listen: SocketAddr,
-    /// Bearer token every admin request must carry; absent (dev mode only), one is generated
-    /// at start and printed with the ready line.
+    /// Bearer token every admin request must carry; never printed or logged. Absent (dev mode
+    /// only), one is generated at start and written to a file only this user can read, which
+    /// the ready lines name.
     #[serde(default)]
     pub token: Option<String>,
+    /// The credential workers that register over HTTP present: it opens the worker routes
+    /// (`/admin/workers*`) and nothing else, so a worker (or whoever reads its environment)
+    /// cannot change policies. At least 16 characters, and not the admin token. Absent (with
+    /// `worker_token_file` absent too): only the admin token opens those routes.
+    #[serde(default)]
+    pub worker_token: Option<String>,
+    /// A file holding `worker_token` (surrounding whitespace ignored), read at start; the way to
+    /// keep the token out of the configuration file. Conflicts with `worker_token`.
+    #[serde(default)]
+    pub worker_token_file: Option<PathBuf>,
+    /// Time a new admin connection gets to send its first request, and each later request
+    /// head; a silent one is closed then.
+    #[serde(default = "default_admin_header_read_timeout_ms")]
+    pub header_read_timeout_ms: u64,
+    /// Admin connections open at once; one more is closed as soon as it is accepted. Its own
+    /// cap, apart from `server.max_connections`: peers on the admin port cannot take the
+    /// file descriptors the client listener needs.
+    #[serde(default = "default_admin_max_connections")]
+    pub max_connections: usize,
     /// `[admin.tls]`: serve the admin API over TLS, optionally requiring client certificates.
     #[serde(default)]
     pub tls: Option<AdminTlsConfig>,
+}
+
+fn default_admin_header_read_timeout_ms() -> u64 {
+    10_000
+}
+
+fn default_admin_max_connections() -> usize {
+    1_024
 }
 
 /// `[admin.tls]`: the admin listener's certificate, and the CA its clients' certificates must
@@ -200,14 +228,68 @@ impl ServerConfig {
 }
 
 impl AdminConfig {
+    /// [`AdminConfig::header_read_timeout_ms`] as a duration.
+    pub fn header_read_timeout(&self) -> Duration {
+        Duration::from_millis(self.header_read_timeout_ms)
+    }
+
+    /// The worker registration token: `worker_token`, or the contents of `worker_token_file`
+    /// (trimmed); `None` when neither is set.
+    ///
+    /// # Errors
+    ///
+    /// The key and the reason when the file cannot be read.
+    pub fn worker_token(&self) -> Result<Option<String>, (&'static str, String)> {
+        match (&self.worker_token, &self.worker_token_file) {
+            (Some(token), _) => Ok(Some(token.clone())),
+            (None, Some(path)) => std::fs::read_to_string(path)
+                .map(|text| Some(text.trim().to_string()))
+                .map_err(|err| {
+                    (
+                        "admin.worker_token_file",
+                        format!("cannot read `{}`: {err}", path.display()),
+                    )
+                }),
+            (None, None) => Ok(None),
+        }
+    }
+
     /// Refuses a token shorter than 16 characters, and a missing one outside dev mode (where
-    /// one is generated at start).
+    /// one is generated at start); a worker token that is set twice, unreadable, shorter than
+    /// 16 characters or the admin token itself; a header read timeout or connection cap of 0.
     pub(super) fn check(&self, mode: Mode) -> Checked {
+        positive(&[
+            ("admin.header_read_timeout_ms", self.header_read_timeout_ms),
+            ("admin.max_connections", self.max_connections as u64),
+        ])?;
         match &self.token {
-            Some(token) if token.len() < 16 => Err(Invalid::new("admin.token", "must be at least 16 characters")),
-            None if mode != Mode::Dev => Err(Invalid::new(
-                "admin.token",
-                "is required outside `mode = \"dev\"` (in dev mode one is generated at start and printed)",
+            Some(token) if token.len() < 16 => {
+                return Err(Invalid::new("admin.token", "must be at least 16 characters"));
+            }
+            None if mode != Mode::Dev => {
+                return Err(Invalid::new(
+                    "admin.token",
+                    "is required outside `mode = \"dev\"` (in dev mode one is generated at start)",
+                ));
+            }
+            _ => {}
+        }
+        if self.worker_token.is_some() && self.worker_token_file.is_some() {
+            return Err(Invalid::new(
+                "admin.worker_token_file",
+                "conflicts with `admin.worker_token`; choose one",
+            ));
+        }
+        let key = if self.worker_token.is_some() {
+            "admin.worker_token"
+        } else {
+            "admin.worker_token_file"
+        };
+        match self.worker_token().map_err(|(key, reason)| Invalid::new(key, reason))? {
+            Some(worker) if worker.len() < 16 => Err(Invalid::new(key, "must be at least 16 characters")),
+            Some(worker) if self.token.as_deref() == Some(worker.as_str()) => Err(Invalid::new(
+                key,
+                "must differ from `admin.token`: the worker token opens only the worker routes",
             )),
             _ => Ok(()),
         }

@@ -22,7 +22,8 @@ pub struct TenantsConfig {
     #[serde(default)]
     pub keys_file: Option<PathBuf>,
     /// A JSON file where each tenant's tokens this month are kept across restarts (written
-    /// every few seconds while they change); absent, monthly quotas count from the last start.
+    /// every few seconds while they change, durably); absent, monthly quotas count from the
+    /// last start. A damaged one is renamed aside and the month counts from zero.
     #[serde(default)]
     pub usage_file: Option<PathBuf>,
 }
@@ -95,7 +96,16 @@ impl KeysFile {
             file: path.to_path_buf(),
             source,
         })?;
-        let keys: KeysFile = toml::from_str(&text).map_err(|err| ConfigError::Parse {
+        KeysFile::parse(&text, path)
+    }
+
+    /// Parses and checks the text of a keys file; `path` names it in errors.
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError`] naming the file (and the key) when it cannot be parsed or used.
+    pub fn parse(text: &str, path: &Path) -> Result<KeysFile, ConfigError> {
+        let keys: KeysFile = toml::from_str(text).map_err(|err| ConfigError::Parse {
             file: path.to_path_buf(),
             message: err.to_string(),
         })?;

@@ -1,6 +1,7 @@
 //! KV events, registrations and dumps over HTTP, for workers that reach a gateway without NATS.
 //!
-//! Such a worker (`switchyard-llm --gateway URL --gateway-token T`) posts to the admin API:
+//! Such a worker (`switchyard-llm --gateway URL --gateway-token-file FILE`, with the gateway's
+//! `[admin] worker_token`) posts to the admin API:
 //! `POST /admin/workers` with its [`Registration`] (first as registration, then as its
 //! heartbeat), `POST /admin/workers/{name}/events` with a JSON array of its numbered
 //! [`WorkerEvent`]s, and `DELETE /admin/workers/{name}` when it leaves. The admin handlers

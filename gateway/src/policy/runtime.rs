@@ -486,6 +486,11 @@ impl std::fmt::Debug for RouterPolicy {
 }
 
 impl RouterPolicy {
+    /// The settings the policy was loaded with (what its `config` import reads).
+    pub fn settings(&self) -> &toml::Table {
+        &self.config
+    }
+
     /// The worker-table columns the policy reads (its `init` answer at load).
     pub fn columns(&self) -> table::Columns {
         self.columns
@@ -734,20 +739,28 @@ pub(crate) fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|byte| format!("{byte:02x}")).collect()
 }
 
-/// Whether `path` can be written by its owner only (no group or other write bit), so that a
-/// file in it, loaded as native code, came from this gateway's user. Elsewhere than Unix,
-/// always true.
+/// Whether `path` belongs to this gateway's user and can be written by its owner only (no group
+/// or other write bit), so that a file in it, loaded as native code, came from this gateway's
+/// user. Elsewhere than Unix, always true.
 fn private_to_owner(path: &std::path::Path) -> bool {
     #[cfg(unix)]
     {
-        use std::os::unix::fs::PermissionsExt;
-        match std::fs::metadata(path) {
-            Ok(meta) if meta.permissions().mode() & 0o022 == 0 => true,
+        use std::os::unix::fs::{MetadataExt, PermissionsExt};
+        match std::fs::symlink_metadata(path) {
+            Ok(meta) if meta.uid() != effective_uid() => {
+                tracing::warn!(
+                    path = %path.display(),
+                    owner = meta.uid(),
+                    "ignoring cached policy code owned by another user; recompiling"
+                );
+                false
+            }
+            Ok(meta) if meta.is_file() && meta.permissions().mode() & 0o022 == 0 => true,
             Ok(meta) => {
                 tracing::warn!(
                     path = %path.display(),
                     mode = format!("{:o}", meta.permissions().mode() & 0o777),
-                    "ignoring cached policy code that others can write; recompiling"
+                    "ignoring cached policy code that others can write (or not a plain file); recompiling"
                 );
                 false
             }
@@ -761,11 +774,24 @@ fn private_to_owner(path: &std::path::Path) -> bool {
     }
 }
 
-/// Makes sure the compiled-code cache folder exists and only its owner can write it: its
-/// files are loaded as native code, so a folder others can write would let them run code in
-/// the gateway.
+/// This process's effective user id.
+#[cfg(unix)]
+fn effective_uid() -> u32 {
+    // SAFETY: `geteuid` takes no arguments, touches no memory of ours and cannot fail.
+    unsafe { libc::geteuid() }
+}
+
+/// Makes sure the compiled-code cache folder exists and that no other user can write it or
+/// put another folder in its place: its files are loaded as native code, so such a folder
+/// would let them run code in the gateway. The folder must be this user's, not a symbolic
+/// link, and writable by its owner only; each folder above it must belong to this user or
+/// root, and be writable by others only with the sticky bit (as `/tmp`), which keeps them from
+/// renaming what is not theirs.
 fn check_cache_dir(dir: &std::path::Path) -> Result<(), PolicyError> {
-    let refused = |why: String| PolicyError::Engine(format!("policy.cache_dir `{}` {why}", dir.display()));
+    let refused = |why: String| {
+        tracing::error!(path = %dir.display(), reason = %why, "policy.cache_dir refused");
+        PolicyError::Engine(format!("policy.cache_dir `{}` {why}", dir.display()))
+    };
     if !dir.exists() {
         let mut builder = std::fs::DirBuilder::new();
         builder.recursive(true);
@@ -780,14 +806,50 @@ fn check_cache_dir(dir: &std::path::Path) -> Result<(), PolicyError> {
     }
     #[cfg(unix)]
     {
-        use std::os::unix::fs::PermissionsExt;
-        let meta = std::fs::metadata(dir).map_err(|err| refused(format!("cannot be read: {err}")))?;
+        use std::os::unix::fs::{MetadataExt, PermissionsExt};
+        let meta = std::fs::symlink_metadata(dir).map_err(|err| refused(format!("cannot be read: {err}")))?;
+        if meta.file_type().is_symlink() {
+            return Err(refused(
+                "is a symbolic link; name the folder itself, so no one can point it elsewhere".into(),
+            ));
+        }
+        let me = effective_uid();
+        if meta.uid() != me {
+            return Err(refused(format!(
+                "is owned by user {}, not the gateway's user {me}; its files are loaded as native \
+                 code, so only the gateway's user may own it",
+                meta.uid()
+            )));
+        }
         let mode = meta.permissions().mode() & 0o777;
         if mode & 0o022 != 0 {
             return Err(refused(format!(
                 "can be written by others (mode {mode:o}); its files are loaded as native code, so \
                  only the gateway's user may write it (chmod go-w)"
             )));
+        }
+        let absolute = dir
+            .canonicalize()
+            .map_err(|err| refused(format!("cannot be resolved: {err}")))?;
+        for above in absolute.ancestors().skip(1) {
+            let meta = std::fs::metadata(above)
+                .map_err(|err| refused(format!("cannot be checked: `{}`: {err}", above.display())))?;
+            let mode = meta.permissions().mode();
+            if meta.uid() != me && meta.uid() != 0 {
+                return Err(refused(format!(
+                    "lies in `{}`, owned by user {}, who could replace it",
+                    above.display(),
+                    meta.uid()
+                )));
+            }
+            if mode & 0o022 != 0 && mode & 0o1000 == 0 {
+                return Err(refused(format!(
+                    "lies in `{}`, which others can write (mode {:o}, no sticky bit), so they \
+                     could replace it",
+                    above.display(),
+                    mode & 0o7777
+                )));
+            }
         }
     }
     Ok(())

@@ -293,6 +293,46 @@ fn a_cache_dir_others_can_write_is_refused() {
     }
 }
 
+#[cfg(unix)]
+#[test]
+fn a_cache_dir_that_another_user_could_replace_is_refused() {
+    use std::os::unix::fs::PermissionsExt;
+    // Under a parent anyone can write (and no sticky bit), another user could swap the folder.
+    let dir = tempfile::tempdir().expect("temp dir");
+    let open = dir.path().join("open");
+    std::fs::create_dir(&open).expect("mkdir");
+    std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o777)).expect("chmod");
+    let cache = open.join("cache");
+    std::fs::create_dir(&cache).expect("mkdir");
+    std::fs::set_permissions(&cache, std::fs::Permissions::from_mode(0o700)).expect("chmod");
+    match PolicyRuntime::new(RuntimeConfig {
+        cache_dir: Some(cache.clone()),
+        ..RuntimeConfig::default()
+    }) {
+        Err(PolicyError::Engine(why)) => {
+            assert!(
+                why.contains(&open.display().to_string()) && why.contains("others"),
+                "{why}"
+            )
+        }
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+    // A folder owned by another user is refused whatever its mode (where this test may hand
+    // one over: as root).
+    let foreign = dir.path().join("foreign");
+    std::fs::create_dir(&foreign).expect("mkdir");
+    std::fs::set_permissions(&foreign, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    if std::os::unix::fs::chown(&foreign, Some(65534), Some(65534)).is_ok() {
+        match PolicyRuntime::new(RuntimeConfig {
+            cache_dir: Some(foreign.clone()),
+            ..RuntimeConfig::default()
+        }) {
+            Err(PolicyError::Engine(why)) => assert!(why.contains("owned by user 65534"), "{why}"),
+            other => panic!("expected a refusal, got {other:?}"),
+        }
+    }
+}
+
 #[test]
 fn publish_and_rollback_switch_versions() {
     let runtime = runtime();

@@ -6,6 +6,9 @@
 //! `ArcSwap` (threads notice by its generation, one atomic load per call), a failure is
 //! counted against the version that failed and delays its re-instantiation by a doubling
 //! backoff, and the `max_failures`-th failure of the active version rolls back to the previous.
+//! The newest version that served without a failure stays kept for rollback however many
+//! versions follow it, so a streak of bad versions longer than the rollback depth still rolls
+//! back to it.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
@@ -91,6 +94,12 @@ impl<P: Named> Version<P> {
         self.failures.load(Ordering::Relaxed)
     }
 
+    /// Whether this version has decided at least once by itself and never failed: the sign of
+    /// a version worth keeping for rollback.
+    pub(crate) fn served_cleanly(&self) -> bool {
+        self.failures() == 0 && self.decisions.get().is_some_and(|[by_policy, _]| by_policy.get() > 0)
+    }
+
     /// Whether a thread may instantiate this version at `now_ms` (its backoff has passed).
     pub(crate) fn may_instantiate(&self, now_ms: u64) -> bool {
         now_ms >= self.retry_after_ms.load(Ordering::Relaxed)
@@ -125,6 +134,10 @@ pub struct Versions<P> {
     what: &'static str,
     active: ArcSwap<Version<P>>,
     previous: Mutex<VecDeque<Arc<Version<P>>>>,
+    /// The newest version that had served cleanly ([`Version::served_cleanly`]) when it was
+    /// replaced: while it is in `previous`, older versions are dropped past the rollback depth,
+    /// never it.
+    last_good: Mutex<Option<Arc<Version<P>>>>,
     next_generation: AtomicU64,
     config: SwitchConfig,
     started: Instant,
@@ -139,6 +152,7 @@ impl<P: Named> Versions<P> {
             what,
             active: ArcSwap::new(Version::new(1, Arc::new(policy))),
             previous: Mutex::new(VecDeque::new()),
+            last_good: Mutex::new(None),
             next_generation: AtomicU64::new(2),
             config,
             started: Instant::now(),
@@ -175,14 +189,25 @@ impl<P: Named> Versions<P> {
         Version::new(self.next_generation.fetch_add(1, Ordering::Relaxed), policy)
     }
 
-    /// Makes `policy` the active version; the old one is kept for rollback.
+    /// Makes `policy` the active version; the old one is kept for rollback. Past the rollback
+    /// depth the oldest kept version is dropped, unless it is the last good one.
     pub fn publish(&self, policy: Arc<P>) -> Arc<Version<P>> {
         let version = self.version(policy);
         let old = self.active.swap(version.clone());
-        if let Ok(mut previous) = self.previous.lock() {
+        if let (Ok(mut previous), Ok(mut last_good)) = (self.previous.lock(), self.last_good.lock()) {
+            if old.served_cleanly() {
+                *last_good = Some(old.clone());
+            }
             previous.push_back(old);
             while previous.len() > self.config.keep_versions {
-                previous.pop_front();
+                let pinned = |kept: &Arc<Version<P>>| last_good.as_ref().is_some_and(|good| Arc::ptr_eq(good, kept));
+                match previous.iter().position(|kept| !pinned(kept)) {
+                    Some(oldest) => {
+                        previous.remove(oldest);
+                    }
+                    // Only the last good version is left: it stays.
+                    None => break,
+                }
             }
         }
         tracing::info!(version = %version.label(), generation = version.generation, "{} policy published", self.what);
@@ -234,5 +259,51 @@ impl<P: Named> Versions<P> {
             self.rollbacks.inc();
         }
         rolled_back
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug)]
+    struct Named(&'static str);
+
+    impl super::Named for Named {
+        fn name(&self) -> &str {
+            self.0
+        }
+        fn sha256(&self) -> &str {
+            "0123456789abcdef"
+        }
+    }
+
+    fn decided(versions: &Versions<Named>, family: &Family<Labels, Counter>) {
+        versions.active().decisions(family, false).inc();
+    }
+
+    #[test]
+    fn the_last_good_version_is_kept_past_the_rollback_depth() {
+        let versions = Versions::new("router", Named("first"), SwitchConfig::default());
+        let family = Family::default();
+        versions.publish(Arc::new(Named("good")));
+        decided(&versions, &family);
+        // More bad versions than are kept, none of which ever served cleanly.
+        let bad = SwitchConfig::default().keep_versions + 1;
+        for _ in 0..bad {
+            versions.publish(Arc::new(Named("bad")));
+            let active = versions.active();
+            active.decisions(&family, true).inc();
+            versions.record_failure(&active, &PolicyError::Trap("hostile".into()));
+        }
+        let kept: Vec<String> = versions.previous().iter().map(|v| v.policy.0.to_string()).collect();
+        assert!(kept.contains(&"good".to_string()), "kept: {kept:?}");
+        // Rolling back through the bad ones ends at the good one, however many there were.
+        let mut restored = Vec::new();
+        while let Some(version) = versions.rollback() {
+            restored.push(version.policy.0);
+        }
+        assert_eq!(restored.last(), Some(&"good"), "restored in turn: {restored:?}");
+        assert_eq!(versions.active().policy.0, "good");
     }
 }

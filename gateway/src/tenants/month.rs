@@ -3,11 +3,16 @@
 //!
 //! A quota counts the tokens of the current calendar month in UTC and starts again at zero
 //! when the month turns. The usage file (`[tenants] usage_file`) holds the month and each
-//! tenant's tokens in it as JSON; it is replaced whole (written beside, then renamed), so a
-//! crash leaves the old file or the new one, never half of one.
+//! tenant's tokens in it as JSON; it is replaced whole (written beside and flushed to the disk,
+//! renamed over the old one, then the folder flushed), so a crash or a power loss leaves the
+//! old file or the new one, never half of one. A file that is damaged anyway (a disk or a
+//! person) is moved aside with an error log, and the month's usage starts from zero: losing
+//! the count is better than a gateway that does not start.
 
 use std::collections::BTreeMap;
+use std::io::Write;
 use std::path::Path;
+use std::sync::Mutex;
 use std::time::{Duration, SystemTime};
 
 use serde::{Deserialize, Serialize};
@@ -66,24 +71,67 @@ pub(crate) struct UsageFile {
 }
 
 impl UsageFile {
-    /// Reads the file; a missing file is an empty month.
+    /// Reads the file; a missing file is an empty month, and so is a damaged one, which is
+    /// renamed aside (`FILE.damaged-UNIXSECONDS`) with an error log.
     pub(crate) fn load(path: &Path) -> Result<Option<UsageFile>, String> {
         match std::fs::read(path) {
-            Ok(bytes) => serde_json::from_slice(&bytes)
-                .map(Some)
-                .map_err(|err| format!("{}: not a usage file: {err}", path.display())),
+            Ok(bytes) => match serde_json::from_slice(&bytes) {
+                Ok(usage) => Ok(Some(usage)),
+                Err(err) => {
+                    set_aside(path, &err.to_string());
+                    Ok(None)
+                }
+            },
             Err(err) if err.kind() == std::io::ErrorKind::NotFound => Ok(None),
             Err(err) => Err(format!("{}: cannot read: {err}", path.display())),
         }
     }
 
-    /// Replaces the file with these contents.
+    /// Replaces the file with these contents, durably: the new contents reach the disk before
+    /// the rename, and the rename before this returns.
     pub(crate) fn save(&self, path: &Path) -> std::io::Result<()> {
+        // The periodic save and the one at exit may overlap; they share the staging file.
+        static SAVING: Mutex<()> = Mutex::new(());
+        let _one_at_a_time = SAVING.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         let mut staged = path.as_os_str().to_owned();
         staged.push(".new");
         let json = serde_json::to_vec_pretty(self).map_err(std::io::Error::other)?;
-        std::fs::write(&staged, json)?;
-        std::fs::rename(&staged, path)
+        let mut file = std::fs::File::create(&staged)?;
+        file.write_all(&json)?;
+        file.sync_all()?;
+        drop(file);
+        std::fs::rename(&staged, path)?;
+        // The rename lives in the folder: flushed, it survives a power loss too.
+        let folder = match path.parent() {
+            Some(parent) if !parent.as_os_str().is_empty() => parent,
+            _ => Path::new("."),
+        };
+        std::fs::File::open(folder)?.sync_all()
+    }
+}
+
+/// Moves a damaged usage file aside for a person to look at, and says so.
+fn set_aside(path: &Path, why: &str) {
+    let seconds = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map(|since| since.as_secs())
+        .unwrap_or(0);
+    let mut aside = path.as_os_str().to_owned();
+    aside.push(format!(".damaged-{seconds}"));
+    let aside = std::path::PathBuf::from(aside);
+    match std::fs::rename(path, &aside) {
+        Ok(()) => tracing::error!(
+            path = %path.display(),
+            moved_to = %aside.display(),
+            error = why,
+            "the usage file is damaged; moved aside, this month's usage counts from zero"
+        ),
+        Err(err) => tracing::error!(
+            path = %path.display(),
+            error = why,
+            rename_error = %err,
+            "the usage file is damaged and cannot be moved aside; this month's usage counts from zero and the next save replaces it"
+        ),
     }
 }
 
@@ -125,7 +173,30 @@ mod tests {
         };
         usage.save(&path).expect("saves");
         assert_eq!(UsageFile::load(&path), Ok(Some(usage)));
-        std::fs::write(&path, b"{").expect("write");
-        assert!(UsageFile::load(&path).unwrap_err().contains("usage.json"));
+        let files = std::fs::read_dir(dir.path()).expect("dir").count();
+        assert_eq!(files, 1, "nothing staged is left beside the file");
+    }
+
+    #[test]
+    fn a_damaged_file_is_set_aside_and_the_month_starts_empty() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("usage.json");
+        // Empty, as a power loss can leave a file that was renamed before its data reached
+        // the disk; then half of one.
+        for damaged in [&b""[..], &b"{\"month\": \"2026-11\", \"tok"[..]] {
+            std::fs::write(&path, damaged).expect("write");
+            assert_eq!(UsageFile::load(&path), Ok(None));
+            assert!(!path.exists(), "the damaged file was moved aside");
+            let aside: Vec<String> = std::fs::read_dir(dir.path())
+                .expect("dir")
+                .filter_map(|entry| entry.ok()?.file_name().into_string().ok())
+                .filter(|name| name.starts_with("usage.json.damaged-"))
+                .collect();
+            assert!(!aside.is_empty(), "kept aside for a look");
+            for name in aside {
+                assert_eq!(std::fs::read(dir.path().join(&name)).expect("read"), damaged);
+                std::fs::remove_file(dir.path().join(name)).expect("clean");
+            }
+        }
     }
 }

@@ -1,7 +1,8 @@
 //! Fleets of gateways on a real `nats-server` with JetStream: a policy pushed to one replica
 //! runs on all of them, a replica that starts later converges, rollback and split rollouts are
 //! fleet-wide, a replica that refuses the fleet's policy says so in the fleet's listing, and a
-//! NATS outage leaves every replica serving the version it runs.
+//! NATS outage leaves every replica serving the version it runs; new settings for the same
+//! component reach every replica too.
 
 use std::time::Duration;
 
@@ -200,5 +201,66 @@ async fn a_refusal_is_visible_and_a_nats_outage_keeps_every_replica_serving() ->
         .await?;
     assert_eq!(status, 503, "{body}");
     assert_eq!(body["error"]["code"], "fleet_unavailable", "{body}");
+    Ok(())
+}
+
+/// The settings the active router of `admin`'s gateway runs with (`GET /admin/policies`).
+async fn active_settings(admin: &Admin) -> serde_json::Value {
+    match admin.call("GET", "/admin/policies", Vec::new()).await {
+        Ok((200, list)) => list["active"]["config"].clone(),
+        _ => serde_json::Value::Null,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn new_settings_for_the_same_component_reach_every_replica() -> anyhow::Result<()> {
+    let nats = NatsServer::start_jetstream()?;
+    let (a, admin_a) = replica(&nats, "a")?;
+    let (b, admin_b) = replica(&nats, "b")?;
+    let wasm = component("least_load.wasm")?;
+    for setting in [1, 2] {
+        let (status, body) = admin_a
+            .call(
+                "PUT",
+                "/admin/policies/tuned/config",
+                format!("weight = {setting}\n").into_bytes(),
+            )
+            .await?;
+        assert_eq!(status, 200, "{body}");
+        let (status, body) = admin_a
+            .call("PUT", "/admin/policies/tuned?activate=true", wasm.clone())
+            .await?;
+        assert_eq!(status, 200, "{body}");
+        all_route_with(&[&a, &b], "tuned", Duration::from_secs(10)).await?;
+        // Both replicas run the component with the settings pushed last, not only the same
+        // component.
+        for (replica, admin) in [("a", &admin_a), ("b", &admin_b)] {
+            let expected = serde_json::json!({"weight": setting});
+            assert!(
+                eventually(Duration::from_secs(10), || async {
+                    active_settings(admin).await == expected
+                })
+                .await,
+                "replica {replica} runs `tuned` with {}, not {expected}",
+                active_settings(admin).await
+            );
+        }
+    }
+    // A fleet rollback to the revision that differs only in its settings is no no-op either.
+    let (status, body) = admin_b
+        .call("POST", "/admin/policies/active/rollback", Vec::new())
+        .await?;
+    assert_eq!(status, 200, "{body}");
+    for (replica, admin) in [("a", &admin_a), ("b", &admin_b)] {
+        let expected = serde_json::json!({"weight": 1});
+        assert!(
+            eventually(Duration::from_secs(10), || async {
+                active_settings(admin).await == expected
+            })
+            .await,
+            "after the rollback replica {replica} runs `tuned` with {}",
+            active_settings(admin).await
+        );
+    }
     Ok(())
 }

@@ -21,6 +21,7 @@
 //! One test is a binary of its own, `policy_batcher_hot_swap` (its module doc says why).
 
 mod admin_dashboard;
+mod admin_listener_limits;
 mod admin_metrics_listener;
 mod engine_backpressure;
 mod engine_llamacpp_workers;
@@ -50,5 +51,6 @@ mod policy_cost_routing;
 mod policy_fallbacks;
 mod policy_hostile_plugins;
 mod policy_hot_swap;
+mod policy_last_good;
 mod policy_rollout;
 mod policy_watch;

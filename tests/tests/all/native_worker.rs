@@ -3,7 +3,8 @@
 //! the gateway's admin API), publish their KV events, and the gateway (tokenizing with the
 //! model's own `tokenizer.json`) routes a repeated prompt to the worker that cached it, where
 //! the prefix cache serves it; a worker's `/kv/reset` empties the index's view of it too. Over
-//! HTTP, a gap in a worker's events is healed from its `/kv/dump`, and a worker that stops
+//! HTTP (with the gateway's worker token, which opens the worker routes and nothing else), a
+//! gap in a worker's events is healed from its `/kv/dump`, and a worker that stops
 //! leaves at once.
 
 use std::collections::HashMap;
@@ -13,6 +14,8 @@ use anyhow::Context;
 use switchyard_harness::{Admin, Client, Gateway, NativeWorker, NatsServer, cached_blocks, eventually, fixtures};
 
 const TOKEN: &str = "native-worker-admin-token";
+/// The credential workers register with: it opens `/admin/workers*` and nothing else.
+const WORKER_TOKEN: &str = "native-worker-registration-token";
 
 fn chat(user: &str) -> serde_json::Value {
     serde_json::json!({
@@ -108,12 +111,20 @@ async fn prefix_affinity(client: &Client, admin: &Admin) -> anyhow::Result<(Stri
 async fn workers_linked_over_http_register_route_resync_and_leave() -> anyhow::Result<()> {
     let model = fixtures::llm("tiny-llama");
     let model = model.to_str().context("the fixture path is not UTF-8")?;
-    let (gateway, admin) = Gateway::start_with_admin(&gateway_config(model, ""), TOKEN)?;
+    let (gateway, admin) = Gateway::start_with_admin_keys(
+        &gateway_config(model, ""),
+        TOKEN,
+        &format!("worker_token = \"{WORKER_TOKEN}\""),
+    )?;
     let admin_url = admin.url();
     let mut workers = HashMap::new();
     for name in ["alpha", "beta"] {
-        let link = ["--gateway", admin_url.as_str(), "--gateway-token", TOKEN];
-        workers.insert(name, NativeWorker::start(&worker_args(model, Some(name), &link))?);
+        let link = ["--gateway", admin_url.as_str()];
+        let env = [("SWITCHYARD_GATEWAY_TOKEN", WORKER_TOKEN)];
+        workers.insert(
+            name,
+            NativeWorker::start_with_env(&worker_args(model, Some(name), &link), &env)?,
+        );
     }
     admin.wait_for_workers(2).await?;
     let client = Client::plain(gateway.addr);
@@ -194,8 +205,9 @@ async fn workers_linked_over_http_register_route_resync_and_leave() -> anyhow::R
 
     // A worker left to name itself (on a port it picked) registers and posts its events under
     // one name: the index learns the blocks of a request sent to it directly.
-    let link = ["--gateway", admin_url.as_str(), "--gateway-token", TOKEN];
-    let unnamed = NativeWorker::start(&worker_args(model, None, &link))?;
+    let link = ["--gateway", admin_url.as_str()];
+    let env = [("SWITCHYARD_GATEWAY_TOKEN", WORKER_TOKEN)];
+    let unnamed = NativeWorker::start_with_env(&worker_args(model, None, &link), &env)?;
     admin.wait_for_workers(2).await?;
     let name = format!("worker-{}", unnamed.addr.port());
     let direct = Client::plain(unnamed.addr)
@@ -262,5 +274,60 @@ async fn the_gateway_routes_to_native_workers_by_their_kv_events() -> anyhow::Re
         "nothing is served from a dropped cache"
     );
     drop(workers);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_worker_token_registers_a_worker_from_a_file_and_opens_nothing_else() -> anyhow::Result<()> {
+    let model = fixtures::llm("tiny-llama");
+    let model = model.to_str().context("the fixture path is not UTF-8")?;
+    let dir = tempfile::tempdir()?;
+    let token_file = dir.path().join("worker-token");
+    std::fs::write(&token_file, format!("{WORKER_TOKEN}\n"))?;
+    let token_path = token_file.to_str().context("the temp path is not UTF-8")?;
+    let (_gateway, admin) = Gateway::start_with_admin_keys(
+        &gateway_config(model, ""),
+        TOKEN,
+        &format!("worker_token_file = \"{token_path}\""),
+    )?;
+    let admin_url = admin.url();
+
+    // A token on the command line is refused, naming the ways that keep it off it.
+    let refused = std::process::Command::new(switchyard_harness::binary("switchyard-llm")?)
+        .args(worker_args(
+            model,
+            Some("argv"),
+            &["--gateway", admin_url.as_str(), "--gateway-token", WORKER_TOKEN],
+        ))
+        .output()?;
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success(), "a worker took its token from argv: {stderr}");
+    assert!(stderr.contains("--gateway-token-file"), "{stderr}");
+
+    // The file registers the worker, whose command line holds no token.
+    let link = ["--gateway", admin_url.as_str(), "--gateway-token-file", token_path];
+    let worker = NativeWorker::start(&worker_args(model, Some("filed"), &link))?;
+    admin.wait_for_workers(1).await?;
+    let cmdline = std::fs::read(format!("/proc/{}/cmdline", worker.process.id()))?;
+    let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+    assert!(!cmdline.contains(WORKER_TOKEN), "the token is in argv: {cmdline}");
+
+    // The worker token opens the worker routes only: it cannot upload or activate a policy,
+    // nor read anything else.
+    let worker_admin = admin.with_token(WORKER_TOKEN);
+    let wasm = std::fs::read(format!("{}/least_load.wasm", env!("SWITCHYARD_PLUGINS_DIR")))?;
+    let (status, body) = worker_admin
+        .call("PUT", "/admin/policies/x?activate=true", wasm.clone())
+        .await?;
+    assert_eq!(status, 401, "{body}");
+    for path in ["/admin/policies", "/admin/kv", "/metrics"] {
+        let (status, body) = worker_admin.call("GET", path, Vec::new()).await?;
+        assert_eq!(status, 401, "{path}: {body}");
+    }
+    let (status, body) = worker_admin.call("DELETE", "/admin/workers/nobody", Vec::new()).await?;
+    assert_eq!(status, 200, "{body}");
+    // The admin token still manages everything.
+    let (status, body) = admin.call("PUT", "/admin/policies/x?activate=true", wasm).await?;
+    assert_eq!(status, 200, "{body}");
     Ok(())
 }

@@ -60,11 +60,15 @@ struct Args {
     /// Register over this NATS server.
     #[arg(long, conflicts_with = "gateway")]
     nats: Option<String>,
-    /// Register with this gateway's admin API instead.
-    #[arg(long, requires = "gateway_token")]
-    gateway: Option<String>,
-    /// The gateway admin API's bearer token.
+    /// Register with this gateway's admin API instead, with the gateway's worker token from
+    /// --gateway-token-file or SWITCHYARD_GATEWAY_TOKEN.
     #[arg(long)]
+    gateway: Option<String>,
+    /// A file holding the gateway's worker token (`[admin] worker_token`).
+    #[arg(long, value_name = "FILE")]
+    gateway_token_file: Option<PathBuf>,
+    /// Refused: a token on the command line is readable by every local user.
+    #[arg(long, hide = true)]
     gateway_token: Option<String>,
     /// NATS subject prefix.
     #[arg(long, default_value = "switchyard")]
@@ -95,6 +99,17 @@ fn main() -> std::process::ExitCode {
 
 async fn run() -> anyhow::Result<()> {
     let args = Args::parse();
+    anyhow::ensure!(
+        args.gateway_token.is_none(),
+        switchyard_workers::gateway_link::ARGV_TOKEN_REFUSED
+    );
+    // Read before anything loads, so a missing token fails at once.
+    let gateway_token = match &args.gateway {
+        Some(_) => Some(switchyard_workers::gateway_link::token(
+            args.gateway_token_file.as_deref(),
+        )?),
+        None => None,
+    };
     let gpu: Option<usize> = match args.device.as_str() {
         "cpu" => None,
         "cuda" => Some(0),
@@ -208,7 +223,7 @@ async fn run() -> anyhow::Result<()> {
                 tracing::error!(error = %err, "the NATS link stopped");
             }
         }))
-    } else if let (Some(url), Some(token), Some(log)) = (&args.gateway, &args.gateway_token, &kv_log) {
+    } else if let (Some(url), Some(token), Some(log)) = (&args.gateway, &gateway_token, &kv_log) {
         let config = gateway_link::GatewayLinkConfig {
             admin_url: url.clone(),
             token: token.clone(),
