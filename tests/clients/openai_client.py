@@ -62,7 +62,7 @@ def main() -> None:
     }
 
     try:
-        client.completions.create(model=model, prompt="word " * 6000, max_tokens=4)
+        client.completions.create(model=model, prompt="word " * 1500, max_tokens=4)
         out["error"] = None
     except openai.APIStatusError as error:
         out["error"] = {"status": error.status_code, "message": error.message}

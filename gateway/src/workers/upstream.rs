@@ -11,7 +11,8 @@
 //! closed after [`IDLE_TIMEOUT`], a departed worker's too); an answer dropped midway closes
 //! it, which is how a worker hears that its client went away. A request that finds a reused
 //! connection closed before it was sent is sent again on another one, as hyper's pooled client
-//! does.
+//! does; one whose reused connection ends with no answer at all (the worker closed it as the
+//! request arrived) is sent again once, on a new connection.
 //!
 //! # Rejected designs
 //!
@@ -204,11 +205,22 @@ impl UpstreamClient {
         authority: &Authority,
         mut request: Request<Full<Bytes>>,
     ) -> Result<(Response<Incoming>, Box<Link>), ForwardError> {
+        // Whether the request was already sent again after a reused connection ended.
+        let mut sent_again = false;
         loop {
-            let (mut link, reused) = match self.pool.checkout(authority) {
+            let pooled = if sent_again {
+                None
+            } else {
+                self.pool.checkout(authority)
+            };
+            let (mut link, reused) = match pooled {
                 Some(link) => (link, true),
                 None => (self.connect(authority).await?, false),
             };
+            // A reused connection the worker closes as the request arrives (its keep-alive ran
+            // out: llama.cpp's server does this) ends with no answer at all; the request goes
+            // again, once, on a new connection.
+            let copy = (reused && !sent_again).then(|| copy_of(&request));
             match send_on(&mut link, request).await {
                 Ok(response) => return Ok((response, link)),
                 Err(Unsent::Again(again)) if reused => request = *again,
@@ -217,6 +229,13 @@ impl UpstreamClient {
                         "a new connection closed before the request went out".into(),
                     ));
                 }
+                Err(Unsent::Ended) => match copy {
+                    Some(copy) => {
+                        sent_again = true;
+                        request = copy;
+                    }
+                    None => return Err(ForwardError::Upstream("the connection ended without an answer".into())),
+                },
                 Err(Unsent::Failed(err)) => return Err(ForwardError::Upstream(err)),
             }
         }
@@ -258,9 +277,21 @@ impl UpstreamClient {
 enum Unsent {
     /// The connection was closed before the request went out: it may be sent elsewhere.
     Again(Box<Request<Full<Bytes>>>),
+    /// The connection ended after it went out, with no answer at all.
+    Ended,
     /// It failed after going out (or could not go out for a reason another connection
     /// would share).
     Failed(String),
+}
+
+/// A copy of `request` (its extensions aside, which requests to workers do not carry).
+fn copy_of(request: &Request<Full<Bytes>>) -> Request<Full<Bytes>> {
+    let mut copy = Request::new(request.body().clone());
+    *copy.method_mut() = request.method().clone();
+    *copy.uri_mut() = request.uri().clone();
+    *copy.version_mut() = request.version();
+    *copy.headers_mut() = request.headers().clone();
+    copy
 }
 
 /// Sends `request` on `link`, driving the connection until the answer's headers arrive.
@@ -286,11 +317,18 @@ async fn send_on(link: &mut Link, request: Request<Full<Bytes>>) -> Result<Respo
             Poll::Ready(Ok(response)) => Poll::Ready(Ok(response)),
             Poll::Ready(Err(mut err)) => Poll::Ready(Err(match err.take_message() {
                 Some(request) => Unsent::Again(Box::new(request)),
-                None => Unsent::Failed(err.into_error().to_string()),
+                None => {
+                    let err = err.into_error();
+                    if err.is_incomplete_message() {
+                        Unsent::Ended
+                    } else {
+                        Unsent::Failed(err.to_string())
+                    }
+                }
             })),
             // The connection ended and hyper will say why through the answer; it has
             // resolved it by now, so this is only reached if it did not.
-            Poll::Pending if !live => Poll::Ready(Err(Unsent::Failed("the connection ended without an answer".into()))),
+            Poll::Pending if !live => Poll::Ready(Err(Unsent::Ended)),
             Poll::Pending => Poll::Pending,
         }
     })
@@ -514,6 +552,41 @@ mod tests {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
         assert_eq!(accepted.load(Ordering::SeqCst), 3);
+    }
+
+    #[tokio::test]
+    async fn a_reused_connection_closed_as_the_request_arrives_is_replaced_once() {
+        // Each connection answers its first request, then reads the next and closes without
+        // answering, as a server whose keep-alive ran out does.
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let address = listener.local_addr().expect("address");
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let counter = Arc::clone(&accepted);
+        tokio::spawn(async move {
+            while let Ok((mut stream, _)) = listener.accept().await {
+                counter.fetch_add(1, Ordering::SeqCst);
+                tokio::spawn(async move {
+                    let mut request = vec![0; 4096];
+                    let _ = stream.read(&mut request).await;
+                    let _ = stream
+                        .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+                        .await;
+                    let _ = stream.read(&mut request).await;
+                });
+            }
+        });
+        let client = client();
+        for round in 0..3 {
+            let response = client
+                .send(get(&format!("http://{address}/")), Duration::from_secs(5))
+                .await;
+            assert_eq!(read_all(response.expect("answer")).await, "ok", "round {round}");
+        }
+        assert_eq!(
+            accepted.load(Ordering::SeqCst),
+            3,
+            "each later request on a new connection"
+        );
     }
 
     #[tokio::test]

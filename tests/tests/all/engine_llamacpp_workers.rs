@@ -153,7 +153,7 @@ async fn llama_servers_behind_the_gateway() -> anyhow::Result<()> {
     assert!(body.trim_end().ends_with("data: [DONE]"), "{body}");
 
     // The server's own error (a prompt past its context), in OpenAI's shape.
-    let too_long = json!({"model": "smollm2", "prompt": "word ".repeat(6000), "max_tokens": 4});
+    let too_long = json!({"model": "smollm2", "prompt": "word ".repeat(1500), "max_tokens": 4});
     let reply = client.post_json("/v1/completions", &too_long).await?;
     assert_eq!(reply.status.as_u16() / 100, 4, "a client error: {:?}", reply.json());
     assert!(reply.json()?["error"]["message"].is_string());
