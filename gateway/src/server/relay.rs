@@ -208,6 +208,7 @@ impl Relay<'_> {
             label: self.label,
             started: self.started,
             tap,
+            broken: None,
             charge,
             timing: Some(timing),
             coalescer: Coalescer::new(self.state.server.stream_coalesce()),
@@ -307,6 +308,9 @@ struct RelayBody {
     /// Reads the tenant's usage from the stream (and takes out the chunk the client did not
     /// ask for).
     tap: Option<UsageTap>,
+    /// Why the worker's stream cannot go on (an event past the tap's limit): the client gets
+    /// it as a last SSE error event.
+    broken: Option<ApiError>,
     /// The tenant's charge, settled when the stream ends or the client goes away.
     charge: Option<Charge>,
     /// The stream's chunk times, judged against its targets when it ends.
@@ -420,11 +424,33 @@ impl RelayBody {
             timing.saw(&data);
         }
         let Some(tap) = &mut self.tap else { return data };
-        let data = tap.feed(data);
+        let data = match tap.feed(data) {
+            Ok(data) => data,
+            Err(err) => {
+                let worker = self.lease.as_ref().map(|lease| lease.worker().name.clone());
+                self.broken = Some(ApiError::new(
+                    StatusCode::BAD_GATEWAY,
+                    "server_error",
+                    "worker_event_too_large",
+                    format!("worker `{}` broke its stream: {err}", worker.unwrap_or_default()),
+                ));
+                err.passed
+            }
+        };
         if let (Some(reported), Some(charge)) = (tap.usage(), &mut self.charge) {
             charge.report(reported);
         }
         data
+    }
+
+    /// Ends the stream with `error` as its last event, after `before`; answers the last bytes
+    /// for the client.
+    fn fail(&mut self, error: &ApiError, before: Bytes) -> Bytes {
+        self.metrics.error(error.code());
+        self.end();
+        let mut last = before.to_vec();
+        last.extend_from_slice(&error.to_sse_event());
+        self.coalescer.finish(last.into())
     }
 
     fn end(&mut self) {
@@ -452,6 +478,10 @@ impl http_body::Body for RelayBody {
         if this.done {
             return Poll::Ready(None);
         }
+        if let Some(error) = this.broken.take() {
+            let last = this.fail(&error, Bytes::new());
+            return Poll::Ready(Some(Ok(Frame::data(last))));
+        }
         // Read everything upstream has ready (so its pace is measured as it comes), writing at
         // once what the coalescer lets through, then what it held once it says so (at once for
         // an opening write, else when its window ends).
@@ -467,6 +497,10 @@ impl http_body::Body for RelayBody {
                     // Trailers are not part of the OpenAI stream; skip them.
                     let Ok(data) = frame.into_data() else { continue };
                     let data = this.tapped(data);
+                    if let Some(error) = this.broken.take() {
+                        let last = this.fail(&error, data);
+                        return Poll::Ready(Some(Ok(Frame::data(last))));
+                    }
                     // Empty: all of it waits in the tap for the rest of its event.
                     if data.is_empty() {
                         continue;
@@ -487,9 +521,7 @@ impl http_body::Body for RelayBody {
                         "worker_failed_mid_stream",
                         format!("worker `{worker}` failed mid-stream: {err}"),
                     );
-                    this.metrics.error(error.code());
-                    this.end();
-                    let last = this.coalescer.finish(error.to_sse_event());
+                    let last = this.fail(&error, Bytes::new());
                     return Poll::Ready(Some(Ok(Frame::data(last))));
                 }
                 Poll::Ready(None) => {
