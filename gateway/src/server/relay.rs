@@ -5,8 +5,9 @@
 //! `coalesce.rs`); if the worker fails mid-stream the client gets a final SSE error event and a
 //! clean end of stream. Whole answers are read to the end first, so a failure becomes a 502.
 //! The request's lease on its worker lasts until the answer ends or the client goes away;
-//! then the tenant is charged (from the usage the worker reported) and the answer's latency is
-//! judged against the request's targets.
+//! then the tenant is charged (from the usage the worker reported, or, for a stream the client
+//! left before its usage came, from the prompt and the chunks relayed) and the answer's
+//! latency is judged against the request's targets, whichever way the stream ended.
 
 use std::pin::Pin;
 use std::sync::{Arc, LazyLock};
@@ -422,6 +423,9 @@ impl RelayBody {
     fn tapped(&mut self, data: Bytes) -> Bytes {
         if let Some(timing) = &mut self.timing {
             timing.saw(&data);
+            if let Some(charge) = &mut self.charge {
+                charge.relayed(timing.chunks);
+            }
         }
         let Some(tap) = &mut self.tap else { return data };
         let data = match tap.feed(data) {
@@ -462,6 +466,16 @@ impl RelayBody {
         }
         self.metrics
             .request_duration(self.label, self.started.elapsed().as_secs_f64());
+    }
+}
+
+/// A client that leaves mid-stream drops the body: its stream is judged with what it saw, and
+/// its charge (a field, dropped next) counts the chunks relayed.
+impl Drop for RelayBody {
+    fn drop(&mut self) {
+        if let Some(timing) = self.timing.take() {
+            timing.judge(self.tap.as_ref().and_then(UsageTap::usage));
+        }
     }
 }
 

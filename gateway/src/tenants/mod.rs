@@ -509,6 +509,7 @@ impl Tenants {
             prompt_estimate: 0,
             served: false,
             usage: None,
+            relayed: 0,
         })
     }
 }
@@ -528,7 +529,9 @@ fn redact(key: &str) -> String {
 /// ([`Charge::prompt`]); when the request ends, what the worker reported replaces that
 /// estimate in the bucket and is added to the month and the tenant's metrics. A request no
 /// worker answered gives its estimate back; one whose usage never came (the client left a
-/// stream early) counts its estimate.
+/// stream before its last chunk) counts its estimate and every chunk relayed to it
+/// ([`Charge::relayed`]), one completion token each, so leaving a stream early spares
+/// neither the rate limit nor the monthly quota.
 #[derive(Debug)]
 pub(crate) struct Charge {
     tenant: Arc<Tenant>,
@@ -538,6 +541,8 @@ pub(crate) struct Charge {
     prompt_estimate: u64,
     served: bool,
     usage: Option<Usage>,
+    /// Chunks of a streamed answer relayed so far: its completion tokens if no usage comes.
+    relayed: u64,
 }
 
 impl Charge {
@@ -561,6 +566,11 @@ impl Charge {
         self.served = true;
     }
 
+    /// Notes that `chunks` chunks of a streamed answer have been relayed in all.
+    pub(crate) fn relayed(&mut self, chunks: u64) {
+        self.relayed = chunks;
+    }
+
     /// Notes the usage the worker reported.
     pub(crate) fn report(&mut self, usage: Usage) {
         self.usage = Some(usage);
@@ -571,7 +581,7 @@ impl Drop for Charge {
     fn drop(&mut self) {
         let used = match (self.served, self.usage) {
             (_, Some(usage)) => u64::from(usage.prompt_tokens) + u64::from(usage.completion_tokens),
-            (true, None) => self.prompt_estimate,
+            (true, None) => self.prompt_estimate.saturating_add(self.relayed),
             (false, None) => 0,
         };
         let now = Instant::now();
@@ -591,8 +601,13 @@ impl Drop for Charge {
             .month_tokens
             .get_or_create(&vec![("tenant", self.tenant.name.clone())])
             .set(i64::try_from(month_tokens).unwrap_or(i64::MAX));
-        if let Some(usage) = self.usage {
-            for (kind, tokens) in [("prompt", usage.prompt_tokens), ("completion", usage.completion_tokens)] {
+        let counted = match (self.served, self.usage) {
+            (_, Some(usage)) => Some((u64::from(usage.prompt_tokens), u64::from(usage.completion_tokens))),
+            (true, None) => Some((self.prompt_estimate, self.relayed)),
+            (false, None) => None,
+        };
+        if let Some((prompt, completion)) = counted {
+            for (kind, tokens) in [("prompt", prompt), ("completion", completion)] {
                 self.metrics
                     .tokens
                     .get_or_create(&vec![
@@ -600,7 +615,7 @@ impl Drop for Charge {
                         ("model", self.model.clone()),
                         ("kind", kind.to_string()),
                     ])
-                    .inc_by(u64::from(tokens));
+                    .inc_by(tokens);
             }
         }
     }

@@ -29,6 +29,7 @@ mod gw_bad_input;
 mod gw_cert_reload;
 mod gw_drain;
 mod gw_latency_targets;
+mod gw_quota_cut_streams;
 mod gw_response_ids;
 mod gw_tls;
 mod gw_worker_failover;
