@@ -28,7 +28,6 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
-use prometheus_client::registry::Registry;
 use switchyard_protocol::api::ApiError;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
@@ -63,14 +62,18 @@ impl Default for AdmissionMetrics {
 }
 
 impl AdmissionMetrics {
-    /// Registers the queue's metrics, and its batcher's, under `switchyard_admission_`.
-    pub(crate) fn register(&self, registry: &mut Registry, batchers: &BatcherSwitch) {
-        let registry = registry.sub_registry_with_prefix("admission");
-        registry.register(
-            "wait_seconds",
-            "Time requests waited in the admission queue before a worker had room, by tenant",
-            self.wait.clone(),
-        );
+    /// Registers the queue's metrics, and its batcher's, under `switchyard_admission_`; the
+    /// wait by tenant among the families labelled by tenant (the admin listener's only).
+    pub(crate) fn register(&self, metrics: &mut crate::metrics::Metrics, batchers: &BatcherSwitch) {
+        metrics
+            .tenant_registry_mut()
+            .sub_registry_with_prefix("admission")
+            .register(
+                "wait_seconds",
+                "Time requests waited in the admission queue before a worker had room, by tenant",
+                self.wait.clone(),
+            );
+        let registry = metrics.registry_mut().sub_registry_with_prefix("admission");
         registry.register(
             "queue_depth",
             "Requests waiting in the admission queue, by model",

@@ -110,13 +110,19 @@ async fn admit(
     let model = parsed.model();
     let pool = state.router.pool();
     if !pool.serves(model) {
+        // Only the models the key may use, as `/v1/models` lists them for it.
+        let served = pool.models();
+        let available = match &grant {
+            Some(grant) => grant.visible(&served),
+            None => served.iter().map(String::as_str).collect(),
+        };
         return Err(ApiError::new(
             StatusCode::NOT_FOUND,
             "invalid_request_error",
             "model_not_found",
             format!(
                 "model `{model}` does not exist; available models: {}",
-                pool.models().join(", ")
+                available.join(", ")
             ),
         )
         .with_param(Some("model".into())));

@@ -28,7 +28,6 @@ use parking_lot::Mutex;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
-use prometheus_client::registry::Registry;
 use sha2::{Digest, Sha256};
 use switchyard_protocol::api::{ApiError, Usage};
 use tokio::task::JoinHandle;
@@ -197,9 +196,12 @@ impl Tenants {
         Ok(tenants)
     }
 
-    /// Registers the tenants' metric families.
-    pub(crate) fn register_metrics(&self, registry: &mut Registry) {
+    /// Registers the tenants' metric families: those labelled by tenant among `all`'s tenant
+    /// families (the admin listener's only), the key checks and reloads among the public ones.
+    pub(crate) fn register_metrics(&self, all: &mut crate::metrics::Metrics) {
         let metrics = &self.metrics;
+        // Families that name tenants: the admin listener's only.
+        let registry = all.tenant_registry_mut();
         registry.register(
             "tenant_tokens",
             "Tokens used per tenant and model, as the workers reported them, by kind (prompt, completion)",
@@ -220,6 +222,7 @@ impl Tenants {
             "Tokens each tenant used this calendar month (UTC), against its monthly_tokens",
             metrics.month_tokens.clone(),
         );
+        let registry = all.registry_mut();
         registry.register(
             "unauthorized",
             "Requests refused for want of a known API key, by reason (missing, unknown)",
