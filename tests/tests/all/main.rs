@@ -27,6 +27,7 @@ mod gw_admission_queue;
 mod gw_api_keys;
 mod gw_bad_input;
 mod gw_cert_reload;
+mod gw_connection_hygiene;
 mod gw_drain;
 mod gw_latency_targets;
 mod gw_quota_cut_streams;
