@@ -371,6 +371,27 @@ impl Admission {
         waiting
     }
 
+    /// Per model with a queue: the requests waiting, the reservations held (admitted, no
+    /// worker yet) and the room its healthy workers have now (`None` without `[admission]` or
+    /// without a healthy worker). With no request in flight, `reserved` is 0 and the room is
+    /// whole: what an operator checks to see that no reservation was lost.
+    pub(crate) fn figures(&self) -> Vec<(String, usize, usize, Option<usize>)> {
+        let mut figures: Vec<(String, usize, usize)> = self
+            .queues
+            .lock()
+            .iter()
+            .map(|(model, queue)| (model.clone(), queue.waiters.len(), queue.reserved))
+            .collect();
+        figures.sort();
+        figures
+            .into_iter()
+            .map(|(model, waiting, reserved)| {
+                let room = self.config.as_ref().and_then(|config| self.room(config, &model));
+                (model, waiting, reserved, room)
+            })
+            .collect()
+    }
+
     fn waiting(&self) -> bool {
         self.queues.lock().values().any(|queue| !queue.waiters.is_empty())
     }

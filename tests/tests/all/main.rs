@@ -23,6 +23,7 @@ mod admin_dashboard;
 mod admin_metrics_listener;
 mod fleet_policies;
 mod fleet_replicas;
+mod gw_admission_load;
 mod gw_admission_queue;
 mod gw_api_keys;
 mod gw_bad_input;
