@@ -701,6 +701,34 @@ mod tests {
     }
 
     #[test]
+    fn a_stream_left_before_its_usage_is_charged_the_chunks_relayed() {
+        let limited = tenants(vec![ApiKeyConfig {
+            tokens_per_minute: Some(600),
+            monthly_tokens: Some(10_000),
+            ..key("k", "acme")
+        }]);
+        let grant = limited.authenticate(&bearer("k")).expect("known").expect("a grant");
+        let mut charge = limited.admit(&grant, "m").expect("admitted");
+        charge.prompt(100);
+        charge.served();
+        charge.relayed(10);
+        charge.relayed(600);
+        // The client left: no usage came.
+        drop(charge);
+        assert_eq!(grant.tenant.state.lock().month_tokens, 700);
+        // The rate limit holds as if the usage had come: 100 tokens of debt at 10 a second.
+        let refused = limited.admit(&grant, "m").unwrap_err();
+        assert_eq!(refused.code(), "rate_limit_exceeded");
+        assert!((10..=11).contains(&refused.retry_after_s.unwrap_or(0)), "{refused:?}");
+        let counted = limited.metrics.tokens.get_or_create(&vec![
+            ("tenant", "acme".to_string()),
+            ("model", "m".to_string()),
+            ("kind", "completion".to_string()),
+        ]);
+        assert_eq!(counted.get(), 600);
+    }
+
+    #[test]
     fn tokens_are_settled_from_the_reported_usage() {
         let limited = tenants(vec![ApiKeyConfig {
             tokens_per_minute: Some(600),

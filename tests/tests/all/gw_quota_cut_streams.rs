@@ -1,7 +1,8 @@
 //! A tenant's tokens when its clients cut their streams: a client that reads part of a
 //! streamed answer and closes the connection before the usage chunk is charged its prompt and
 //! every chunk the gateway relayed, so its monthly quota trips on the same schedule as if it
-//! had read every answer to the end.
+//! had read every answer to the end; and each cut stream is judged (its tokens served counted)
+//! as one read to its end is.
 
 use std::time::Duration;
 
@@ -133,5 +134,13 @@ async fn streams_cut_before_their_usage_are_charged_what_was_relayed() -> anyhow
         "the quota tripped after {cut} cut streams; {expected} spend {MONTHLY} tokens"
     );
     anyhow::ensure!(charged >= MONTHLY as f64, "{charged} tokens charged");
+    // Served: the probe's answer, and each cut stream's prompt and chunks, as charged.
+    let (_, text) = admin.get_text("/metrics").await?;
+    let served = metric_sum(&text, "switchyard_tokens_served_total", &["model=\"mock\""]);
+    let probed = (prompt_tokens + 1) as f64;
+    anyhow::ensure!(
+        served == probed + charged,
+        "tokens served {served}: the probe's {probed} and the cut streams' {charged}"
+    );
     Ok(())
 }
