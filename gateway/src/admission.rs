@@ -13,9 +13,12 @@
 //! breaks the contract is replaced by first come, first served (higher priority classes
 //! first), so a hostile batcher can neither hold requests back nor let more through.
 //! A request admitted holds a reservation until it has its worker, so one pass's room is not
-//! handed out twice. A waiting request whose client went away is dropped at the next pass and
-//! never reaches a worker. The queue is bounded in total and per tenant (429 when full), and a
-//! wait is bounded by `max_wait_ms` (503).
+//! handed out twice. A pass hands the reservation itself to the waiting request, through its
+//! channel: if the client left just as it was admitted, the reservation is dropped with the
+//! channel and its room comes back. A waiting request whose client went away is dropped at the
+//! next pass and never reaches a worker. The queue is bounded in total and per tenant (its
+//! requests for every model counted together; 429 when full), and a wait is bounded by
+//! `max_wait_ms` (503).
 
 use std::collections::HashMap;
 use std::sync::Arc;
