@@ -316,6 +316,43 @@ mod tests {
     }
 
     #[test]
+    fn every_complete_event_goes_on_as_soon_as_its_end_arrives_however_it_is_cut() {
+        // Streams of newlines, carriage returns and text cut at random: after each frame the
+        // client has exactly the bytes up to the last event end among those not yet passed on
+        // (an end split across frames included), never more, never less.
+        let mut seed = 0x2545_f491_4f6c_dd1d_u64;
+        let mut next = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        };
+        for _ in 0..2000 {
+            let mut tap = UsageTap::with_limit(false, 64);
+            let mut sent = Vec::new();
+            let mut out = Vec::new();
+            for _ in 0..(next() % 12) {
+                let frame: Vec<u8> = (0..(next() % 9))
+                    .map(|_| [b'\n', b'\r', b'a', b':'][(next() % 4) as usize])
+                    .collect();
+                sent.extend_from_slice(&frame);
+                let passed_before = out.len();
+                match tap.feed(frame.into()) {
+                    Ok(passed) => out.extend_from_slice(&passed),
+                    Err(err) => {
+                        out.extend_from_slice(&err.passed);
+                        assert!(sent.len() - out.len() > 64, "refused within the limit");
+                        break;
+                    }
+                }
+                let expected = passed_before + last_event_end(&sent[passed_before..]).unwrap_or(0);
+                assert_eq!(out, &sent[..expected], "after {sent:?}");
+                assert!(tap.held() <= 64);
+            }
+        }
+    }
+
+    #[test]
     fn asking_for_usage_keeps_the_request_and_replaces_a_null() {
         let body = br#"{"model":"m","stream":true,"stream_options":null,"messages":[]}"#;
         let asked: serde_json::Value = serde_json::from_slice(&ask_for_usage(body).expect("an object")).expect("json");
