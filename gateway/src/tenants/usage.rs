@@ -332,9 +332,7 @@ mod tests {
             let mut sent = Vec::new();
             let mut out = Vec::new();
             for _ in 0..(next() % 12) {
-                let frame: Vec<u8> = (0..(next() % 9))
-                    .map(|_| [b'\n', b'\r', b'a', b':'][(next() % 4) as usize])
-                    .collect();
+                let frame: Vec<u8> = (0..(next() % 9)).map(|_| b"\n\ra:"[(next() % 4) as usize]).collect();
                 sent.extend_from_slice(&frame);
                 let passed_before = out.len();
                 match tap.feed(frame.into()) {
