@@ -13,9 +13,12 @@
 //! breaks the contract is replaced by first come, first served (higher priority classes
 //! first), so a hostile batcher can neither hold requests back nor let more through.
 //! A request admitted holds a reservation until it has its worker, so one pass's room is not
-//! handed out twice. A waiting request whose client went away is dropped at the next pass and
-//! never reaches a worker. The queue is bounded in total and per tenant (429 when full), and a
-//! wait is bounded by `max_wait_ms` (503).
+//! handed out twice. A pass hands the reservation itself to the waiting request, through its
+//! channel: if the client left just as it was admitted, the reservation is dropped with the
+//! channel and its room comes back. A waiting request whose client went away is dropped at the
+//! next pass and never reaches a worker. The queue is bounded in total and per tenant (its
+//! requests for every model counted together; 429 when full), and a wait is bounded by
+//! `max_wait_ms` (503).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -28,7 +31,6 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
-use prometheus_client::registry::Registry;
 use switchyard_protocol::api::ApiError;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
@@ -63,14 +65,18 @@ impl Default for AdmissionMetrics {
 }
 
 impl AdmissionMetrics {
-    /// Registers the queue's metrics, and its batcher's, under `switchyard_admission_`.
-    pub(crate) fn register(&self, registry: &mut Registry, batchers: &BatcherSwitch) {
-        let registry = registry.sub_registry_with_prefix("admission");
-        registry.register(
-            "wait_seconds",
-            "Time requests waited in the admission queue before a worker had room, by tenant",
-            self.wait.clone(),
-        );
+    /// Registers the queue's metrics, and its batcher's, under `switchyard_admission_`; the
+    /// wait by tenant among the families labelled by tenant (the admin listener's only).
+    pub(crate) fn register(&self, metrics: &mut crate::metrics::Metrics, batchers: &BatcherSwitch) {
+        metrics
+            .tenant_registry_mut()
+            .sub_registry_with_prefix("admission")
+            .register(
+                "wait_seconds",
+                "Time requests waited in the admission queue before a worker had room, by tenant",
+                self.wait.clone(),
+            );
+        let registry = metrics.registry_mut().sub_registry_with_prefix("admission");
         registry.register(
             "queue_depth",
             "Requests waiting in the admission queue, by model",
@@ -102,7 +108,10 @@ struct Waiter {
     weight: f32,
     tokens: u32,
     since: Instant,
-    wake: oneshot::Sender<()>,
+    /// Takes the request's reservation when a pass admits it. The reservation itself goes
+    /// through the channel: one its receiver never takes (the client left after the pass, before
+    /// its request ran again) is dropped with the channel and gives its room back.
+    wake: oneshot::Sender<Reservation>,
 }
 
 /// The requests of one model waiting, and those admitted that have no worker yet.
@@ -136,7 +145,7 @@ pub(crate) struct Admission {
 }
 
 /// A request let through: it holds its place in its model's room until dropped (once it has
-/// its worker, or has failed).
+/// its worker, or has failed, or was never taken from the waiter's channel).
 #[derive(Debug)]
 pub(crate) struct Reservation {
     held: Option<(Arc<Admission>, String)>,
@@ -247,7 +256,11 @@ impl Admission {
                 self.count("direct");
                 return Ok(admitted());
             }
-            let tenant_waiting = queue.waiters.iter().filter(|w| w.tenant == tenant).count();
+            // A tenant's share of the queue counts its requests for every model.
+            let tenant_waiting: usize = queues
+                .values()
+                .map(|queue| queue.waiters.iter().filter(|w| w.tenant == tenant).count())
+                .sum();
             if waiting_total >= config.max_queue || tenant_waiting >= config.max_queue_per_tenant {
                 drop(queues);
                 self.count("full");
@@ -267,6 +280,7 @@ impl Admission {
                 )
                 .with_retry_after(Duration::from_secs(1)));
             }
+            let queue = queues.entry(model.to_string()).or_default();
             let (wake, receiver) = oneshot::channel();
             let id = self.next_id.fetch_add(1, Ordering::Relaxed);
             let tenant_number = self.tenant_number(&tenant);
@@ -291,10 +305,10 @@ impl Admission {
         let mut receiver = receiver;
         let outcome = tokio::time::timeout(Duration::from_millis(config.max_wait_ms), &mut receiver).await;
         let admitted_now = match outcome {
-            Ok(Ok(())) => true,
+            Ok(Ok(reservation)) => Some(reservation),
             // The sender went without a word: the queue dropped the request (never happens
             // while the receiver lives, but it is not an admission).
-            Ok(Err(_)) => false,
+            Ok(Err(_)) => None,
             Err(_) => {
                 // Timed out; a pass may have admitted it at the same moment.
                 let mut queues = self.queues.lock();
@@ -302,16 +316,16 @@ impl Admission {
                     queue.waiters.retain(|waiter| waiter.id != id);
                 }
                 drop(queues);
-                receiver.try_recv().is_ok()
+                receiver.try_recv().ok()
             }
         };
-        if admitted_now {
+        if let Some(reservation) = admitted_now {
             self.metrics
                 .wait
                 .get_or_create(&vec![("tenant", tenant)])
                 .observe(started.elapsed().as_secs_f64());
             self.count("queued");
-            return Ok(admitted());
+            return Ok(reservation);
         }
         self.count("timed_out");
         Err(ApiError::new(
@@ -364,6 +378,27 @@ impl Admission {
             }
         }
         waiting
+    }
+
+    /// Per model with a queue: the requests waiting, the reservations held (admitted, no
+    /// worker yet) and the room its healthy workers have now (`None` without `[admission]` or
+    /// without a healthy worker). With no request in flight, `reserved` is 0 and the room is
+    /// whole: what an operator checks to see that no reservation was lost.
+    pub(crate) fn figures(&self) -> Vec<(String, usize, usize, Option<usize>)> {
+        let mut figures: Vec<(String, usize, usize)> = self
+            .queues
+            .lock()
+            .iter()
+            .map(|(model, queue)| (model.clone(), queue.waiters.len(), queue.reserved))
+            .collect();
+        figures.sort();
+        figures
+            .into_iter()
+            .map(|(model, waiting, reserved)| {
+                let room = self.config.as_ref().and_then(|config| self.room(config, &model));
+                (model, waiting, reserved, room)
+            })
+            .collect()
     }
 
     fn waiting(&self) -> bool {
@@ -421,6 +456,9 @@ impl Admission {
                 }
                 None => Vec::new(),
             };
+            // Reservations whose waiter had gone: given back once the queue is unlocked (a
+            // reservation's drop takes the lock).
+            let mut refused = Vec::new();
             let mut queues = self.queues.lock();
             let Some(queue) = queues.get_mut(&model) else { continue };
             for id in chosen {
@@ -428,16 +466,21 @@ impl Admission {
                     continue;
                 };
                 let waiter = queue.waiters.remove(position);
-                if waiter.wake.send(()).is_ok() {
-                    queue.reserved += 1;
-                } else {
+                queue.reserved += 1;
+                let reservation = Reservation {
+                    held: Some((self.clone(), model.clone())),
+                };
+                if let Err(reservation) = waiter.wake.send(reservation) {
                     self.count("abandoned");
+                    refused.push(reservation);
                 }
             }
             self.metrics
                 .depth
                 .get_or_create(&vec![("model", model.clone())])
                 .set(queue.waiters.len() as i64);
+            drop(queues);
+            drop(refused);
         }
     }
 }
@@ -466,4 +509,189 @@ fn snapshot(waiters: &[Waiter], free: usize) -> (PendingTable, Tenancy, Budget) 
         max_batches: 1,
     };
     (table, tenancy, budget)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::pin::pin;
+
+    use futures_util::poll;
+    use sha2::{Digest, Sha256};
+
+    use super::*;
+    use crate::config::{ApiKeyConfig, Config, Role, WorkerConfig};
+    use crate::metrics::Metrics;
+    use crate::policy::runtime::{PolicyRuntime, RuntimeConfig};
+    use crate::policy::switch::SwitchConfig;
+    use crate::tenants::Tenants;
+    use crate::workers::InFlight;
+
+    /// A queue in front of one worker for each of `models`, each taking `max_requests` at once.
+    fn admission(models: &[&str], max_requests: u32, config: impl FnOnce(&mut AdmissionConfig)) -> Arc<Admission> {
+        let workers: Vec<WorkerConfig> = models
+            .iter()
+            .enumerate()
+            .map(|(i, model)| WorkerConfig {
+                name: Some(format!("w{i}")),
+                url: format!("http://127.0.0.1:{}", 9000 + i),
+                model: (*model).into(),
+                role: Role::Llm,
+                block_size: 64,
+                capabilities: vec!["text".into()],
+                cost: 1.0,
+                capacity_blocks: 0,
+                node: String::new(),
+                token_budgets: Vec::new(),
+                spot: false,
+            })
+            .collect();
+        let pool = Arc::new(WorkerPool::new(&workers, Arc::new(Metrics::new())).expect("valid urls"));
+        let kv = Arc::new(KvState::new(&Config::default()).expect("kv"));
+        let runtime = Arc::new(PolicyRuntime::new(RuntimeConfig::default()).expect("engine"));
+        let fcfs = crate::built_ins::find(crate::built_ins::World::Batcher, "fcfs").expect("built in");
+        let batcher = runtime.load_batcher("fcfs", fcfs, toml::Table::new()).expect("loads");
+        let batchers = Arc::new(BatcherSwitch::new(batcher, SwitchConfig::default()));
+        let mut admission_config: AdmissionConfig =
+            toml::from_str(&format!("max_requests = {max_requests}\nmax_wait_ms = 2000")).expect("config");
+        config(&mut admission_config);
+        Arc::new(Admission::new(
+            Some(admission_config),
+            pool,
+            kv,
+            batchers,
+            AdmissionMetrics::default(),
+        ))
+    }
+
+    fn ticket() -> Ticket<'static> {
+        Ticket {
+            grant: None,
+            tokens: 10,
+        }
+    }
+
+    fn reserved(admission: &Admission, model: &str) -> usize {
+        admission.queues.lock().get(model).map_or(0, |queue| queue.reserved)
+    }
+
+    /// Holds every worker of the pool full (one request each).
+    fn fill(admission: &Admission) -> Vec<InFlight> {
+        admission
+            .pool
+            .workers()
+            .iter()
+            .map(|w| InFlight::new(w.clone()))
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn a_request_dropped_after_its_wake_gives_its_room_back() {
+        let admission = admission(&["m"], 1, |_| {});
+        let busy = fill(&admission);
+        // Boxed, so that dropping it drops the future itself.
+        let mut entering = Box::pin(admission.enter("m", ticket()));
+        assert!(poll!(entering.as_mut()).is_pending(), "queued behind the full worker");
+        drop(busy);
+        admission.pass().await;
+        // The client left after the pass woke it, before its request was polled again.
+        drop(entering);
+        assert_eq!(reserved(&admission, "m"), 0, "the room taken for it came back");
+        let next = tokio::time::timeout(Duration::from_secs(1), admission.enter("m", ticket())).await;
+        assert!(matches!(next, Ok(Ok(_))), "the next request goes straight through");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn thousands_of_clients_leaving_as_room_frees_leave_the_room_whole() {
+        let admission = admission(&["m"], 1, |_| {});
+        let passes = admission.spawn().expect("configured");
+        let waiting = |admission: &Admission| admission.queues.lock().get("m").map_or(0, |q| q.waiters.len());
+        for round in 0..500u64 {
+            let busy = fill(&admission);
+            let clients: Vec<_> = (0..8)
+                .map(|_| {
+                    let admission = admission.clone();
+                    tokio::spawn(async move {
+                        if let Ok(reservation) = admission.enter("m", ticket()).await {
+                            tokio::task::yield_now().await;
+                            drop(reservation);
+                        }
+                    })
+                })
+                .collect();
+            while waiting(&admission) < 8 {
+                tokio::task::yield_now().await;
+            }
+            // Room frees (a pass runs on the other thread) just as every client goes away.
+            drop(busy);
+            for _ in 0..round % 4 {
+                std::hint::spin_loop();
+            }
+            for client in &clients {
+                client.abort();
+            }
+            for client in clients {
+                let _ = client.await;
+            }
+        }
+        let emptied = tokio::time::timeout(Duration::from_secs(5), async {
+            while admission.waiting() || reserved(&admission, "m") != 0 {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+        .await;
+        passes.abort();
+        assert!(
+            emptied.is_ok(),
+            "{} reservations never came back",
+            reserved(&admission, "m")
+        );
+        assert_eq!(
+            admission.room(admission.config.as_ref().expect("configured"), "m"),
+            Some(1)
+        );
+    }
+
+    #[tokio::test]
+    async fn a_tenants_share_of_the_queue_counts_every_model() {
+        let key = |text: &str| ApiKeyConfig {
+            key_sha256: Sha256::digest(text.as_bytes())
+                .iter()
+                .map(|b| format!("{b:02x}"))
+                .collect(),
+            tenant: "acme".into(),
+            models: Vec::new(),
+            priority: 0,
+            requests_per_minute: None,
+            tokens_per_minute: None,
+            monthly_tokens: None,
+            weight: None,
+        };
+        let tenants = Tenants::new(&Config {
+            api_keys: vec![key("sk-acme")],
+            ..Config::default()
+        })
+        .expect("valid keys");
+        let mut headers = http::HeaderMap::new();
+        headers.insert(http::header::AUTHORIZATION, "Bearer sk-acme".parse().expect("header"));
+        let grant = tenants.authenticate(&headers).expect("known").expect("a grant");
+        let admission = admission(&["m1", "m2"], 1, |config| config.max_queue_per_tenant = 2);
+        let _busy = fill(&admission);
+        let enter = |model| {
+            admission.enter(
+                model,
+                Ticket {
+                    grant: Some(&grant),
+                    tokens: 10,
+                },
+            )
+        };
+        let mut first = pin!(enter("m1"));
+        let mut second = pin!(enter("m1"));
+        assert!(poll!(first.as_mut()).is_pending());
+        assert!(poll!(second.as_mut()).is_pending());
+        match enter("m2").await {
+            Err(err) => assert_eq!(err.status, StatusCode::TOO_MANY_REQUESTS, "{err:?}"),
+            Ok(_) => panic!("a third request of the tenant was admitted"),
+        }
+    }
 }

@@ -10,6 +10,11 @@
 //! verified against the Mozilla roots and `fetch_ca_file`; redirects are not followed; the
 //! answer must be 200 and at most `max_bytes` (checked on `content-length` and while reading);
 //! and the whole fetch has `fetch_timeout_ms`. Anything else is a 400 naming the part.
+//!
+//! One request's URLs are fetched `fetch_concurrency` at a time, and never more of them than
+//! `max_items` (the request path counts the parts before fetching; this module refuses more
+//! too), so a request cannot make the gateway open connections or hold bytes without bound.
+//! The first failure ends the request's fetching: fetches not yet started never start.
 
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
@@ -17,6 +22,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
+use futures_util::StreamExt;
 use http_body_util::{BodyExt, Empty, Limited};
 use hyper_util::rt::TokioIo;
 use rustls::pki_types::pem::PemObject;
@@ -90,8 +96,10 @@ impl Fetcher {
         }))
     }
 
-    /// Fetches every `http(s)` URL among the media parts of `request`, all at once; answers
-    /// the bytes by (message, part), or the first part that failed and why.
+    /// Fetches every `http(s)` URL among the media parts of `request`, `fetch_concurrency` at a
+    /// time; answers the bytes by (message, part), or the first part that failed and why (then
+    /// the fetches in flight are dropped, and those not started never start). More URLs than
+    /// `max_items` are refused before any fetch.
     pub(crate) async fn fetch_request(
         &self,
         request: &GenerateRequest,
@@ -111,6 +119,16 @@ impl Fetcher {
                     _ => None,
                 };
                 if let Some(url) = url.filter(|url| is_fetched(url)) {
+                    if urls.len() == self.config.max_items {
+                        return Err((
+                            m,
+                            p,
+                            format!(
+                                "a request may have at most {} media URLs fetched ([media] max_items)",
+                                self.config.max_items
+                            ),
+                        ));
+                    }
                     urls.push((m, p, url.to_string()));
                 }
             }
@@ -123,8 +141,9 @@ impl Fetcher {
             };
             (m, p, result)
         });
+        let mut fetches = futures_util::stream::iter(fetches).buffer_unordered(self.config.fetch_concurrency.max(1));
         let mut fetched = HashMap::new();
-        for (m, p, result) in futures_util::future::join_all(fetches).await {
+        while let Some((m, p, result)) = fetches.next().await {
             fetched.insert((m, p), result.map_err(|why| (m, p, why))?);
         }
         Ok(fetched)

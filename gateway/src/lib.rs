@@ -142,6 +142,51 @@ pub mod fuzzing {
         )?;
         Ok(items.len())
     }
+
+    /// A worker's SSE stream after the usage tap, as a tenant's stream is relayed.
+    #[derive(Debug)]
+    pub struct TappedStream {
+        /// What reached the client, the rest of an event never ended included.
+        pub out: Vec<u8>,
+        /// The usage the tap read, as (prompt, completion) tokens.
+        pub usage: Option<(u32, u32)>,
+        /// Whether the stream was cut for an event past the limit.
+        pub refused: bool,
+        /// The most bytes of an event not yet ended the tap held after any frame.
+        pub most_held: usize,
+    }
+
+    /// Feeds `frames` to a usage tap that holds at most `limit` bytes of an event not yet ended
+    /// (the gateway's is `usage_event_limit()`) and takes the usage-only chunk out if `strip`,
+    /// until the stream ends or the tap refuses an event.
+    pub fn tap_usage<'a>(frames: impl IntoIterator<Item = &'a [u8]>, strip: bool, limit: usize) -> TappedStream {
+        let mut tap = crate::tenants::usage::UsageTap::with_limit(strip, limit);
+        let mut stream = TappedStream {
+            out: Vec::new(),
+            usage: None,
+            refused: false,
+            most_held: 0,
+        };
+        for frame in frames {
+            match tap.feed(bytes::Bytes::copy_from_slice(frame)) {
+                Ok(out) => stream.out.extend_from_slice(&out),
+                Err(err) => {
+                    stream.out.extend_from_slice(&err.passed);
+                    stream.refused = true;
+                    break;
+                }
+            }
+            stream.most_held = stream.most_held.max(tap.held());
+        }
+        stream.out.extend_from_slice(&tap.finish());
+        stream.usage = tap.usage().map(|usage| (usage.prompt_tokens, usage.completion_tokens));
+        stream
+    }
+
+    /// The most bytes of an event not yet ended the gateway's usage tap holds.
+    pub fn usage_event_limit() -> usize {
+        crate::tenants::usage::MAX_EVENT_BYTES
+    }
 }
 
 use std::net::SocketAddr;

@@ -148,14 +148,7 @@ pub(crate) fn inspect(
                 Some(PartKind::Text) | None => continue,
             };
             if items.len() == settings.max_items {
-                return Err(ApiError::invalid_request(
-                    "too_many_media_items",
-                    format!(
-                        "content part {p} of message {m}: a request may carry at most {} media items ([media] max_items)",
-                        settings.max_items
-                    ),
-                )
-                .with_param(Some(part_path(m, p))));
+                return Err(too_many_items(m, p, settings.max_items));
             }
             let mut read = || -> Result<(MediaInfo, Vec<u8>), MediaError> {
                 let (info, bytes) = match kind {
@@ -260,6 +253,47 @@ fn part_path(message: usize, part: usize) -> String {
 }
 
 /// The 400 for content part `part` of message `message` whose URL could not be fetched.
+/// Refuses a request with more than `max_items` media parts, naming the first part past the
+/// limit. It runs before any media is fetched, so a request's parts cannot make the gateway
+/// open more connections than one request may carry items.
+///
+/// # Errors
+///
+/// The 400 (`too_many_media_items`) naming that part.
+pub(crate) fn check_item_count(request: &GenerateRequest, settings: &MediaConfig) -> Result<(), ApiError> {
+    let GenerateRequest::Chat(chat) = request else {
+        return Ok(());
+    };
+    let mut count = 0;
+    for (m, message) in chat.messages.iter().enumerate() {
+        let Some(MessageContent::Parts(parts)) = &message.content else {
+            continue;
+        };
+        for (p, part) in parts.iter().enumerate() {
+            if matches!(
+                part.part_kind(),
+                Some(PartKind::Image | PartKind::Audio | PartKind::Video)
+            ) {
+                if count == settings.max_items {
+                    return Err(too_many_items(m, p, settings.max_items));
+                }
+                count += 1;
+            }
+        }
+    }
+    Ok(())
+}
+
+fn too_many_items(m: usize, p: usize, max_items: usize) -> ApiError {
+    ApiError::invalid_request(
+        "too_many_media_items",
+        format!(
+            "content part {p} of message {m}: a request may carry at most {max_items} media items ([media] max_items)"
+        ),
+    )
+    .with_param(Some(part_path(m, p)))
+}
+
 pub(crate) fn fetch_error(message: usize, part: usize, why: String) -> ApiError {
     media_error(
         message,

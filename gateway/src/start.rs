@@ -178,7 +178,8 @@ impl Observers {
             tls_reloads.clone(),
         );
         let tenants = Arc::new(tenants::Tenants::new(config)?);
-        tenants.register_metrics(registry);
+        tenants.register_metrics(metrics);
+        let registry = metrics.registry_mut();
         let mut slo = slo::SloMetrics::default();
         slo.register(registry);
         let planning = match &config.planner {
@@ -208,7 +209,7 @@ impl Observers {
             None => None,
         };
         let admission_metrics = admission::AdmissionMetrics::default();
-        admission_metrics.register(registry, &policies.admission_batchers);
+        admission_metrics.register(metrics, &policies.admission_batchers);
         let observers = Observers {
             kv,
             encoder_metrics,

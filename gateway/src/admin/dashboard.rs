@@ -104,10 +104,19 @@ pub(super) fn stats(state: &AdminState) -> Value {
         tenants.push(json!({"name": name, "requests": 0, "waiting": count, "ttft_p50_ms": null, "ttft_p99_ms": null}));
     }
     let requests: u64 = live.values().map(|f| f.requests).sum();
+    let admission: Vec<Value> = state
+        .admission
+        .figures()
+        .into_iter()
+        .map(|(model, waiting, reserved, room)| {
+            json!({"model": model, "waiting": waiting, "reserved": reserved, "room": room})
+        })
+        .collect();
     json!({
         "requests": requests,
         "workers": workers,
         "tenants": tenants,
+        "admission": admission,
         "kv": {"nodes": summary.index.nodes, "active_requests": summary.active_requests},
     })
 }

@@ -222,7 +222,7 @@ async fn handle(
         (&Method::GET, ["metrics"]) => Ok(respond::text(
             StatusCode::OK,
             "text/plain; version=0.0.4; charset=utf-8",
-            state.metrics.encode(),
+            state.metrics.encode_with_tenants(),
         )),
         (&Method::GET, ["admin", "stats"]) => Ok(respond::json(StatusCode::OK, &dashboard::stats(state))),
         (&Method::GET, ["admin", "kv"]) => Ok(respond::json(StatusCode::OK, &state.router.kv_summary())),

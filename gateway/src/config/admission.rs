@@ -28,7 +28,8 @@ pub struct AdmissionConfig {
     /// Requests waiting at most, over all models and tenants; one more is answered 429.
     #[serde(default = "default_max_queue")]
     pub max_queue: usize,
-    /// Requests of one tenant waiting at most; one more is answered 429.
+    /// Requests of one tenant waiting at most, for all its models together; one more is
+    /// answered 429.
     #[serde(default = "default_max_queue_per_tenant")]
     pub max_queue_per_tenant: usize,
     /// Longest wait in the queue; then the request is answered 503 (`queue_timeout`).

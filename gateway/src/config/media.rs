@@ -71,6 +71,8 @@ pub struct MediaConfig {
     pub max_items: usize,
     /// How long one URL fetch may take.
     pub fetch_timeout_ms: u64,
+    /// Most URLs of one request fetched at once (the rest wait their turn).
+    pub fetch_concurrency: usize,
     /// Extra CA certificates (PEM) trusted for `https` media URLs, beside the Mozilla roots.
     pub fetch_ca_file: Option<PathBuf>,
 }
@@ -87,6 +89,7 @@ impl Default for MediaConfig {
             max_duration_s: limits.max_duration_s,
             max_items: 16,
             fetch_timeout_ms: 5_000,
+            fetch_concurrency: 4,
             fetch_ca_file: None,
         }
     }
@@ -140,6 +143,7 @@ impl MediaConfig {
             ("media.max_pixels", self.max_pixels),
             ("media.max_items", self.max_items as u64),
             ("media.fetch_timeout_ms", self.fetch_timeout_ms),
+            ("media.fetch_concurrency", self.fetch_concurrency as u64),
         ])?;
         if !self.max_duration_s.is_finite() || self.max_duration_s <= 0.0 {
             return Err(Invalid::new("media.max_duration_s", "must be greater than 0"));

@@ -96,8 +96,12 @@ pub struct ServerConfig {
     pub max_header_bytes: usize,
     /// Time allowed for a new connection's first request head to arrive.
     pub header_read_timeout_ms: u64,
-    /// Time a connection may sit idle between requests (HTTP/1.1 keep-alive, HTTP/2 pings).
+    /// Time a connection may sit idle: between requests on HTTP/1.1 (keep-alive), with no
+    /// stream open on HTTP/2 (answered pings do not count as use).
     pub idle_timeout_ms: u64,
+    /// Time allowed for a request's whole body to arrive once its head has; a body still
+    /// arriving then is answered 408 (`body_read_timeout`).
+    pub body_read_timeout_ms: u64,
     /// Time allowed for the TLS handshake.
     pub tls_handshake_timeout_ms: u64,
     /// On SIGTERM or ctrl-c: time the responses in flight (streams included) get to finish
@@ -126,6 +130,7 @@ impl Default for ServerConfig {
             max_header_bytes: 64 << 10,
             header_read_timeout_ms: 10_000,
             idle_timeout_ms: 120_000,
+            body_read_timeout_ms: 30_000,
             tls_handshake_timeout_ms: 10_000,
             drain_timeout_ms: 30_000,
             max_connections: 10_000,
@@ -154,6 +159,11 @@ impl ServerConfig {
     /// [`ServerConfig::idle_timeout_ms`] as a duration.
     pub fn idle_timeout(&self) -> Duration {
         Duration::from_millis(self.idle_timeout_ms)
+    }
+
+    /// [`ServerConfig::body_read_timeout_ms`] as a duration.
+    pub fn body_read_timeout(&self) -> Duration {
+        Duration::from_millis(self.body_read_timeout_ms)
     }
 
     /// [`ServerConfig::tls_handshake_timeout_ms`] as a duration.
@@ -202,6 +212,7 @@ impl ServerConfig {
             ("server.max_header_bytes", self.max_header_bytes as u64),
             ("server.header_read_timeout_ms", self.header_read_timeout_ms),
             ("server.idle_timeout_ms", self.idle_timeout_ms),
+            ("server.body_read_timeout_ms", self.body_read_timeout_ms),
             ("server.tls_handshake_timeout_ms", self.tls_handshake_timeout_ms),
             ("server.max_connections", self.max_connections as u64),
         ])?;

@@ -3,9 +3,13 @@
 //! This module owns every metric family the gateway exports on `GET /metrics`, registered once
 //! at start, and their encoding in the Prometheus text format. Other modules hold cheap clones
 //! of the handles they update; nothing here decides anything.
+//!
+//! Families labelled by tenant sit in a registry of their own: tenant names and their usage
+//! are for the operator, so they are encoded only for the admin listener
+//! ([`Metrics::encode_with_tenants`]), never on the client listener's open `/metrics`.
 
 use prometheus_client::encoding::EncodeLabelSet;
-use prometheus_client::encoding::text::encode;
+use prometheus_client::encoding::text::{encode_eof, encode_registry};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
@@ -75,6 +79,8 @@ fn text_only_label(reason: &str) -> &'static str {
 #[derive(Debug)]
 pub struct Metrics {
     registry: Registry,
+    /// Families labelled by tenant: the admin listener's only.
+    tenant_registry: Registry,
     requests: Family<EndpointStatus, Counter>,
     errors: Family<Labels, Counter>,
     time_to_first_byte: HistogramFamily,
@@ -195,6 +201,7 @@ impl Metrics {
         );
         Metrics {
             registry,
+            tenant_registry: Registry::with_prefix("switchyard"),
             requests,
             errors,
             time_to_first_byte,
@@ -309,11 +316,28 @@ impl Metrics {
         &mut self.registry
     }
 
-    /// Every metric in the Prometheus text format.
+    /// The registry of the families labelled by tenant, for the tenants and the admission
+    /// queue to register theirs at start.
+    pub fn tenant_registry_mut(&mut self) -> &mut Registry {
+        &mut self.tenant_registry
+    }
+
+    /// Every metric but those labelled by tenant, in the Prometheus text format: what the
+    /// client listener serves.
     pub fn encode(&self) -> String {
         let mut text = String::new();
         // Writing into a String cannot fail.
-        let _ = encode(&mut text, &self.registry);
+        let _ = encode_registry(&mut text, &self.registry);
+        let _ = encode_eof(&mut text);
+        text
+    }
+
+    /// Every metric, those labelled by tenant included: what the admin listener serves.
+    pub fn encode_with_tenants(&self) -> String {
+        let mut text = String::new();
+        let _ = encode_registry(&mut text, &self.registry);
+        let _ = encode_registry(&mut text, &self.tenant_registry);
+        let _ = encode_eof(&mut text);
         text
     }
 }

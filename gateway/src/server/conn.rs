@@ -5,6 +5,10 @@
 //! For HTTP/1.1 the first request head is read here, under `header_read_timeout`, so that a
 //! client too slow to send its headers gets an OpenAI-style 408 instead of a silent close;
 //! later heads on a keep-alive connection are bounded by hyper's own timer (`idle_timeout`).
+//! HTTP/2, whether chosen by ALPN or by prior knowledge, is served by one builder with one set
+//! of settings, and a connection with no stream open for `idle_timeout` is closed: hyper's
+//! HTTP/2 server has no idle timer of its own, and the pings it sends (which every client
+//! answers) would keep a silent connection, and its permit, forever.
 //!
 //! A connection holds one of `server.max_connections` permits while it is open; past the cap a
 //! new one is answered 503 (`too_many_connections`, after the TLS handshake where there is
@@ -12,8 +16,11 @@
 //! lets its response in flight finish and then closes it.
 
 use std::convert::Infallible;
+use std::pin::Pin;
 use std::sync::Arc;
-use std::time::Instant;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
 use http::StatusCode;
@@ -111,29 +118,16 @@ where
         .lock()
         .ok()
         .and_then(|graceful| graceful.as_ref().map(|g| g.watcher()));
+    let server = &state.server;
+    if h2 {
+        serve_h2(TokioIo::new(stream), &state, watcher).await;
+        return;
+    }
     let service_state = state.clone();
     let service = service_fn(move |request| {
         let state = service_state.clone();
         async move { Ok::<_, Infallible>(routes::handle(state, request, Instant::now()).await) }
     });
-    let server = &state.server;
-    if h2 {
-        let mut builder = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
-        builder
-            .timer(TokioTimer::new())
-            .keep_alive_interval(Some(server.idle_timeout() / 2))
-            .keep_alive_timeout(server.idle_timeout() / 2)
-            .max_header_list_size(u32::try_from(server.max_header_bytes).unwrap_or(u32::MAX));
-        let connection = builder.serve_connection(TokioIo::new(stream), service);
-        let ended = match watcher {
-            Some(watcher) => watcher.watch(connection).await,
-            None => connection.await,
-        };
-        if let Err(err) = ended {
-            tracing::debug!(error = %err, "HTTP/2 connection ended with an error");
-        }
-        return;
-    }
     let head = match read_first_head(&mut stream, server.max_header_bytes, server.header_read_timeout()).await {
         FirstHead::Read(bytes) => bytes,
         FirstHead::Closed => return,
@@ -160,15 +154,7 @@ where
         }
     };
     if head.starts_with(H2_PREFACE) {
-        let builder = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
-        let connection = builder.serve_connection(TokioIo::new(Rewind::new(head, stream)), service);
-        let ended = match watcher {
-            Some(watcher) => watcher.watch(connection).await,
-            None => connection.await,
-        };
-        if let Err(err) = ended {
-            tracing::debug!(error = %err, "HTTP/2 (prior knowledge) connection ended with an error");
-        }
+        serve_h2(TokioIo::new(Rewind::new(head, stream)), &state, watcher).await;
         return;
     }
     let mut builder = hyper::server::conn::http1::Builder::new();
@@ -183,6 +169,127 @@ where
     };
     if let Err(err) = ended {
         tracing::debug!(error = %err, "HTTP/1.1 connection ended with an error");
+    }
+}
+
+/// Serves an HTTP/2 connection (by ALPN or prior knowledge: the same settings) until it ends,
+/// the drain closes it, or it has had no stream open for `server.idle_timeout`.
+async fn serve_h2<I>(io: I, state: &Arc<AppState>, watcher: Option<hyper_util::server::graceful::Watcher>)
+where
+    I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+{
+    let server = &state.server;
+    let streams = Arc::new(OpenStreams::new());
+    let (service_state, service_streams) = (state.clone(), streams.clone());
+    let service = service_fn(move |request| {
+        let state = service_state.clone();
+        let stream = OpenStreams::open(&service_streams);
+        async move {
+            let response = routes::handle(state, request, Instant::now()).await;
+            // The stream stays open until its response body is done (a stream relayed for
+            // minutes is not idle).
+            Ok::<_, Infallible>(response.map(|body| Tracked { body, _stream: stream }))
+        }
+    });
+    let mut builder = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
+    builder
+        .timer(TokioTimer::new())
+        .keep_alive_interval(Some(server.idle_timeout() / 2))
+        .keep_alive_timeout(server.idle_timeout() / 2)
+        .max_header_list_size(u32::try_from(server.max_header_bytes).unwrap_or(u32::MAX));
+    let connection = builder.serve_connection(io, service);
+    let serving = async {
+        match watcher {
+            Some(watcher) => watcher.watch(connection).await,
+            None => connection.await,
+        }
+    };
+    tokio::select! {
+        ended = serving => {
+            if let Err(err) = ended {
+                tracing::debug!(error = %err, "HTTP/2 connection ended with an error");
+            }
+        }
+        () = streams.idle_for(server.idle_timeout()) => {
+            // No stream is open, so dropping the connection cuts off no request.
+            tracing::debug!("HTTP/2 connection closed: no stream open for server.idle_timeout_ms");
+        }
+    }
+}
+
+/// The streams open on one HTTP/2 connection, and since when none has been.
+#[derive(Debug)]
+struct OpenStreams {
+    open: AtomicUsize,
+    /// When the last stream ended (the connection's start before any).
+    last_end: parking_lot::Mutex<Instant>,
+}
+
+impl OpenStreams {
+    fn new() -> OpenStreams {
+        OpenStreams {
+            open: AtomicUsize::new(0),
+            last_end: parking_lot::Mutex::new(Instant::now()),
+        }
+    }
+
+    /// Counts a stream open until the guard is dropped.
+    fn open(streams: &Arc<OpenStreams>) -> StreamOpen {
+        streams.open.fetch_add(1, Ordering::AcqRel);
+        StreamOpen(streams.clone())
+    }
+
+    /// Returns once no stream has been open for `timeout`.
+    async fn idle_for(&self, timeout: Duration) {
+        loop {
+            let deadline = if self.open.load(Ordering::Acquire) == 0 {
+                *self.last_end.lock() + timeout
+            } else {
+                // Looked at again a timeout later: a stream open now ends no sooner.
+                Instant::now() + timeout
+            };
+            if self.open.load(Ordering::Acquire) == 0 && Instant::now() >= deadline {
+                return;
+            }
+            tokio::time::sleep_until(deadline.into()).await;
+        }
+    }
+}
+
+/// One open stream of an [`OpenStreams`].
+#[derive(Debug)]
+struct StreamOpen(Arc<OpenStreams>);
+
+impl Drop for StreamOpen {
+    fn drop(&mut self) {
+        *self.0.last_end.lock() = Instant::now();
+        self.0.open.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// A response body that keeps its stream counted open until it is done or dropped.
+struct Tracked<B> {
+    body: B,
+    _stream: StreamOpen,
+}
+
+impl<B: http_body::Body + Unpin> http_body::Body for Tracked<B> {
+    type Data = B::Data;
+    type Error = B::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+        Pin::new(&mut self.get_mut().body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.body.size_hint()
     }
 }
 

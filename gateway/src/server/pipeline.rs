@@ -2,7 +2,7 @@
 //!
 //! [`generate`] is that order, and the only place it is written:
 //!
-//! 1. [`admit`]: the body is read under the size limit and parsed, the model must be served,
+//! 1. [`admit`]: the body is read under the size limit and the read deadline, and parsed, the model must be served,
 //!    the tenant's limits allow it, its latency targets are read — bad input costs no worker
 //!    anything, and a tenant over its limits costs little.
 //! 2. [`prepare_prompt`]: media fetched and inspected, the prompt
@@ -105,18 +105,39 @@ async fn admit(
     grant: Option<Arc<Grant>>,
 ) -> Result<Admitted, ApiError> {
     let (parts, body) = request.into_parts();
-    let body = respond::read_limited(&parts.headers, body, state.server.max_body_bytes).await?;
+    // A body trickled in would hold the connection and the request's task for as long as the
+    // client likes: the whole body has a deadline.
+    let reading = respond::read_limited(&parts.headers, body, state.server.max_body_bytes);
+    let body = tokio::time::timeout(state.server.body_read_timeout(), reading)
+        .await
+        .map_err(|_| {
+            ApiError::new(
+                StatusCode::REQUEST_TIMEOUT,
+                "invalid_request_error",
+                "body_read_timeout",
+                format!(
+                    "the request body did not arrive within {} ms (server.body_read_timeout_ms)",
+                    state.server.body_read_timeout_ms
+                ),
+            )
+        })??;
     let parsed = api::parse_generate_request(endpoint, &body)?;
     let model = parsed.model();
     let pool = state.router.pool();
     if !pool.serves(model) {
+        // Only the models the key may use, as `/v1/models` lists them for it.
+        let served = pool.models();
+        let available = match &grant {
+            Some(grant) => grant.visible(&served),
+            None => served.iter().map(String::as_str).collect(),
+        };
         return Err(ApiError::new(
             StatusCode::NOT_FOUND,
             "invalid_request_error",
             "model_not_found",
             format!(
                 "model `{model}` does not exist; available models: {}",
-                pool.models().join(", ")
+                available.join(", ")
             ),
         )
         .with_param(Some("model".into())));

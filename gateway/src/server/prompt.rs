@@ -1,6 +1,7 @@
 //! Stage 2 of the request path: the prompt as the router reads it.
 //!
-//! A request's media is fetched (`[media] fetch`) and inspected from its headers alone; then
+//! A request's media parts are counted against `[media] max_items` first; then its media is
+//! fetched (`[media] fetch`) and inspected from its headers alone; then
 //! its prompt is rendered with the model's chat template, tokenized (each media item a span of
 //! its estimated tokens) and hashed into KV blocks. A prompt over the model's limits is refused
 //! here, before any worker is asked; one that is far too long is refused before it is
@@ -40,6 +41,8 @@ pub(super) async fn prepare_prompt(state: &AppState, admitted: &mut Admitted) ->
     let parsed = &admitted.parsed;
     let model = parsed.model();
     let limits = &admitted.limits;
+    // Counted first: a request with too many parts opens no connection at all.
+    media::check_item_count(parsed, &state.media.config)?;
     let mut fetched = match &state.fetcher {
         Some(fetcher) => fetcher
             .fetch_request(parsed)

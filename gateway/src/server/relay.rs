@@ -5,8 +5,9 @@
 //! `coalesce.rs`); if the worker fails mid-stream the client gets a final SSE error event and a
 //! clean end of stream. Whole answers are read to the end first, so a failure becomes a 502.
 //! The request's lease on its worker lasts until the answer ends or the client goes away;
-//! then the tenant is charged (from the usage the worker reported) and the answer's latency is
-//! judged against the request's targets.
+//! then the tenant is charged (from the usage the worker reported, or, for a stream the client
+//! left before its usage came, from the prompt and the chunks relayed) and the answer's
+//! latency is judged against the request's targets, whichever way the stream ended.
 
 use std::pin::Pin;
 use std::sync::{Arc, LazyLock};
@@ -208,6 +209,7 @@ impl Relay<'_> {
             label: self.label,
             started: self.started,
             tap,
+            broken: None,
             charge,
             timing: Some(timing),
             coalescer: Coalescer::new(self.state.server.stream_coalesce()),
@@ -323,6 +325,9 @@ struct RelayBody {
     /// Reads the tenant's usage from the stream (and takes out the chunk the client did not
     /// ask for).
     tap: Option<UsageTap>,
+    /// Why the worker's stream cannot go on (an event past the tap's limit): the client gets
+    /// it as a last SSE error event.
+    broken: Option<ApiError>,
     /// The tenant's charge, settled when the stream ends or the client goes away.
     charge: Option<Charge>,
     /// The stream's chunk times, judged against its targets when it ends.
@@ -434,13 +439,38 @@ impl RelayBody {
     fn tapped(&mut self, data: Bytes) -> Bytes {
         if let Some(timing) = &mut self.timing {
             timing.saw(&data);
+            if let Some(charge) = &mut self.charge {
+                charge.relayed(timing.chunks);
+            }
         }
         let Some(tap) = &mut self.tap else { return data };
-        let data = tap.feed(data);
+        let data = match tap.feed(data) {
+            Ok(data) => data,
+            Err(err) => {
+                let worker = self.lease.as_ref().map(|lease| lease.worker().name.clone());
+                self.broken = Some(ApiError::new(
+                    StatusCode::BAD_GATEWAY,
+                    "server_error",
+                    "worker_event_too_large",
+                    format!("worker `{}` broke its stream: {err}", worker.unwrap_or_default()),
+                ));
+                err.passed
+            }
+        };
         if let (Some(reported), Some(charge)) = (tap.usage(), &mut self.charge) {
             charge.report(reported);
         }
         data
+    }
+
+    /// Ends the stream with `error` as its last event, after `before`; answers the last bytes
+    /// for the client.
+    fn fail(&mut self, error: &ApiError, before: Bytes) -> Bytes {
+        self.metrics.error(error.code());
+        self.end();
+        let mut last = before.to_vec();
+        last.extend_from_slice(&error.to_sse_event());
+        self.coalescer.finish(last.into())
     }
 
     fn end(&mut self) {
@@ -452,6 +482,16 @@ impl RelayBody {
         }
         self.metrics
             .request_duration(self.label, self.started.elapsed().as_secs_f64());
+    }
+}
+
+/// A client that leaves mid-stream drops the body: its stream is judged with what it saw, and
+/// its charge (a field, dropped next) counts the chunks relayed.
+impl Drop for RelayBody {
+    fn drop(&mut self) {
+        if let Some(timing) = self.timing.take() {
+            timing.judge(self.tap.as_ref().and_then(UsageTap::usage));
+        }
     }
 }
 
@@ -468,6 +508,10 @@ impl http_body::Body for RelayBody {
         if this.done {
             return Poll::Ready(None);
         }
+        if let Some(error) = this.broken.take() {
+            let last = this.fail(&error, Bytes::new());
+            return Poll::Ready(Some(Ok(Frame::data(last))));
+        }
         // Read everything upstream has ready (so its pace is measured as it comes), writing at
         // once what the coalescer lets through, then what it held once it says so (at once for
         // an opening write, else when its window ends).
@@ -483,6 +527,10 @@ impl http_body::Body for RelayBody {
                     // Trailers are not part of the OpenAI stream; skip them.
                     let Ok(data) = frame.into_data() else { continue };
                     let data = this.tapped(data);
+                    if let Some(error) = this.broken.take() {
+                        let last = this.fail(&error, data);
+                        return Poll::Ready(Some(Ok(Frame::data(last))));
+                    }
                     // Empty: all of it waits in the tap for the rest of its event.
                     if data.is_empty() {
                         continue;
@@ -503,9 +551,7 @@ impl http_body::Body for RelayBody {
                         "worker_failed_mid_stream",
                         format!("worker `{worker}` failed mid-stream: {err}"),
                     );
-                    this.metrics.error(error.code());
-                    this.end();
-                    let last = this.coalescer.finish(error.to_sse_event());
+                    let last = this.fail(&error, Bytes::new());
                     return Poll::Ready(Some(Ok(Frame::data(last))));
                 }
                 Poll::Ready(None) => {

@@ -28,7 +28,6 @@ use parking_lot::Mutex;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
-use prometheus_client::registry::Registry;
 use sha2::{Digest, Sha256};
 use switchyard_protocol::api::{ApiError, Usage};
 use tokio::task::JoinHandle;
@@ -197,9 +196,12 @@ impl Tenants {
         Ok(tenants)
     }
 
-    /// Registers the tenants' metric families.
-    pub(crate) fn register_metrics(&self, registry: &mut Registry) {
+    /// Registers the tenants' metric families: those labelled by tenant among `all`'s tenant
+    /// families (the admin listener's only), the key checks and reloads among the public ones.
+    pub(crate) fn register_metrics(&self, all: &mut crate::metrics::Metrics) {
         let metrics = &self.metrics;
+        // Families that name tenants: the admin listener's only.
+        let registry = all.tenant_registry_mut();
         registry.register(
             "tenant_tokens",
             "Tokens used per tenant and model, as the workers reported them, by kind (prompt, completion)",
@@ -220,6 +222,7 @@ impl Tenants {
             "Tokens each tenant used this calendar month (UTC), against its monthly_tokens",
             metrics.month_tokens.clone(),
         );
+        let registry = all.registry_mut();
         registry.register(
             "unauthorized",
             "Requests refused for want of a known API key, by reason (missing, unknown)",
@@ -509,6 +512,7 @@ impl Tenants {
             prompt_estimate: 0,
             served: false,
             usage: None,
+            relayed: 0,
         })
     }
 }
@@ -528,7 +532,9 @@ fn redact(key: &str) -> String {
 /// ([`Charge::prompt`]); when the request ends, what the worker reported replaces that
 /// estimate in the bucket and is added to the month and the tenant's metrics. A request no
 /// worker answered gives its estimate back; one whose usage never came (the client left a
-/// stream early) counts its estimate.
+/// stream before its last chunk) counts its estimate and every chunk relayed to it
+/// ([`Charge::relayed`]), one completion token each, so leaving a stream early spares
+/// neither the rate limit nor the monthly quota.
 #[derive(Debug)]
 pub(crate) struct Charge {
     tenant: Arc<Tenant>,
@@ -538,6 +544,8 @@ pub(crate) struct Charge {
     prompt_estimate: u64,
     served: bool,
     usage: Option<Usage>,
+    /// Chunks of a streamed answer relayed so far: its completion tokens if no usage comes.
+    relayed: u64,
 }
 
 impl Charge {
@@ -561,6 +569,11 @@ impl Charge {
         self.served = true;
     }
 
+    /// Notes that `chunks` chunks of a streamed answer have been relayed in all.
+    pub(crate) fn relayed(&mut self, chunks: u64) {
+        self.relayed = chunks;
+    }
+
     /// Notes the usage the worker reported.
     pub(crate) fn report(&mut self, usage: Usage) {
         self.usage = Some(usage);
@@ -571,7 +584,7 @@ impl Drop for Charge {
     fn drop(&mut self) {
         let used = match (self.served, self.usage) {
             (_, Some(usage)) => u64::from(usage.prompt_tokens) + u64::from(usage.completion_tokens),
-            (true, None) => self.prompt_estimate,
+            (true, None) => self.prompt_estimate.saturating_add(self.relayed),
             (false, None) => 0,
         };
         let now = Instant::now();
@@ -591,8 +604,13 @@ impl Drop for Charge {
             .month_tokens
             .get_or_create(&vec![("tenant", self.tenant.name.clone())])
             .set(i64::try_from(month_tokens).unwrap_or(i64::MAX));
-        if let Some(usage) = self.usage {
-            for (kind, tokens) in [("prompt", usage.prompt_tokens), ("completion", usage.completion_tokens)] {
+        let counted = match (self.served, self.usage) {
+            (_, Some(usage)) => Some((u64::from(usage.prompt_tokens), u64::from(usage.completion_tokens))),
+            (true, None) => Some((self.prompt_estimate, self.relayed)),
+            (false, None) => None,
+        };
+        if let Some((prompt, completion)) = counted {
+            for (kind, tokens) in [("prompt", prompt), ("completion", completion)] {
                 self.metrics
                     .tokens
                     .get_or_create(&vec![
@@ -600,7 +618,7 @@ impl Drop for Charge {
                         ("model", self.model.clone()),
                         ("kind", kind.to_string()),
                     ])
-                    .inc_by(u64::from(tokens));
+                    .inc_by(tokens);
             }
         }
     }
@@ -680,6 +698,34 @@ mod tests {
                 .admit_at(&grant, "m", now + Duration::from_secs(1), wall)
                 .is_ok()
         );
+    }
+
+    #[test]
+    fn a_stream_left_before_its_usage_is_charged_the_chunks_relayed() {
+        let limited = tenants(vec![ApiKeyConfig {
+            tokens_per_minute: Some(600),
+            monthly_tokens: Some(10_000),
+            ..key("k", "acme")
+        }]);
+        let grant = limited.authenticate(&bearer("k")).expect("known").expect("a grant");
+        let mut charge = limited.admit(&grant, "m").expect("admitted");
+        charge.prompt(100);
+        charge.served();
+        charge.relayed(10);
+        charge.relayed(600);
+        // The client left: no usage came.
+        drop(charge);
+        assert_eq!(grant.tenant.state.lock().month_tokens, 700);
+        // The rate limit holds as if the usage had come: 100 tokens of debt at 10 a second.
+        let refused = limited.admit(&grant, "m").unwrap_err();
+        assert_eq!(refused.code(), "rate_limit_exceeded");
+        assert!((10..=11).contains(&refused.retry_after_s.unwrap_or(0)), "{refused:?}");
+        let counted = limited.metrics.tokens.get_or_create(&vec![
+            ("tenant", "acme".to_string()),
+            ("model", "m".to_string()),
+            ("kind", "completion".to_string()),
+        ]);
+        assert_eq!(counted.get(), 600);
     }
 
     #[test]

@@ -5,6 +5,10 @@
 //! tenant's tokens either way, the gateway asks for it on every streamed request
 //! ([`ask_for_usage`]) and, where the client did not, takes that chunk out of the client's
 //! stream ([`UsageTap`]), so the client sees what OpenAI would have sent it.
+//!
+//! The tap holds at most [`MAX_EVENT_BYTES`] of an event a worker has not ended: a worker that
+//! streams bytes without ever ending its event cannot make the gateway buffer without limit,
+//! and each byte is searched for an event's end once, however the event is cut into frames.
 
 use std::sync::LazyLock;
 
@@ -39,12 +43,30 @@ pub(crate) fn of_answer(body: &[u8]) -> Option<Usage> {
     serde_json::from_slice::<Answer>(body).ok()?.usage
 }
 
+/// Longest SSE event a worker may stream before ending it with a blank line. An answer's chunks
+/// are a few hundred bytes; a whole tool call or a long content delta stays far below this.
+pub(crate) const MAX_EVENT_BYTES: usize = 1 << 20;
+
+/// A worker's event ran past [`MAX_EVENT_BYTES`] without ending: the stream cannot go on.
+#[derive(Debug, thiserror::Error)]
+#[error("the worker sent an SSE event of more than {limit} bytes without ending it")]
+pub(crate) struct EventTooLarge {
+    /// The tap's limit.
+    limit: usize,
+    /// The complete events that came before it, for the client.
+    pub(crate) passed: Bytes,
+}
+
 /// Watches a streamed answer's events for `usage`, taking the usage-only chunk out where the
 /// client did not ask for it.
 #[derive(Debug)]
 pub(crate) struct UsageTap {
     /// Bytes of an event not yet ended by a blank line.
     partial: Vec<u8>,
+    /// How much of `partial` is known to hold no event end (searched on an earlier frame).
+    searched: usize,
+    /// The most bytes of an event not yet ended it holds ([`MAX_EVENT_BYTES`]).
+    limit: usize,
     /// Whether the usage-only chunk is taken out of the stream.
     strip: bool,
     /// The last usage seen (a worker reporting it on every chunk counts up to the total).
@@ -66,11 +88,24 @@ fn last_event_end(bytes: &[u8]) -> Option<usize> {
 impl UsageTap {
     /// A tap; `strip` takes the usage-only chunk out.
     pub(crate) fn new(strip: bool) -> UsageTap {
+        UsageTap::with_limit(strip, MAX_EVENT_BYTES)
+    }
+
+    /// A tap holding at most `limit` bytes of an event not yet ended (the fuzz target's small
+    /// limits reach the refusal with small inputs).
+    pub(crate) fn with_limit(strip: bool, limit: usize) -> UsageTap {
         UsageTap {
             partial: Vec::new(),
+            searched: 0,
+            limit,
             strip,
             usage: None,
         }
+    }
+
+    /// Bytes of an event not yet ended it holds now.
+    pub(crate) fn held(&self) -> usize {
+        self.partial.len()
     }
 
     /// The usage reported so far.
@@ -80,19 +115,28 @@ impl UsageTap {
 
     /// Takes one frame of the worker's stream; answers what goes on to the client (complete
     /// events only: part of an event waits for the rest).
-    pub(crate) fn feed(&mut self, data: Bytes) -> Bytes {
+    ///
+    /// # Errors
+    ///
+    /// [`EventTooLarge`] once the event not yet ended holds more than [`MAX_EVENT_BYTES`]; the
+    /// tap then holds nothing, and the stream should end.
+    pub(crate) fn feed(&mut self, data: Bytes) -> Result<Bytes, EventTooLarge> {
         // Built once, as the relay's stream timing builds its own: this runs for every frame.
         static USAGE: LazyLock<memmem::Finder<'static>> = LazyLock::new(|| memmem::Finder::new(b"\"usage\""));
         let finder = &*USAGE;
         if self.partial.is_empty() && ends_event(&data) && finder.find(&data).is_none() {
             // The common frame: whole events, none about usage.
-            return data;
+            return Ok(data);
         }
         self.partial.extend_from_slice(&data);
-        let Some(end) = last_event_end(&self.partial) else {
-            return Bytes::new();
+        // The bytes searched before hold no end; an end may start in their last two.
+        let from = self.searched.saturating_sub(2);
+        let Some(end) = last_event_end(&self.partial[from..]).map(|end| from + end) else {
+            self.searched = self.partial.len();
+            return self.within_limit(Bytes::new());
         };
         let rest = self.partial.split_off(end);
+        self.searched = rest.len();
         let complete = std::mem::replace(&mut self.partial, rest);
         let mut out = Vec::with_capacity(complete.len());
         for event in complete
@@ -111,11 +155,25 @@ impl UsageTap {
             }
             out.extend_from_slice(&event);
         }
-        out.into()
+        self.within_limit(out.into())
+    }
+
+    /// `out`, unless the event not yet ended is over [`MAX_EVENT_BYTES`].
+    fn within_limit(&mut self, out: Bytes) -> Result<Bytes, EventTooLarge> {
+        if self.partial.len() <= self.limit {
+            return Ok(out);
+        }
+        self.partial = Vec::new();
+        self.searched = 0;
+        Err(EventTooLarge {
+            limit: self.limit,
+            passed: out,
+        })
     }
 
     /// What is left at the end of the stream: part of an event that never ended.
     pub(crate) fn finish(&mut self) -> Bytes {
+        self.searched = 0;
         std::mem::take(&mut self.partial).into()
     }
 
@@ -159,7 +217,7 @@ mod tests {
     fn run(tap: &mut UsageTap, frames: &[&[u8]]) -> String {
         let mut out = Vec::new();
         for frame in frames {
-            out.extend_from_slice(&tap.feed(Bytes::copy_from_slice(frame)));
+            out.extend_from_slice(&tap.feed(Bytes::copy_from_slice(frame)).expect("within the limit"));
         }
         String::from_utf8(out).expect("utf-8")
     }
@@ -205,6 +263,91 @@ mod tests {
         assert_eq!(run(&mut tap, &[usage.as_bytes(), b"data: [DO"]), "");
         assert_eq!(tap.usage().map(|u| u.total_tokens), Some(10));
         assert_eq!(&tap.finish()[..], b"data: [DO");
+    }
+
+    #[test]
+    fn an_event_that_never_ends_is_refused_past_the_limit_and_not_buffered() {
+        let mut tap = UsageTap::new(true);
+        assert_eq!(
+            &tap.feed(Bytes::from_static(CONTENT.as_bytes())).expect("fits")[..],
+            CONTENT.as_bytes()
+        );
+        let frame = Bytes::from(vec![b'x'; 256 << 10]);
+        let mut refused = None;
+        for sent in 1..=100 {
+            match tap.feed(frame.clone()) {
+                Ok(out) => assert!(out.is_empty(), "part of an event waits"),
+                Err(err) => {
+                    refused = Some((sent, err));
+                    break;
+                }
+            }
+            assert!(tap.partial.len() <= MAX_EVENT_BYTES, "{} bytes held", tap.partial.len());
+        }
+        let (sent, err) = refused.expect("refused");
+        assert_eq!(sent, MAX_EVENT_BYTES / (256 << 10) + 1, "refused once past the limit");
+        assert!(err.to_string().contains("without ending it"), "{err}");
+        assert!(tap.partial.is_empty(), "nothing kept");
+    }
+
+    #[test]
+    fn complete_events_before_an_oversized_one_still_go_on() {
+        let mut tap = UsageTap::new(true);
+        let mut frame = CONTENT.as_bytes().to_vec();
+        frame.extend(std::iter::repeat_n(b'y', MAX_EVENT_BYTES + 1));
+        let err = tap.feed(frame.into()).expect_err("too large");
+        assert_eq!(&err.passed[..], CONTENT.as_bytes());
+    }
+
+    #[test]
+    fn a_long_event_in_small_frames_is_searched_once() {
+        // 1 MiB in 4 KiB frames: each frame's bytes are searched for the event's end once, so
+        // this takes milliseconds, not the seconds a search of the whole buffer per frame takes.
+        let mut tap = UsageTap::new(true);
+        let frame = Bytes::from(vec![b'z'; 4 << 10]);
+        let started = std::time::Instant::now();
+        for _ in 0..(MAX_EVENT_BYTES / frame.len() - 1) {
+            assert!(tap.feed(frame.clone()).expect("fits").is_empty());
+        }
+        assert!(tap.searched >= tap.partial.len() - 2, "searched up to the end");
+        let out = tap.feed(Bytes::from_static(b"\n\n")).expect("fits");
+        assert_eq!(out.len(), MAX_EVENT_BYTES - frame.len() + 2);
+        assert!(started.elapsed() < std::time::Duration::from_secs(2));
+    }
+
+    #[test]
+    fn every_complete_event_goes_on_as_soon_as_its_end_arrives_however_it_is_cut() {
+        // Streams of newlines, carriage returns and text cut at random: after each frame the
+        // client has exactly the bytes up to the last event end among those not yet passed on
+        // (an end split across frames included), never more, never less.
+        let mut seed = 0x2545_f491_4f6c_dd1d_u64;
+        let mut next = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        };
+        for _ in 0..2000 {
+            let mut tap = UsageTap::with_limit(false, 64);
+            let mut sent = Vec::new();
+            let mut out = Vec::new();
+            for _ in 0..(next() % 12) {
+                let frame: Vec<u8> = (0..(next() % 9)).map(|_| b"\n\ra:"[(next() % 4) as usize]).collect();
+                sent.extend_from_slice(&frame);
+                let passed_before = out.len();
+                match tap.feed(frame.into()) {
+                    Ok(passed) => out.extend_from_slice(&passed),
+                    Err(err) => {
+                        out.extend_from_slice(&err.passed);
+                        assert!(sent.len() - out.len() > 64, "refused within the limit");
+                        break;
+                    }
+                }
+                let expected = passed_before + last_event_end(&sent[passed_before..]).unwrap_or(0);
+                assert_eq!(out, &sent[..expected], "after {sent:?}");
+                assert!(tap.held() <= 64);
+            }
+        }
     }
 
     #[test]

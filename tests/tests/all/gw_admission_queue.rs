@@ -27,10 +27,14 @@ fn key(key: &str, tenant: &str, extra: &str) -> String {
 /// takes `max_requests` at once, the admission `batcher`, and `keys` (TOML after `[admission]`:
 /// `[admission.batcher_config]` settings may lead it).
 fn gateway(max_requests: u32, batcher: &str, keys: &str) -> anyhow::Result<Gateway> {
-    Gateway::start(&format!(
+    Gateway::start(&config(max_requests, batcher, keys))
+}
+
+fn config(max_requests: u32, batcher: &str, keys: &str) -> String {
+    format!(
         "[server]\nplaintext = true\n[embedded_mockers]\ncount = 1\nspeedup = 1.0\n\
          [admission]\nmax_requests = {max_requests}\nbatcher = \"{batcher}\"\n{keys}"
-    ))
+    )
 }
 
 /// Waits until the worker is busy with the first request (admitted without queueing).
@@ -176,7 +180,11 @@ async fn priority_ages_a_waiting_low_class_past_newer_high_ones() -> anyhow::Res
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fair_share_keeps_a_quiet_tenant_waiting_little_while_another_floods() -> anyhow::Result<()> {
     let keys = [key("flood-key", "flood", ""), key("quiet-key", "quiet", "")].concat();
-    let gateway = gateway(2, "fair-share", &keys)?;
+    // The wait by tenant is on the admin listener's metrics only.
+    let (gateway, admin) = Gateway::start_with_admin(
+        &config(2, "fair-share", &keys),
+        "admission-queue-admin-token-0123456789",
+    )?;
     let client = Client::plain(gateway.addr);
     // 40 requests of ~16 tokens (about 0.1 s each, two at a time): a backlog of about 2 s.
     let flood: Vec<_> = (0..40)
@@ -206,7 +214,7 @@ async fn fair_share_keeps_a_quiet_tenant_waiting_little_while_another_floods() -
         quiet_worst < flood_median,
         "the quiet tenant's slowest request took {quiet_worst:?}; the flood's median {flood_median:?}"
     );
-    let text = metrics(&client).await?;
+    let (_, text) = admin.get_text("/metrics").await?;
     let waited = |tenant: &str| {
         let label = format!("tenant=\"{tenant}\"");
         metric_sum(&text, "switchyard_admission_wait_seconds_sum", &[&label])

@@ -1,12 +1,16 @@
 //! Clients and tenants on a real gateway: keys checked by their hash, models allowed per key,
 //! rate limits answered 429 with `Retry-After` at the configured rate, a tenant's tokens
 //! counted from the workers' usage (streamed or not, asked for or not), and the keys file
-//! reloaded while the gateway serves.
+//! reloaded while the gateway serves. A key learns of the models it may use only: an unknown
+//! model's 404 lists those, and the public `/metrics` names no tenant (the admin listener's
+//! does).
 
 use std::time::{Duration, Instant};
 
 use sha2::{Digest, Sha256};
-use switchyard_harness::{Client, Gateway, Reply, chat_body, eventually, metric_sum};
+use switchyard_harness::{Admin, Client, Gateway, Reply, chat_body, eventually, metric_sum};
+
+const ADMIN_TOKEN: &str = "api-keys-admin-token-0123456789";
 
 fn sha(key: &str) -> String {
     Sha256::digest(key.as_bytes())
@@ -34,8 +38,8 @@ fn keys_file(extra: &str) -> String {
     .concat()
 }
 
-/// A gateway with the test keys, and the folder holding its keys file.
-fn start() -> anyhow::Result<(Gateway, tempfile::TempDir)> {
+/// A gateway with the test keys and an admin listener, and the folder holding its keys file.
+fn start() -> anyhow::Result<(Gateway, Admin, tempfile::TempDir)> {
     let dir = tempfile::tempdir()?;
     let keys = dir.path().join("keys.toml");
     std::fs::write(&keys, keys_file(""))?;
@@ -44,11 +48,14 @@ fn start() -> anyhow::Result<(Gateway, tempfile::TempDir)> {
         keys.display(),
         entry("sk-acme-0123456789abcdef", "acme", "requests_per_minute = 120")
     );
-    Ok((Gateway::start(&config)?, dir))
+    let (gateway, admin) = Gateway::start_with_admin(&config, ADMIN_TOKEN)?;
+    Ok((gateway, admin, dir))
 }
 
-async fn tenant_tokens(client: &Client, tenant: &str) -> anyhow::Result<f64> {
-    let metrics = String::from_utf8(client.send("GET", "/metrics", Vec::new()).await?.body())?;
+/// A tenant's tokens, from the admin listener's metrics (the public ones name no tenant).
+async fn tenant_tokens(admin: &Admin, tenant: &str) -> anyhow::Result<f64> {
+    let (status, metrics) = admin.get_text("/metrics").await?;
+    anyhow::ensure!(status == 200, "{status}: {metrics}");
     let label = format!("tenant=\"{tenant}\"");
     Ok(metric_sum(&metrics, "switchyard_tenant_tokens_total", &[&label]))
 }
@@ -75,7 +82,7 @@ fn stream_usage(reply: &Reply) -> anyhow::Result<(u64, bool)> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn keys_models_and_the_open_endpoints() -> anyhow::Result<()> {
-    let (gateway, _keys) = start()?;
+    let (gateway, admin, _keys) = start()?;
     let client = Client::plain(gateway.addr);
     let body = chat_body("mock", "hello", 2, false);
 
@@ -126,12 +133,42 @@ async fn keys_models_and_the_open_endpoints() -> anyhow::Result<()> {
 
     let gamma = client.chat(Some("sk-gamma-0123456789abcdef"), &body).await?;
     assert_eq!(gamma.status, 200, "{}", String::from_utf8_lossy(&gamma.body()));
+
+    // An unknown model's 404 lists the models the key may use, and no other.
+    let unknown_model = chat_body("no-such-model", "hello", 2, false);
+    let not_found = |key: &'static str| {
+        let (client, unknown_model) = (client.clone(), unknown_model.clone());
+        async move {
+            let reply = client.chat(Some(key), &unknown_model).await?;
+            anyhow::ensure!(reply.status == 404, "{}", reply.status);
+            let error = &reply.json()?["error"];
+            anyhow::ensure!(error["code"] == "model_not_found", "{error}");
+            anyhow::Ok(error["message"].as_str().unwrap_or_default().to_string())
+        }
+    };
+    let beta = not_found("sk-beta-0123456789abcdef").await?;
+    assert!(
+        !beta.contains("mock"),
+        "a key limited to `other` is told of `mock`: {beta}"
+    );
+    let gamma = not_found("sk-gamma-0123456789abcdef").await?;
+    assert!(gamma.contains("mock"), "{gamma}");
+
+    // The public metrics count requests but name no tenant; the admin listener's do.
+    let public = String::from_utf8(client.send("GET", "/metrics", Vec::new()).await?.body())?;
+    assert!(public.contains("switchyard_requests_total"), "{public}");
+    assert!(!public.contains("tenant="), "tenants on the public metrics: {public}");
+    assert!(!public.contains("gamma"), "{public}");
+    assert!(
+        tenant_tokens(&admin, "gamma").await? > 0.0,
+        "the admin listener counts them"
+    );
     Ok(())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_request_limit_holds_at_its_rate() -> anyhow::Result<()> {
-    let (gateway, _keys) = start()?;
+    let (gateway, _admin, _keys) = start()?;
     let client = Client::plain(gateway.addr);
     let body = chat_body("mock", "hi", 1, false);
     // 120 a minute, a minute's worth at once: 120 at the start, then 2 a second.
@@ -176,7 +213,7 @@ async fn the_request_limit_holds_at_its_rate() -> anyhow::Result<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tenants_tokens_are_the_usage_its_answers_report() -> anyhow::Result<()> {
-    let (gateway, _keys) = start()?;
+    let (gateway, admin, _keys) = start()?;
     let client = Client::plain(gateway.addr);
     let key = Some("sk-gamma-0123456789abcdef");
     let mut reported = 0u64;
@@ -198,11 +235,11 @@ async fn a_tenants_tokens_are_the_usage_its_answers_report() -> anyhow::Result<(
     }
     assert!(
         eventually(Duration::from_secs(5), || async {
-            tenant_tokens(&client, "gamma").await.ok() == Some(reported as f64)
+            tenant_tokens(&admin, "gamma").await.ok() == Some(reported as f64)
         })
         .await,
         "tenant gamma counted {} tokens; its answers reported {reported}",
-        tenant_tokens(&client, "gamma").await?
+        tenant_tokens(&admin, "gamma").await?
     );
 
     // A stream that did not ask for usage is counted all the same, and its client sees no
@@ -221,11 +258,11 @@ async fn a_tenants_tokens_are_the_usage_its_answers_report() -> anyhow::Result<(
     assert!(unasked.events().last().is_some_and(|(_, data)| data == "[DONE]"));
     assert!(
         eventually(Duration::from_secs(5), || async {
-            tenant_tokens(&client, "gamma").await.ok() == Some((before + twin_usage) as f64)
+            tenant_tokens(&admin, "gamma").await.ok() == Some((before + twin_usage) as f64)
         })
         .await,
         "counted {}, expected {}",
-        tenant_tokens(&client, "gamma").await?,
+        tenant_tokens(&admin, "gamma").await?,
         before + twin_usage
     );
     Ok(())
@@ -233,7 +270,7 @@ async fn a_tenants_tokens_are_the_usage_its_answers_report() -> anyhow::Result<(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_token_limit_waits_out_the_debt_and_the_keys_file_reloads() -> anyhow::Result<()> {
-    let (gateway, keys_dir) = start()?;
+    let (gateway, _admin, keys_dir) = start()?;
     let client = Client::plain(gateway.addr);
     let delta = Some("sk-delta-0123456789abcdef");
     let first = client

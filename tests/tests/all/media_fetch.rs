@@ -2,7 +2,8 @@
 //! local HTTP and HTTPS origin, under the host allowlist, the refusal of non-public addresses
 //! (off, then on), the byte and time limits, with redirects refused. A fetched image is encoded
 //! and merged like an inline one; every refusal is a 400 naming the part, and no worker sees
-//! the request.
+//! the request. A request with more media parts than `max_items` is refused before any
+//! connection is opened, and one request's fetches run at most `fetch_concurrency` at a time.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -162,5 +163,94 @@ async fn media_urls_are_fetched_within_the_allowlist_and_limits() -> anyhow::Res
     let untrusting = gateway(&ca, "allow_hosts = [\"localhost\"]\nallow_private = true\n")?;
     let client = Client::tls(untrusting.addr, &ca.ca_der, Alpn::H2, None)?;
     assert_refused(&client, &format!("https://localhost:{https_port}/cat.png"), "TLS").await?;
+    Ok(())
+}
+
+/// An origin that counts the connections it is opened, and the most held at once: each is
+/// held `hold` before it is answered (the cat image, as [`origin`] answers).
+struct CountingOrigin {
+    port: u16,
+    opened: Arc<std::sync::atomic::AtomicUsize>,
+    most_open: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+async fn counting_origin(hold: Duration) -> anyhow::Result<CountingOrigin> {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let port = listener.local_addr()?.port();
+    let opened = Arc::new(AtomicUsize::new(0));
+    let open = Arc::new(AtomicUsize::new(0));
+    let most_open = Arc::new(AtomicUsize::new(0));
+    let (opened_, most_open_) = (opened.clone(), most_open.clone());
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            opened_.fetch_add(1, Ordering::SeqCst);
+            let now = open.fetch_add(1, Ordering::SeqCst) + 1;
+            most_open_.fetch_max(now, Ordering::SeqCst);
+            let open = open.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(hold).await;
+                // No longer counted once it answers: the gateway's next fetch may start then.
+                open.fetch_sub(1, Ordering::SeqCst);
+                let service = hyper::service::service_fn(|request: http::Request<hyper::body::Incoming>| async move {
+                    Ok::<_, std::convert::Infallible>(origin(request.uri().path()).await)
+                });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), service)
+                    .await;
+            });
+        }
+    });
+    Ok(CountingOrigin {
+        port,
+        opened,
+        most_open,
+    })
+}
+
+fn with_image_urls(url: &str, count: usize) -> Value {
+    let mut content = vec![json!({"type": "text", "text": "what are these?"})];
+    content.extend((0..count).map(|_| json!({"type": "image_url", "image_url": {"url": url}})));
+    json!({
+        "model": "mock",
+        "messages": [{"role": "user", "content": content}],
+        "max_tokens": 2,
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn too_many_media_urls_are_refused_before_any_fetch_and_fetches_are_bounded() -> anyhow::Result<()> {
+    use std::sync::atomic::Ordering;
+    let ca = TestCa::new()?;
+    let origin = counting_origin(Duration::from_millis(200)).await?;
+    let gateway = gateway(
+        &ca,
+        "allow_hosts = [\"localhost\"]\nallow_private = true\nmax_items = 16\nfetch_concurrency = 4\n",
+    )?;
+    let client = Client::tls(gateway.addr, &ca.ca_der, Alpn::H2, None)?;
+    let url = format!("http://localhost:{}/cat.png", origin.port);
+
+    let reply = client
+        .post_json("/v1/chat/completions", &with_image_urls(&url, 200))
+        .await?;
+    let body: Value = serde_json::from_slice(&reply.body()).unwrap_or(Value::Null);
+    assert_eq!(reply.status.as_u16(), 400, "{body}");
+    assert_eq!(body["error"]["code"], "too_many_media_items", "{body}");
+    // The 17th media part is the first one over the limit (part 0 is the text).
+    assert_eq!(body["error"]["param"], "messages[0].content[17]", "{body}");
+    assert_eq!(
+        origin.opened.load(Ordering::SeqCst),
+        0,
+        "connections opened for a refused request"
+    );
+
+    // Within the limit, every URL is fetched, a few at a time.
+    let reply = client
+        .post_json("/v1/chat/completions", &with_image_urls(&url, 12))
+        .await?;
+    assert_eq!(reply.status, 200, "{}", String::from_utf8_lossy(&reply.body()));
+    assert_eq!(origin.opened.load(Ordering::SeqCst), 12);
+    let most_open = origin.most_open.load(Ordering::SeqCst);
+    assert!((1..=4).contains(&most_open), "{most_open} fetches at once");
     Ok(())
 }
