@@ -543,6 +543,8 @@ mod tests {
                 node: String::new(),
                 token_budgets: Vec::new(),
                 spot: false,
+                engine: None,
+                health_path: None,
             })
             .collect();
         let pool = Arc::new(WorkerPool::new(&workers, Arc::new(Metrics::new())).expect("valid urls"));
