@@ -118,7 +118,9 @@ impl Visit {
             Some((status, body)) if status.is_success() => {
                 EngineKind::from_metrics(&String::from_utf8_lossy(&body)).map(|kind| (kind, "its metric names"))
             }
-            _ => None,
+            Some(_) => None,
+            // Nothing answers: the other probes would only wait their timeouts too.
+            None => return,
         };
         let found = match found {
             Some(found) => Some(found),
