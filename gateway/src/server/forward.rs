@@ -5,9 +5,10 @@
 //! then the policy again; see [`crate::routing`]); an unreachable one is also taken out of
 //! rotation at once, and failed answers count toward the worker's circuit breaker. A worker
 //! that answers 429 or 503 is full, not broken: the request goes on to another worker without
-//! using a retry, and the busy one is left alone for a backoff ([`crate::workers::breaker`]). A request with media carries its media plan to the worker, while its
-//! items go to encoders through [`crate::encoders`]; the attempt settles once the media has:
-//! merged, text-only (the worker is told), or a client error.
+//! using a retry, and the busy one is left alone for a backoff ([`crate::workers::breaker`]).
+//! A request with media carries its media plan to the worker, while its items go to encoders
+//! through [`crate::encoders`]; the attempt settles once the media has: merged, text-only (the
+//! worker is told), or a client error.
 
 use std::sync::Arc;
 
@@ -241,7 +242,7 @@ enum Outcome {
     /// The engine answered 429 or 503: it is full.
     Busy {
         status: StatusCode,
-        /// Its `Retry-After`, in seconds, if it sent one.
+        /// Its `Retry-After` (given in seconds), if it sent one.
         retry_after: Option<std::time::Duration>,
     },
 }

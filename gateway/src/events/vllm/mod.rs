@@ -12,12 +12,13 @@
 //! removals. An engine whose blocks are smaller than the model's (SGLang's pages are often one
 //! token) has its blocks regrouped: each engine block remembers the chain it ends (our last
 //! whole block and the tokens since), so a child continues it, and the engine block that
-//! completes one of ours stands for it when removed. Device blocks (`medium` GPU or absent) and host blocks (`CPU`) go to their tiers;
-//! events of KV-cache groups other than full attention are skipped. The translated events are
-//! numbered for the applier: a jump in vLLM's `seq` becomes a jump in `event_id`, so the applier
-//! sees the gap, and since vLLM answers no dumps it drops the worker's blocks and goes on from
-//! the new events; `seq` going back means vLLM restarted, so numbering restarts too. The SUB
-//! socket reconnects by itself when vLLM restarts.
+//! completes one of ours stands for it when removed. Device blocks (`medium` GPU or absent)
+//! and host blocks (`CPU`) go to their tiers; events of KV-cache groups other than full
+//! attention are skipped. The translated events are numbered for the applier: a jump in the
+//! engine's `seq` becomes a jump in `event_id`, so the applier sees the gap, and since neither
+//! engine answers dumps it drops the worker's blocks and goes on from the new events; `seq`
+//! going back means the engine restarted, so numbering restarts too. The SUB socket reconnects
+//! by itself when the engine restarts.
 
 pub mod decode;
 
