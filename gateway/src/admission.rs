@@ -209,8 +209,7 @@ impl Admission {
             .map(|(worker, load)| {
                 // An engine that reports its own load counts what others sent it too.
                 let engine = worker.engine_load();
-                let requests = (worker.in_flight().max(i64::from(load.requests)).max(0) as u64)
-                    .max(engine.map_or(0, |engine| engine.requests()));
+                let requests = worker.requests(load.requests);
                 let kv_full = config.max_kv_usage.is_some_and(|share| {
                     let engine_usage = engine.and_then(|engine| engine.kv_usage).unwrap_or(0.0);
                     engine_usage >= share

@@ -43,23 +43,20 @@ pub fn build(
     for (index, worker) in candidates.iter().enumerate() {
         let overlap = overlaps.get(worker.kv_id);
         let load = loads.get(index).copied().unwrap_or_default();
-        // This gateway's in-flight count covers requests the tracker does not (e.g. retries).
-        let local = u64::try_from(worker.in_flight().max(0)).unwrap_or(0);
-        // An engine that reports its own load (see `workers::engine`) counts requests other
+        // An engine that reports its own load (see `workers::engine`) counts what other
         // gateways and clients sent it too: the larger figure stands.
         let engine = worker.engine_load();
         let capacity = engine
             .and_then(|engine| engine.capacity_blocks)
             .filter(|blocks| *blocks > 0)
             .unwrap_or(worker.capacity_blocks);
-        let engine_requests = engine.map_or(0, |engine| engine.requests());
         let engine_blocks = engine.and_then(|engine| engine.used_blocks(capacity)).unwrap_or(0);
         let row = Row {
             overlap_device_blocks: overlap.map_or(0, |o| o.device),
             overlap_host_blocks: overlap.map_or(0, |o| o.host),
             active_blocks: load.active_blocks.max(saturate(engine_blocks)),
             prefill_tokens: saturate(load.prefill_tokens),
-            active_requests: saturate(u64::from(load.requests).max(local).max(engine_requests)),
+            active_requests: saturate(worker.requests(load.requests)),
             capacity_blocks: saturate(capacity),
             block_size: saturate(worker.block_size as u64),
             ..worker_row(worker)

@@ -155,6 +155,16 @@ impl Worker {
         reading.and_then(|(load, until)| (Instant::now() < until).then_some(load))
     }
 
+    /// Requests at the worker: the most of `tracked` (the gateway's active-sequence count),
+    /// this gateway's own in-flight count (it covers requests the tracker does not, e.g.
+    /// retries) and, for an engine that reports its load, the engine's running and waiting
+    /// requests (which count what other gateways and clients sent it too).
+    pub fn requests(&self, tracked: u32) -> u64 {
+        let in_flight = u64::try_from(self.in_flight()).unwrap_or(0);
+        let engine = self.engine_load().map_or(0, |load| load.requests());
+        u64::from(tracked).max(in_flight).max(engine)
+    }
+
     /// Records whether its health path answers 404; returns whether that is news.
     pub fn set_misconfigured(&self, misconfigured: bool) -> bool {
         self.misconfigured_gauge.set(i64::from(misconfigured));
