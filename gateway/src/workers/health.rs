@@ -74,9 +74,12 @@ type Fetched = Option<(StatusCode, Bytes)>;
 impl Visit {
     async fn run(&self, ejected: &(dyn Fn(&Worker) + Send + Sync)) {
         let worker = &self.worker;
-        if worker.engine().is_none() {
-            self.detect().await;
-        }
+        // The metrics a detection read serve this visit's load reading too.
+        let metrics = if worker.engine().is_none() {
+            self.detect().await
+        } else {
+            None
+        };
         let status = match worker.health_path() {
             Some(path) => self.get(&path).await.map(|(status, _)| status),
             // Nothing answered any of the ways an engine is told.
@@ -107,21 +110,23 @@ impl Visit {
             }
         }
         if worker.engine().is_some_and(EngineKind::reports_load) {
-            self.read_load().await;
+            self.read_load(metrics).await;
         }
     }
 
-    /// Tells the worker's engine from its answers, and logs what it found.
-    async fn detect(&self) {
+    /// Tells the worker's engine from its answers, and logs what it found; answers the
+    /// worker's `/metrics` text when it served one.
+    async fn detect(&self) -> Option<Bytes> {
         let worker = &self.worker;
-        let found = match self.get(paths::METRICS).await {
-            Some((status, body)) if status.is_success() => {
-                EngineKind::from_metrics(&String::from_utf8_lossy(&body)).map(|kind| (kind, "its metric names"))
-            }
+        let metrics = match self.get(paths::METRICS).await {
+            Some((status, body)) if status.is_success() => Some(body),
             Some(_) => None,
             // Nothing answers: the other probes would only wait their timeouts too.
-            None => return,
+            None => return None,
         };
+        let found = metrics.as_ref().and_then(|body| {
+            EngineKind::from_metrics(&String::from_utf8_lossy(body)).map(|kind| (kind, "its metric names"))
+        });
         let found = match found {
             Some(found) => Some(found),
             None => match self.get(switchyard_protocol::api::MODELS_PATH).await {
@@ -141,18 +146,20 @@ impl Visit {
             worker.set_engine(kind);
             tracing::info!(worker = %worker.name, engine = kind.name(), from = how, "told the worker's engine");
         }
+        metrics
     }
 
-    /// Reads the engine's load from its metrics; a worker whose metrics cannot be read keeps
-    /// its last reading until it lapses.
-    async fn read_load(&self) {
-        let Some((status, body)) = self.get(paths::METRICS).await else {
-            return;
-        };
+    /// Reads the engine's load from its metrics (`read`, else fetched now); a worker whose
+    /// metrics cannot be read keeps its last reading until it lapses.
+    async fn read_load(&self, read: Option<Bytes>) {
         let Some(kind) = self.worker.engine() else { return };
-        if !status.is_success() {
-            return;
-        }
+        let body = match read {
+            Some(body) => body,
+            None => match self.get(paths::METRICS).await {
+                Some((status, body)) if status.is_success() => body,
+                _ => return,
+            },
+        };
         let text = String::from_utf8_lossy(&body);
         if let Some(load) = EngineLoad::read(kind, &text, self.worker.block_size) {
             let stands = Duration::from_millis(self.config.interval_ms.saturating_mul(3));
