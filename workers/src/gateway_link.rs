@@ -48,6 +48,11 @@ pub enum TokenError {
     /// The file or the variable holds nothing.
     #[error("the gateway token is empty")]
     Empty,
+    /// A token was given on the command line, which every local user can read.
+    #[error(
+        "--gateway-token is no longer accepted: a token on the command line is readable by every local user (/proc/PID/cmdline); put the gateway's worker token (`[admin] worker_token`) in a file for --gateway-token-file FILE, or in {TOKEN_ENV}"
+    )]
+    OnCommandLine,
 }
 
 /// The worker token: read from `file` when one is named, else from [`TOKEN_ENV`]; surrounding
@@ -72,8 +77,39 @@ pub fn token(file: Option<&std::path::Path>) -> Result<String, TokenError> {
     Ok(token.to_string())
 }
 
-/// What the worker binaries say to a token given on their command line.
-pub const ARGV_TOKEN_REFUSED: &str = "--gateway-token is no longer accepted: a token on the command line is readable by every local user (/proc/PID/cmdline); put the gateway's worker token (`[admin] worker_token`) in a file for --gateway-token-file FILE, or in SWITCHYARD_GATEWAY_TOKEN";
+/// The flags of a worker binary that registers with one gateway's admin API (flattened into
+/// its own `clap` arguments).
+#[derive(Debug, Clone, clap::Args)]
+pub struct GatewayArgs {
+    /// Register with one gateway directly: its admin API (`http://host:port`), with the
+    /// gateway's worker token from --gateway-token-file or SWITCHYARD_GATEWAY_TOKEN.
+    #[arg(long)]
+    pub gateway: Option<String>,
+    /// A file holding the gateway's worker token (`[admin] worker_token`).
+    #[arg(long, value_name = "FILE")]
+    pub gateway_token_file: Option<std::path::PathBuf>,
+    /// Refused: a token on the command line is readable by every local user.
+    #[arg(long, hide = true)]
+    pub gateway_token: Option<String>,
+}
+
+impl GatewayArgs {
+    /// The worker token when `--gateway` is given (see [`token`]); read at start, so a missing
+    /// one fails before anything loads.
+    ///
+    /// # Errors
+    ///
+    /// [`TokenError::OnCommandLine`] for `--gateway-token`, and [`token`]'s errors.
+    pub fn token(&self) -> Result<Option<String>, TokenError> {
+        if self.gateway_token.is_some() {
+            return Err(TokenError::OnCommandLine);
+        }
+        self.gateway
+            .as_ref()
+            .map(|_| token(self.gateway_token_file.as_deref()))
+            .transpose()
+    }
+}
 
 /// Link settings.
 #[derive(Debug, Clone)]

@@ -80,16 +80,8 @@ struct Args {
     /// Publish KV events, registration and heartbeats to this NATS server (`nats://host:4222`).
     #[arg(long, conflicts_with = "gateway")]
     nats: Option<String>,
-    /// Or register with one gateway directly: its admin API (`http://host:port`), with the
-    /// gateway's worker token from --gateway-token-file or SWITCHYARD_GATEWAY_TOKEN.
-    #[arg(long)]
-    gateway: Option<String>,
-    /// A file holding the gateway's worker token (`[admin] worker_token`).
-    #[arg(long, value_name = "FILE")]
-    gateway_token_file: Option<PathBuf>,
-    /// Refused: a token on the command line is readable by every local user.
-    #[arg(long, hide = true)]
-    gateway_token: Option<String>,
+    #[command(flatten)]
+    link: switchyard_workers::gateway_link::GatewayArgs,
     /// NATS subject prefix.
     #[arg(long, default_value = "switchyard")]
     subject_prefix: String,
@@ -180,17 +172,8 @@ fn main() -> std::process::ExitCode {
 
 async fn run() -> anyhow::Result<()> {
     let args = Args::parse();
-    anyhow::ensure!(
-        args.gateway_token.is_none(),
-        switchyard_workers::gateway_link::ARGV_TOKEN_REFUSED
-    );
     // Read before anything loads, so a missing token fails at once.
-    let gateway_token = match &args.gateway {
-        Some(_) => Some(switchyard_workers::gateway_link::token(
-            args.gateway_token_file.as_deref(),
-        )?),
-        None => None,
-    };
+    let gateway_token = args.link.token()?;
     anyhow::ensure!(args.block_size > 0, "--block-size must be at least 1");
     anyhow::ensure!(
         args.max_num_batched_tokens > 0,
@@ -279,6 +262,7 @@ async fn run() -> anyhow::Result<()> {
         "worker name `{name}` must be letters, digits, `-` and `_`"
     );
     let kv_log = args
+        .link
         .gateway
         .as_ref()
         .map(|_| Arc::new(std::sync::Mutex::new(kv_events::EventLog::new(name.clone()))));
@@ -332,7 +316,7 @@ async fn run() -> anyhow::Result<()> {
             }
         });
         link = Some((stop, task));
-    } else if let (Some(url), Some(token), Some(log)) = (&args.gateway, &gateway_token, &kv_log) {
+    } else if let (Some(url), Some(token), Some(log)) = (&args.link.gateway, &gateway_token, &kv_log) {
         let (events, stop, stopped) = kv_feed(&engine);
         let config = gateway_link::GatewayLinkConfig {
             admin_url: url.clone(),
