@@ -15,7 +15,7 @@ use std::time::Instant;
 
 use switchyard_encoders::cuda::vision::CudaVision;
 use switchyard_encoders::cuda::whisper::CudaWhisper;
-use switchyard_encoders::cuda::{AttentionKernel, CudaError, Path};
+use switchyard_encoders::cuda::{AttentionKernel, CudaError, Path, SetupError};
 use switchyard_encoders::image::PixelValues;
 use switchyard_encoders::vit::VisionEncoder;
 use switchyard_encoders::whisper::WhisperEncoder;
@@ -75,7 +75,12 @@ fn main() {
     let vision = VisionEncoder::load(&vision_dir).expect("vision model loads");
     let mut gpu = match CudaVision::new(&vision, 0, MAX_BUDGET) {
         Ok(gpu) => gpu,
-        Err(err @ (CudaError::NoDriver | CudaError::NoDevice { .. } | CudaError::NoCublas | CudaError::NoNvrtc)) => {
+        Err(
+            err @ (CudaError::Setup(SetupError::NoDriver)
+            | CudaError::Setup(SetupError::NoDevice { .. })
+            | CudaError::Setup(SetupError::NoCublas)
+            | CudaError::Setup(SetupError::NoNvrtc)),
+        ) => {
             println!("no GPU here ({err}): nothing to measure");
             return;
         }

@@ -40,7 +40,7 @@ use cudarc::cublas::sys::cublasOperation_t;
 use cudarc::cublas::{CudaBlas, Gemm, GemmConfig};
 use cudarc::driver::{CudaFunction, CudaGraph, CudaSlice, CudaStream, LaunchConfig, PushKernelArg};
 
-use switchyard_native::cuda::{Device, SetupError};
+use switchyard_native::cuda::Device;
 
 use crate::config::ModelConfig;
 use crate::kv::KvPrecision;
@@ -76,62 +76,25 @@ const F16_CACHE_KERNELS: [usize; 3] = [9, 10, 11];
 /// Why the CUDA backend could not start or run.
 #[derive(Debug, thiserror::Error)]
 pub enum CudaError {
-    /// The NVIDIA driver library (libcuda) is not installed.
-    #[error("no CUDA driver: libcuda could not be loaded (no NVIDIA GPU or driver on this machine)")]
-    NoDriver,
-    /// NVRTC (libnvrtc) is not installed.
-    #[error("no NVRTC: libnvrtc could not be loaded (install the CUDA runtime compiler)")]
-    NoNvrtc,
-    /// cuBLAS (libcublas) is not installed.
-    #[error("no cuBLAS: libcublas could not be loaded (install the CUDA toolkit's cuBLAS)")]
-    NoCublas,
-    /// No device with that ordinal.
-    #[error("CUDA device {ordinal} does not exist ({count} device(s) found)")]
-    NoDevice {
-        /// The ordinal asked for.
-        ordinal: usize,
-        /// Devices present.
-        count: usize,
-    },
-    /// A driver call failed.
-    #[error("CUDA driver: {0}")]
-    Driver(String),
-    /// NVRTC rejected the kernels.
-    #[error("NVRTC could not compile the kernels: {0}")]
-    Compile(String),
-    /// A cuBLAS call failed.
-    #[error("cuBLAS: {0}")]
-    Blas(String),
+    /// CUDA's libraries, the device, the driver, NVRTC or cuBLAS failed (see [`SetupError`]).
+    #[error(transparent)]
+    Setup(#[from] SetupError),
     /// The model does not fit the kernels' limits.
     #[error("unsupported model shape: {0}")]
     Unsupported(String),
 }
 
 fn driver(err: cudarc::driver::DriverError) -> CudaError {
-    CudaError::Driver(err.to_string())
+    CudaError::Setup(SetupError::Driver(err.to_string()))
 }
 
-impl From<SetupError> for CudaError {
-    fn from(err: SetupError) -> CudaError {
-        match err {
-            SetupError::NoDriver => CudaError::NoDriver,
-            SetupError::NoNvrtc => CudaError::NoNvrtc,
-            SetupError::NoCublas => CudaError::NoCublas,
-            SetupError::NoDevice { ordinal, count } => CudaError::NoDevice { ordinal, count },
-            SetupError::Driver(message) => CudaError::Driver(message),
-            SetupError::Compile(message) => CudaError::Compile(message),
-            SetupError::Blas(message) => CudaError::Blas(message),
-        }
-    }
-}
-
-pub use switchyard_native::cuda::{driver_present, nvrtc_present};
+pub use switchyard_native::cuda::{SetupError, driver_present, nvrtc_present};
 
 /// Compiles the kernels to PTX. Needs NVRTC only, not a GPU, so CPU machines can check them.
 ///
 /// # Errors
 ///
-/// [`CudaError::NoNvrtc`] without NVRTC, [`CudaError::Compile`] with the compiler's log.
+/// [`SetupError::NoNvrtc`] without NVRTC, [`SetupError::Compile`] with the compiler's log.
 pub fn compile_kernels() -> Result<cudarc::nvrtc::Ptx, CudaError> {
     Ok(switchyard_native::cuda::compile(KERNELS, "switchyard_llm.cu")?)
 }
@@ -519,7 +482,8 @@ impl CudaExecutor {
         };
         // SAFETY: the three buffers hold at least `output·input`, `rows·input` and
         // `rows·output` values (the callers size them so), and `y` does not alias the others.
-        unsafe { self.blas.gemm(config, weight, x, y) }.map_err(|err| CudaError::Blas(err.to_string()))
+        unsafe { self.blas.gemm(config, weight, x, y) }
+            .map_err(|err| CudaError::Setup(SetupError::Blas(err.to_string())))
     }
 
     fn rows_launch(rows: usize, threads: u32) -> LaunchConfig {
@@ -1020,7 +984,7 @@ impl Executor for CudaExecutor {
 /// # Errors
 ///
 /// [`CudaError`] when the backend cannot start; the I/O error of the thread as
-/// [`CudaError::Driver`].
+/// [`SetupError::Driver`].
 pub fn spawn_cuda_engine(
     model: &Model,
     ordinal: usize,
@@ -1030,7 +994,7 @@ pub fn spawn_cuda_engine(
     let executor = CudaExecutor::with_precision(model, ordinal, config.block_size, config.num_gpu_blocks, precision)?;
     let limits = executor.limits();
     switchyard_workers::engine::spawn_native(config, limits, executor, "switchyard-llm-cuda")
-        .map_err(|err| CudaError::Driver(format!("cannot start the engine thread: {err}")))
+        .map_err(|err| CudaError::Setup(SetupError::Driver(format!("cannot start the engine thread: {err}"))))
 }
 
 #[cfg(test)]

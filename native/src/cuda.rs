@@ -11,8 +11,8 @@ use cudarc::cublas::CudaBlas;
 use cudarc::driver::{CudaContext, CudaModule, CudaSlice, CudaStream};
 use cudarc::nvrtc::Ptx;
 
-/// Why a device could not be opened or the kernels compiled. Each engine converts it into its
-/// own error, variant for variant.
+/// Why a device could not be opened, the kernels compiled, or a driver or cuBLAS call made.
+/// Each engine's error wraps it as it is (`CudaError::Setup`), so its message is unchanged.
 #[derive(Debug, thiserror::Error)]
 pub enum SetupError {
     /// The NVIDIA driver library (libcuda) is not installed.

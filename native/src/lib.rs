@@ -3,7 +3,7 @@
 //! with the `cuda` feature, load CUDA's libraries and open a device the same way (`cuda`).
 //!
 //! Each engine keeps its own error type and its own view of a model's tensors; this crate
-//! answers with errors of its own that they convert, so a message reads as it did when each
+//! answers with errors of its own that theirs wrap, so a message reads as it did when each
 //! engine had its copy.
 
 #![deny(missing_docs, missing_debug_implementations, unsafe_op_in_unsafe_fn)]

@@ -38,7 +38,7 @@ use cudarc::cublas::sys::cublasOperation_t;
 use cudarc::cublas::{CudaBlas, Gemm, GemmConfig};
 use cudarc::driver::{CudaFunction, CudaGraph, CudaSlice, CudaStream, LaunchConfig, PushKernelArg};
 
-use switchyard_native::cuda::{Device, SetupError};
+use switchyard_native::cuda::Device;
 
 use crate::EncodeError;
 use crate::ops::{Activation, LayerNorm, Linear, PreNormBlock};
@@ -73,32 +73,9 @@ const MAX_GRID_Z: usize = 65_535;
 /// Why an encoder could not be put on the GPU or run there.
 #[derive(Debug, thiserror::Error)]
 pub enum CudaError {
-    /// The NVIDIA driver library (libcuda) is not installed.
-    #[error("no CUDA driver: libcuda could not be loaded (no NVIDIA GPU or driver on this machine)")]
-    NoDriver,
-    /// NVRTC (libnvrtc) is not installed.
-    #[error("no NVRTC: libnvrtc could not be loaded (install the CUDA runtime compiler)")]
-    NoNvrtc,
-    /// cuBLAS (libcublas) is not installed.
-    #[error("no cuBLAS: libcublas could not be loaded (install the CUDA toolkit's cuBLAS)")]
-    NoCublas,
-    /// No device with that ordinal.
-    #[error("CUDA device {ordinal} does not exist ({count} device(s) found)")]
-    NoDevice {
-        /// The ordinal asked for.
-        ordinal: usize,
-        /// Devices present.
-        count: usize,
-    },
-    /// A driver call failed.
-    #[error("CUDA driver: {0}")]
-    Driver(String),
-    /// NVRTC rejected the kernels.
-    #[error("NVRTC could not compile the kernels: {0}")]
-    Compile(String),
-    /// A cuBLAS call failed.
-    #[error("cuBLAS: {0}")]
-    Blas(String),
+    /// CUDA's libraries, the device, the driver, NVRTC or cuBLAS failed (see [`SetupError`]).
+    #[error(transparent)]
+    Setup(#[from] SetupError),
     /// The model or input does not fit the kernels' limits.
     #[error("unsupported on the GPU: {0}")]
     Unsupported(String),
@@ -108,30 +85,16 @@ pub enum CudaError {
 }
 
 fn driver(err: cudarc::driver::DriverError) -> CudaError {
-    CudaError::Driver(err.to_string())
+    CudaError::Setup(SetupError::Driver(err.to_string()))
 }
 
-impl From<SetupError> for CudaError {
-    fn from(err: SetupError) -> CudaError {
-        match err {
-            SetupError::NoDriver => CudaError::NoDriver,
-            SetupError::NoNvrtc => CudaError::NoNvrtc,
-            SetupError::NoCublas => CudaError::NoCublas,
-            SetupError::NoDevice { ordinal, count } => CudaError::NoDevice { ordinal, count },
-            SetupError::Driver(message) => CudaError::Driver(message),
-            SetupError::Compile(message) => CudaError::Compile(message),
-            SetupError::Blas(message) => CudaError::Blas(message),
-        }
-    }
-}
-
-pub use switchyard_native::cuda::{driver_present, nvrtc_present};
+pub use switchyard_native::cuda::{SetupError, driver_present, nvrtc_present};
 
 /// Compiles the kernels to PTX. Needs NVRTC only, not a GPU, so CPU machines can check them.
 ///
 /// # Errors
 ///
-/// [`CudaError::NoNvrtc`] without NVRTC, [`CudaError::Compile`] with the compiler's log.
+/// [`SetupError::NoNvrtc`] without NVRTC, [`SetupError::Compile`] with the compiler's log.
 pub fn compile_kernels() -> Result<cudarc::nvrtc::Ptx, CudaError> {
     Ok(switchyard_native::cuda::compile(KERNELS, "switchyard_encoders.cu")?)
 }
@@ -271,7 +234,8 @@ impl Gpu {
         };
         // SAFETY: the callers size the three buffers for at least `output·input`, `rows·input`
         // and `rows·output` values, and `y` aliases neither input.
-        unsafe { self.blas.gemm(config, weight, x, y) }.map_err(|err| CudaError::Blas(err.to_string()))
+        unsafe { self.blas.gemm(config, weight, x, y) }
+            .map_err(|err| CudaError::Setup(SetupError::Blas(err.to_string())))
     }
 
     /// LayerNorm of `rows` rows of `x` into `out`.
@@ -664,7 +628,7 @@ impl<F: Forward> Graphs<F> {
         let mut entries = self
             .entries
             .lock()
-            .map_err(|_| CudaError::Driver("the graph cache lock is poisoned".into()))?;
+            .map_err(|_| CudaError::Setup(SetupError::Driver("the graph cache lock is poisoned".into())))?;
         let entry = match entries.entry(key) {
             std::collections::hash_map::Entry::Occupied(entry) => entry.into_mut(),
             std::collections::hash_map::Entry::Vacant(slot) => slot.insert(Entry {

@@ -7,7 +7,7 @@
 #![cfg(feature = "cuda")]
 
 use switchyard_harness::fixtures::{self, max_difference};
-use switchyard_llm::cuda::{self, AttentionKernel, CudaError, CudaExecutor, GpuChunk};
+use switchyard_llm::cuda::{self, AttentionKernel, CudaError, CudaExecutor, GpuChunk, SetupError};
 use switchyard_llm::{Chunk, KvPrecision, Logits, MediaRows, Model, PagedKv, SequenceKv, spawn_cpu_engine};
 use switchyard_workers::engine::{EngineConfig, Output, SamplingParams};
 
@@ -32,7 +32,7 @@ fn kernels_compile_with_nvrtc() {
                 );
             }
         }
-        Err(CudaError::NoNvrtc) if !required("nvrtc") => {
+        Err(CudaError::Setup(SetupError::NoNvrtc)) if !required("nvrtc") => {
             eprintln!("skipped: no libnvrtc here (SWITCHYARD_CUDA_TESTS=nvrtc makes this a failure)");
         }
         Err(err) => panic!("{err}"),
@@ -43,7 +43,11 @@ fn kernels_compile_with_nvrtc() {
 fn gpu(model: &Model, blocks: usize) -> Option<CudaExecutor> {
     match CudaExecutor::new(model, 0, 4, blocks) {
         Ok(executor) => Some(executor),
-        Err(err @ (CudaError::NoDriver | CudaError::NoDevice { .. } | CudaError::NoCublas)) if !required("gpu") => {
+        Err(
+            err @ (CudaError::Setup(SetupError::NoDriver)
+            | CudaError::Setup(SetupError::NoDevice { .. })
+            | CudaError::Setup(SetupError::NoCublas)),
+        ) if !required("gpu") => {
             eprintln!("skipped: {err} (SWITCHYARD_CUDA_TESTS=gpu makes this a failure)");
             None
         }
@@ -56,7 +60,11 @@ fn asking_for_a_missing_device_is_a_clear_error() {
     let _turn = switchyard_harness::turn();
     let model = model("tiny-llama");
     match CudaExecutor::new(&model, 4096, 4, 8) {
-        Err(CudaError::NoDevice { ordinal: 4096, .. } | CudaError::NoDriver | CudaError::NoCublas) => {}
+        Err(
+            CudaError::Setup(SetupError::NoDevice { ordinal: 4096, .. })
+            | CudaError::Setup(SetupError::NoDriver)
+            | CudaError::Setup(SetupError::NoCublas),
+        ) => {}
         other => panic!("expected a missing-device error, got {other:?}"),
     }
 }

@@ -14,7 +14,7 @@ use std::sync::atomic::Ordering;
 
 use switchyard_encoders::cuda::vision::CudaVision;
 use switchyard_encoders::cuda::whisper::CudaWhisper;
-use switchyard_encoders::cuda::{self, AttentionKernel, CudaError, Path as RunPath};
+use switchyard_encoders::cuda::{self, AttentionKernel, CudaError, Path as RunPath, SetupError};
 use switchyard_encoders::image::{ImageProcessor, PixelValues};
 use switchyard_encoders::mel::{LogMel, MelConfig};
 use switchyard_encoders::vit::VisionEncoder;
@@ -32,7 +32,11 @@ fn required(level: &str) -> bool {
 fn on_gpu<T>(result: Result<T, CudaError>) -> Option<T> {
     match result {
         Ok(value) => Some(value),
-        Err(err @ (CudaError::NoDriver | CudaError::NoDevice { .. } | CudaError::NoCublas)) if !required("gpu") => {
+        Err(
+            err @ (CudaError::Setup(SetupError::NoDriver)
+            | CudaError::Setup(SetupError::NoDevice { .. })
+            | CudaError::Setup(SetupError::NoCublas)),
+        ) if !required("gpu") => {
             eprintln!("skipped: {err} (SWITCHYARD_CUDA_TESTS=gpu makes this a failure)");
             None
         }
@@ -53,7 +57,7 @@ fn kernels_compile_with_nvrtc() {
                 );
             }
         }
-        Err(CudaError::NoNvrtc) if !required("nvrtc") => {
+        Err(CudaError::Setup(SetupError::NoNvrtc)) if !required("nvrtc") => {
             eprintln!("skipped: no libnvrtc here (SWITCHYARD_CUDA_TESTS=nvrtc makes this a failure)");
         }
         Err(err) => panic!("{err}"),
@@ -65,8 +69,12 @@ fn asking_for_a_missing_device_is_a_clear_error() {
     let _turn = switchyard_harness::turn();
     let encoder = VisionEncoder::load(&fixtures::encoder("tiny-llava")).expect("loads");
     match CudaVision::new(&encoder, 4096, 64) {
-        Err(CudaError::NoDevice { ordinal: 4096, .. } | CudaError::NoDriver | CudaError::NoCublas) => {}
-        Err(CudaError::NoNvrtc) if !required("nvrtc") => {}
+        Err(
+            CudaError::Setup(SetupError::NoDevice { ordinal: 4096, .. })
+            | CudaError::Setup(SetupError::NoDriver)
+            | CudaError::Setup(SetupError::NoCublas),
+        ) => {}
+        Err(CudaError::Setup(SetupError::NoNvrtc)) if !required("nvrtc") => {}
         other => panic!("expected a missing-device error, got {other:?}"),
     }
 }
