@@ -55,6 +55,11 @@ pub struct ChatCompletionRequest {
     /// Number of choices; only 1 is supported.
     #[serde(default)]
     pub n: Option<u32>,
+    /// Report the token ids of the prompt and of each chunk's text (vLLM's extension): the
+    /// prompt's in the first chunk (`prompt_token_ids`), each chunk's in its choice
+    /// (`token_ids`). The gateway asks for them to continue a broken stream elsewhere.
+    #[serde(default)]
+    pub return_token_ids: Option<bool>,
     /// How tokens are chosen and when generation stops.
     #[serde(flatten)]
     pub sampling: SamplingOptions,
@@ -271,6 +276,11 @@ pub struct CompletionRequest {
     /// Number of choices; only 1 is supported.
     #[serde(default)]
     pub n: Option<u32>,
+    /// Report the token ids of the prompt and of each chunk's text (vLLM's extension): the
+    /// prompt's in the first chunk (`prompt_token_ids`), each chunk's in its choice
+    /// (`token_ids`). The gateway asks for them to continue a broken stream elsewhere.
+    #[serde(default)]
+    pub return_token_ids: Option<bool>,
     /// How tokens are chosen and when generation stops.
     #[serde(flatten)]
     pub sampling: SamplingOptions,
@@ -330,6 +340,15 @@ impl GenerateRequest {
             GenerateRequest::Completion(req) => req.stream_options,
         };
         options.and_then(|o| o.include_usage).unwrap_or(false)
+    }
+
+    /// Whether the answer reports token ids (`return_token_ids`).
+    pub fn returns_token_ids(&self) -> bool {
+        match self {
+            GenerateRequest::Chat(req) => req.return_token_ids,
+            GenerateRequest::Completion(req) => req.return_token_ids,
+        }
+        .unwrap_or(false)
     }
 
     /// The requested token limit, if any.

@@ -8,7 +8,8 @@
 //! for workers linked to a gateway over HTTP, `GET /kv/dump` (the KV cache for a resync). It parses
 //! requests with [`switchyard_protocol::api`], tokenizes them with the worker's [`TextCodec`] (the mocker's
 //! byte-level prompts and made-up words, or a model's tokenizer), and turns the engine's
-//! outputs into OpenAI responses chunk by chunk as the engine produces them. A server counts
+//! outputs into OpenAI responses chunk by chunk as the engine produces them (with each chunk's
+//! token ids when asked, see [`token_ids`]). A server counts
 //! the requests it is answering, so [`WorkerServer::shutdown`] can stop taking new connections
 //! and wait for them to finish.
 
@@ -32,6 +33,7 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
 mod media;
+mod token_ids;
 
 use crate::engine::{EngineHandle, Output, SamplingParams, SubmitError};
 use crate::features::{FeatureTracker, TrackerConfig};
@@ -44,6 +46,7 @@ use switchyard_protocol::kv_events::EventLog;
 use switchyard_protocol::paths::{HEALTH, HEALTHZ, KV_DUMP, KV_RESET, METRICS};
 use switchyard_protocol::respond::{self, Body};
 use switchyard_tokenize::{PromptEncoder, StreamDecoder};
+use token_ids::TokenIds;
 
 /// How a worker turns requests into token ids and generated ids into text.
 #[derive(Debug, Clone, Default)]
@@ -399,6 +402,8 @@ async fn generate(
     let params = sampling_params(&state.config, &request)?;
     let stop_strings = stop_strings(&request)?;
     let plan = media::plan(&parts.headers)?;
+    // The prompt's ids, when asked for; a prompt with media has none to report.
+    let mut prompt_ids = None;
     let started = match plan {
         Some(plan) if !plan.items.is_empty() && matches!(request, GenerateRequest::Chat(_)) => {
             media::start(state, &request, plan, params).await?
@@ -411,6 +416,7 @@ async fn generate(
                     .map_err(|err| ApiError::invalid_request("tokenization_failed", err.to_string()))?,
             };
             let prompt_tokens = prompt.len() as u32;
+            prompt_ids = request.returns_token_ids().then(|| prompt.clone());
             media::Started {
                 outputs: state.engine.submit(prompt, params).map_err(submit_error)?,
                 prompt_tokens,
@@ -450,6 +456,7 @@ async fn generate(
         last_token: None,
         latency: state.latency.clone(),
         media: guard,
+        ids: request.returns_token_ids().then(|| TokenIds::new(prompt_ids)),
     };
     let mut response = if request.is_stream() {
         respond::event_stream(Body::new(SseBody {
@@ -570,10 +577,10 @@ impl TextStream {
 
 /// What the client sees next.
 enum Event {
-    /// More text.
-    Text(String),
-    /// The end: finish reason and usage.
-    Finished(&'static str, serde_json::Value),
+    /// More text, and the ids of the tokens it completes (when asked for).
+    Text(String, Vec<u32>),
+    /// The end: finish reason, usage, and the ids not sent with text yet.
+    Finished(&'static str, serde_json::Value, Vec<u32>),
     /// The generation failed.
     Failed(ApiError),
 }
@@ -591,6 +598,8 @@ struct Generation {
     latency: Arc<Latency>,
     /// The request's media features, released when the generation ends.
     media: Option<media::FeatureGuard>,
+    /// The token ids reported beside the text, when the request asked for them.
+    ids: Option<TokenIds>,
 }
 
 impl Generation {
@@ -622,6 +631,9 @@ impl Generation {
                 }
                 self.completion_tokens += 1;
                 let piece = self.text.push(token);
+                if let Some(ids) = &mut self.ids {
+                    ids.generated(token, &piece);
+                }
                 self.release(&piece, None)
             }
             Some(Output::Finished {
@@ -634,6 +646,9 @@ impl Generation {
                 self.completion_tokens = completion_tokens;
                 self.cached_tokens = cached_tokens;
                 let rest = self.text.flush();
+                if let Some(ids) = &mut self.ids {
+                    ids.decoded_text(&rest);
+                }
                 self.release(&rest, Some(reason.as_str()))
             }
             Some(Output::Failed(reason)) => vec![Event::Failed(engine_failed(reason))],
@@ -657,14 +672,22 @@ impl Generation {
             }
             end
         };
+        let ids = self.ids.as_mut().map(|ids| ids.released(&text)).unwrap_or_default();
         if !text.is_empty() {
-            events.push(Event::Text(text));
+            events.push(Event::Text(text, ids));
         }
         if let Some(reason) = reason {
             self.latency.request.observe(self.arrived.elapsed().as_secs_f64());
+            // Ended on its own, all its text is out: so are the ids left (after a stop string
+            // they are the stop's own, which the text leaves out too).
+            let rest = match (&mut self.ids, released.stopped) {
+                (Some(ids), false) => ids.rest(),
+                _ => Vec::new(),
+            };
             events.push(Event::Finished(
                 reason,
                 usage_json(self.prompt_tokens, self.completion_tokens, self.cached_tokens),
+                rest,
             ));
         }
         events
@@ -679,7 +702,13 @@ struct ResponseMeta {
 }
 
 impl ResponseMeta {
-    fn chunk(&self, text: Option<&str>, role: bool, finish: Option<&str>, usage: Option<serde_json::Value>) -> Bytes {
+    fn chunk(
+        &self,
+        text: Option<&str>,
+        role: bool,
+        finish: Option<&str>,
+        usage: Option<serde_json::Value>,
+    ) -> serde_json::Value {
         let choice = match self.endpoint {
             Endpoint::Chat => {
                 let mut delta = serde_json::Map::new();
@@ -705,7 +734,7 @@ impl ResponseMeta {
         if let Some(usage) = usage {
             chunk["usage"] = usage;
         }
-        sse_event(&chunk)
+        chunk
     }
 
     /// The last chunk of a stream that asked for `include_usage`: no choices, the usage.
@@ -767,12 +796,16 @@ async fn whole_answer(
     request: &GenerateRequest,
 ) -> Result<Response<Body>, ApiError> {
     let mut text = String::new();
+    let mut token_ids = Vec::new();
     loop {
         for event in generation.next().await {
             match event {
-                Event::Text(piece) => text.push_str(&piece),
+                Event::Text(piece, ids) => {
+                    text.push_str(&piece);
+                    token_ids.extend(ids);
+                }
                 Event::Failed(err) => return Err(err),
-                Event::Finished(reason, usage) => {
+                Event::Finished(reason, usage, ids) => {
                     let choice = match request {
                         GenerateRequest::Chat(_) => json!({
                             "index": 0,
@@ -783,7 +816,7 @@ async fn whole_answer(
                             json!({"index": 0, "text": text, "finish_reason": reason})
                         }
                     };
-                    let body = json!({
+                    let mut body = json!({
                         "id": meta.id,
                         "object": match meta.endpoint { Endpoint::Chat => "chat.completion", Endpoint::Completion => "text_completion" },
                         "created": meta.created,
@@ -791,6 +824,10 @@ async fn whole_answer(
                         "choices": [choice],
                         "usage": usage,
                     });
+                    if let Some(reported) = &mut generation.ids {
+                        token_ids.extend(ids);
+                        reported.attach(&mut body, meta.endpoint, std::mem::take(&mut token_ids));
+                    }
                     return Ok(respond::json(StatusCode::OK, &body));
                 }
             }
@@ -814,21 +851,29 @@ struct SseBody {
 }
 
 impl SseBody {
+    /// Queues `chunk`, with `ids` in it when the request asked for token ids.
+    fn send(&mut self, mut chunk: serde_json::Value, ids: Vec<u32>) {
+        if let Some(reported) = &mut self.generation.ids {
+            reported.attach(&mut chunk, self.meta.endpoint, ids);
+        }
+        self.queue.push_back(sse_event(&chunk));
+    }
+
     fn enqueue(&mut self, events: Vec<Event>) {
         for event in events {
             match event {
-                Event::Text(piece) => {
+                Event::Text(piece, ids) => {
                     let role = !self.sent_role;
                     self.sent_role = true;
-                    self.queue.push_back(self.meta.chunk(Some(&piece), role, None, None));
+                    let chunk = self.meta.chunk(Some(&piece), role, None, None);
+                    self.send(chunk, ids);
                 }
-                Event::Finished(reason, usage) => {
+                Event::Finished(reason, usage, ids) => {
                     if self.include_usage {
-                        self.queue.push_back(self.meta.chunk(None, false, Some(reason), None));
+                        self.send(self.meta.chunk(None, false, Some(reason), None), ids);
                         self.queue.push_back(self.meta.usage_chunk(usage));
                     } else {
-                        self.queue
-                            .push_back(self.meta.chunk(None, false, Some(reason), Some(usage)));
+                        self.send(self.meta.chunk(None, false, Some(reason), Some(usage)), ids);
                     }
                     self.queue.push_back(Bytes::from_static(api::SSE_DONE));
                     self.ended = true;

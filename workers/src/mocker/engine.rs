@@ -3,7 +3,10 @@
 //! A simulated engine is one tokio task running the scheduler of [`crate::engine`] (so it
 //! batches, caches, evicts, preempts and publishes KV events exactly as the native engine
 //! does). Instead of computing a step it *sleeps* for the time [`perf`] gives, divided by the
-//! speed-up factor, and then makes up one word per finishing sequence ([`mock_token`]).
+//! speed-up factor, and then makes up one word per finishing sequence ([`mock_token`]) from
+//! the tokens before it, as a greedy model would: the same context gives the same word on
+//! every engine, so a stream continued elsewhere from its tokens goes on exactly as it would
+//! have.
 //! Deadlines advance on a virtual clock so that steps shorter than the timer resolution still
 //! average out to the model's throughput.
 
@@ -27,7 +30,7 @@ struct MockTokens;
 impl Executor for MockTokens {
     fn execute(&mut self, items: &mut [StepItem<'_>]) -> Result<(), String> {
         for item in items.iter_mut().filter(|item| item.samples()) {
-            item.next_token = Some(Ok(mock_token(item.sequence_id, item.tokens.len())));
+            item.next_token = Some(Ok(mock_token(item.tokens)));
         }
         Ok(())
     }
@@ -144,9 +147,20 @@ const WORDS: [&str; MOCK_VOCABULARY as usize] = [
     "done",
 ];
 
-/// The token a mock sequence generates at position `position` (deterministic per request).
-pub fn mock_token(sequence_id: u64, position: usize) -> u32 {
-    let mixed = xxhash_rust::xxh3::xxh3_64_with_seed(&(position as u64).to_le_bytes(), sequence_id);
+/// Tokens of the context that choose the next mock word: enough that conversations differ in
+/// them, few enough that a word costs the same at any context length.
+const MOCK_CONTEXT: usize = 64;
+
+/// The token a mock sequence generates after `context` (its prompt and what it generated so
+/// far): a hash of the last [`MOCK_CONTEXT`] tokens and the length, so it depends on nothing
+/// but the tokens, as a greedy model's next token does.
+pub fn mock_token(context: &[u32]) -> u32 {
+    let recent = &context[context.len().saturating_sub(MOCK_CONTEXT)..];
+    let mut bytes = [0u8; MOCK_CONTEXT * 4];
+    for (slot, token) in bytes.chunks_exact_mut(4).zip(recent) {
+        slot.copy_from_slice(&token.to_le_bytes());
+    }
+    let mixed = xxhash_rust::xxh3::xxh3_64_with_seed(&bytes[..recent.len() * 4], context.len() as u64);
     MOCK_TOKEN_BASE + (mixed % u64::from(MOCK_VOCABULARY)) as u32
 }
 
@@ -285,6 +299,22 @@ mod tests {
             Err(SubmitError::TooLong { .. })
         ));
         assert_eq!(engine.submit(Vec::new(), max(4)).unwrap_err(), SubmitError::EmptyPrompt);
+    }
+
+    #[tokio::test]
+    async fn a_stream_continued_from_its_tokens_goes_on_as_it_would_have() {
+        let engine = spawn_engine(config());
+        let prompt: Vec<u32> = (0..21).collect();
+        let (whole, _) = collect(engine.submit(prompt.clone(), max(12)).expect("accepted")).await;
+        // Another engine (nothing cached), given the prompt and the first 5 tokens.
+        let other = spawn_engine(config());
+        let continued_prompt = [prompt.as_slice(), &whole[..5]].concat();
+        let (rest, finished) = collect(other.submit(continued_prompt, max(7)).expect("accepted")).await;
+        assert_eq!(rest, whole[5..], "the continuation is token-exact");
+        assert!(matches!(finished, Output::Finished { prompt_tokens: 26, .. }));
+        // A different prompt of the same length answers differently.
+        let (different, _) = collect(engine.submit((1..22).collect(), max(12)).expect("accepted")).await;
+        assert_ne!(different, whole);
     }
 
     #[tokio::test]

@@ -103,3 +103,65 @@ fn refuses_bad_requests_with_openai_errors() {
         assert_eq!(json["error"]["code"], code, "{text}");
     }
 }
+
+/// The `data:` payloads of an SSE answer, `[DONE]` left out, parsed.
+fn chunks(sse: &str) -> Vec<serde_json::Value> {
+    sse.lines()
+        .filter_map(|line| line.strip_prefix("data: "))
+        .filter(|data| *data != "[DONE]")
+        .map(|data| serde_json::from_str(data).expect("a JSON chunk"))
+        .collect()
+}
+
+#[test]
+fn token_ids_come_with_their_text_and_continue_a_stream_elsewhere() {
+    let _turn = switchyard_harness::turn();
+    let mocker = mocker(&["--num-workers", "2", "--speedup", "50"]);
+    let body = r#"{"model":"mock","messages":[{"role":"user","content":"where does this go"}],
+                  "stream":true,"max_tokens":12,"return_token_ids":true}"#;
+    let (status, sse) = post(mocker.addrs[0], "/v1/chat/completions", body);
+    assert_eq!(status, 200, "{sse}");
+    let first = chunks(&sse);
+    let prompt: Vec<u32> = serde_json::from_value(first[0]["prompt_token_ids"].clone()).expect("prompt ids first");
+    assert!(first[1].get("prompt_token_ids").is_none(), "the prompt's ids come once");
+    let mut ids = Vec::new();
+    let mut texts = Vec::new();
+    for chunk in &first {
+        let choice = &chunk["choices"][0];
+        let these: Vec<u32> = serde_json::from_value(choice["token_ids"].clone()).expect("ids in every chunk");
+        if let Some(text) = choice["delta"]["content"].as_str() {
+            assert_eq!(these.len(), 1, "one mock word per token: {chunk}");
+            texts.push(text.to_string());
+        }
+        ids.extend(these);
+    }
+    assert_eq!(ids.len(), 12);
+
+    // The prompt and the first 5 ids, on the other engine: the same last 7 words.
+    let continued_prompt = [prompt.as_slice(), &ids[..5]].concat();
+    let continued = serde_json::json!({
+        "model": "mock",
+        "prompt": continued_prompt,
+        "max_tokens": 7,
+        "stream": true,
+        "return_token_ids": true,
+    });
+    let (status, sse) = post(mocker.addrs[1], "/v1/completions", &continued.to_string());
+    assert_eq!(status, 200, "{sse}");
+    let rest = chunks(&sse);
+    assert_eq!(
+        rest[0]["choices"][0]["prompt_token_ids"].as_array().map(Vec::len),
+        Some(prompt.len() + 5),
+        "a completion's prompt ids are in its choice"
+    );
+    let rest_text: String = rest
+        .iter()
+        .filter_map(|chunk| chunk["choices"][0]["text"].as_str())
+        .collect();
+    assert_eq!(rest_text, texts[5..].concat());
+
+    // Without the field, no ids.
+    let plain = r#"{"model":"mock","messages":[{"role":"user","content":"x"}],"stream":true,"max_tokens":2}"#;
+    let (_, sse) = post(mocker.addrs[0], "/v1/chat/completions", plain);
+    assert!(!sse.contains("token_ids"), "{sse}");
+}
