@@ -157,8 +157,8 @@ const MOCK_CONTEXT: usize = 64;
 pub fn mock_token(context: &[u32]) -> u32 {
     let recent = &context[context.len().saturating_sub(MOCK_CONTEXT)..];
     let mut bytes = [0u8; MOCK_CONTEXT * 4];
-    for (slot, token) in bytes.chunks_exact_mut(4).zip(recent) {
-        slot.copy_from_slice(&token.to_le_bytes());
+    for (slot, token) in bytes.as_chunks_mut::<4>().0.iter_mut().zip(recent) {
+        *slot = token.to_le_bytes();
     }
     let mixed = xxhash_rust::xxh3::xxh3_64_with_seed(&bytes[..recent.len() * 4], context.len() as u64);
     MOCK_TOKEN_BASE + (mixed % u64::from(MOCK_VOCABULARY)) as u32
