@@ -376,6 +376,13 @@ impl KvState {
         Ok(settings.blocks(&tokens))
     }
 
+    /// Hashes `tokens` (a prompt already tokenized, such as a broken stream's prompt and
+    /// generated tokens) for `model`; `fallback_block_size` is used only for a model with no
+    /// settings yet.
+    pub fn token_blocks(&self, model: &str, fallback_block_size: usize, tokens: &[u32]) -> PromptBlocks {
+        self.model_or(model, || fallback_block_size).blocks(tokens)
+    }
+
     /// Tokenizes a chat request's prompt for `model` with its media items in place (see
     /// [`PromptEncoder::prompt_with_media`]), and the model's settings to hash it with
     /// ([`ModelKv::blocks`]).

@@ -96,6 +96,7 @@ pub struct Metrics {
     media_items: Family<KindLabel, Counter>,
     media_tokens: Family<KindLabel, Counter>,
     media_text_only: Family<ReasonLabel, Counter>,
+    stream_migrations: Family<Labels, Counter>,
 }
 
 fn latency_histogram() -> Histogram {
@@ -124,6 +125,7 @@ impl Metrics {
         let media_items = Family::<KindLabel, Counter>::default();
         let media_tokens = Family::<KindLabel, Counter>::default();
         let media_text_only = Family::<ReasonLabel, Counter>::default();
+        let stream_migrations = Family::<Labels, Counter>::default();
         registry.register(
             "media_items",
             "Media items accepted in requests, by kind (image, audio, video)",
@@ -199,6 +201,11 @@ impl Metrics {
             "Spot workers taken out of routing by a reclaim notice",
             preemptions.clone(),
         );
+        registry.register(
+            "stream_migrations",
+            "Streams broken after their first byte, by why (worker_failed, stream_ended, error_event, reclaim_notice) and whether they went on elsewhere (continued, failed)",
+            stream_migrations.clone(),
+        );
         Metrics {
             registry,
             tenant_registry: Registry::with_prefix("switchyard"),
@@ -217,7 +224,17 @@ impl Metrics {
             media_items,
             media_tokens,
             media_text_only,
+            stream_migrations,
         }
+    }
+
+    /// Counts one stream broken after its first byte, why, and whether it was continued on
+    /// another worker.
+    pub fn stream_migration(&self, reason: &'static str, continued: bool) {
+        let outcome = if continued { "continued" } else { "failed" };
+        self.stream_migrations
+            .get_or_create(&vec![("reason", reason.to_string()), ("outcome", outcome.to_string())])
+            .inc();
     }
 
     /// Counts one accepted media item of `kind` and its estimated tokens.

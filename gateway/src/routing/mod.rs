@@ -221,10 +221,15 @@ impl Router {
 
     /// The attempts at serving `request`, in order (see the module documentation).
     pub fn attempts<'r>(&'r self, request: Request<'r>) -> Attempts<'r> {
+        self.attempts_excluding(request, Vec::new())
+    }
+
+    /// The attempts at serving `request` on any worker but those in `excluded`.
+    pub fn attempts_excluding<'r>(&'r self, request: Request<'r>, excluded: Vec<WorkerId>) -> Attempts<'r> {
         Attempts {
             router: self,
             request,
-            tried: Vec::new(),
+            tried: excluded,
             fallbacks: VecDeque::new(),
             routed: None,
         }

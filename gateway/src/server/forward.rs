@@ -19,6 +19,7 @@ use switchyard_protocol::api::{self, ApiError, Endpoint};
 use switchyard_protocol::encode::{LOCAL_ENCODER, MEDIA_PLAN_HEADER, MediaPlan, abandon_path};
 
 use super::media_plan::{MediaPlanning, media_plan};
+use super::migrate::{self, Seed};
 use super::pipeline::Admitted;
 use super::prompt::Prepared;
 use crate::admission;
@@ -41,6 +42,8 @@ pub(super) struct Forwarded {
     /// The usage chunk is the gateway's own (asked for to count the tenant's tokens), so it
     /// is taken out of the client's stream.
     pub(super) strip_usage: bool,
+    /// The worker was asked for the stream's token ids, so a break can be continued elsewhere.
+    pub(super) seed: Option<Seed>,
 }
 
 /// Stage 5: leases workers in the routing core's order and tries each until one answers;
@@ -67,6 +70,10 @@ pub(super) async fn forward(
         Some(asked) => asked,
         None => admitted.body.clone(),
     };
+    // A stream that may be continued elsewhere asks the workers that can say for its token
+    // ids (one with media is not: its media would have to be encoded again).
+    let migrating = state.forwarding.migration_limit > 0 && admitted.stream() && prepared.media_items.is_empty();
+    let body_with_ids = migrating.then(|| migrate::ask_for_token_ids(&body)).flatten();
     let id = router.next_request_id();
     state.slo.arrived(model, prepared.prompt.tokens as u64);
     let affinity = router.affinity(|header| admitted.headers.get(header).map(|value| value.as_bytes().to_vec()));
@@ -101,11 +108,15 @@ pub(super) async fn forward(
         if attempt > 0 {
             state.metrics.retry();
         }
+        let asked_ids = body_with_ids
+            .as_ref()
+            .filter(|_| lease.worker().engine().is_some_and(|engine| engine.reports_token_ids()));
+        let sent = asked_ids.unwrap_or(&body).clone();
         let (outcome, text_only) = Attempt {
             admitted,
             prepared,
             media,
-            body: body.clone(),
+            body: sent.clone(),
             response_id: &response_id,
             number: attempt,
         }
@@ -113,11 +124,17 @@ pub(super) async fn forward(
         .await?;
         match outcome {
             Outcome::Answered(answer) => {
+                let seed = asked_ids.map(|_| Seed {
+                    body: sent,
+                    response_id: response_id.clone(),
+                    keep_ids: admitted.parsed.returns_token_ids(),
+                });
                 return Ok(Forwarded {
                     answer,
                     lease,
                     text_only,
                     strip_usage,
+                    seed,
                 });
             }
             Outcome::Failed(reason) => {
@@ -236,7 +253,7 @@ pub(super) struct Answer {
 }
 
 /// How one attempt on a worker ended.
-enum Outcome {
+pub(super) enum Outcome {
     Answered(Answer),
     Failed(String),
     /// The engine answered 429 or 503: it is full.
@@ -331,7 +348,7 @@ async fn abandon(state: &AppState, worker: &Worker, request: &str, reason: &str)
 /// Sends the request to `worker` and waits for its first body bytes (a streamed answer) or its
 /// head: a worker that cannot be reached, answers 5xx or breaks off before them has failed the
 /// attempt, and is counted by its breaker; one that answers 429 or 503 is busy.
-async fn attempt_on(
+pub(super) async fn attempt_on(
     state: &AppState,
     worker: &Worker,
     endpoint: Endpoint,

@@ -13,6 +13,7 @@ mod coalesce;
 pub(crate) mod conn;
 mod forward;
 mod media_plan;
+mod migrate;
 pub(crate) mod pipeline;
 mod prompt;
 pub mod relay;

@@ -40,7 +40,7 @@ use crate::tenants::{Charge, Grant};
 
 /// Serves one generation request, stage by stage (see the module documentation).
 pub(crate) async fn generate(
-    state: &AppState,
+    state: &Arc<AppState>,
     endpoint: Endpoint,
     request: Request<Incoming>,
     started: Instant,

@@ -2,8 +2,9 @@
 //!
 //! Streamed answers are relayed as they arrive (a stream whose events come faster than
 //! `server.stream_coalesce_us` apart has them written a window's worth at a time: see
-//! `coalesce.rs`); if the worker fails mid-stream the client gets a final SSE error event and a
-//! clean end of stream. Whole answers are read to the end first, so a failure becomes a 502.
+//! `coalesce.rs`); if the worker fails mid-stream the stream goes on on another worker where
+//! it can (`forwarding.migration_limit`, see `migrate.rs`), else the client gets a final SSE
+//! error event and a clean end of stream. Whole answers are read to the end first, so a failure becomes a 502.
 //! The request's lease on its worker lasts until the answer ends or the client goes away;
 //! then the tenant is charged (from the usage the worker reported, or, for a stream the client
 //! left before its usage came, from the prompt and the chunks relayed) and the answer's
@@ -25,6 +26,7 @@ use switchyard_protocol::respond::{self, Body};
 
 use super::coalesce::{Coalescer, Offer};
 use super::forward::{Answer, Forwarded};
+use super::migrate::{Break, Migration};
 use super::pipeline::Admitted;
 use super::prompt::Prepared;
 use crate::metrics::Metrics;
@@ -53,7 +55,7 @@ pub const MEDIA_HEADER: &str = switchyard_protocol::encode::MEDIA_HEADER;
 /// (and, when the media was left out, why), charges the tenant and judges the latency once
 /// the answer ends.
 pub(super) async fn finish(
-    state: &AppState,
+    state: &Arc<AppState>,
     admitted: Admitted,
     prepared: &Prepared,
     forwarded: Forwarded,
@@ -64,6 +66,7 @@ pub(super) async fn finish(
         mut lease,
         text_only,
         strip_usage,
+        seed,
     } = forwarded;
     let stream = admitted.stream();
     let prompt = &prepared.prompt;
@@ -85,6 +88,9 @@ pub(super) async fn finish(
         targets,
         ..
     } = admitted;
+    let migration = seed
+        .filter(|_| stream)
+        .and_then(|seed| Migration::new(state.clone(), endpoint, &parsed, seed, &worker));
     let accounting = charge.map(|charge| Accounting {
         charge,
         strip: strip_usage,
@@ -102,7 +108,7 @@ pub(super) async fn finish(
         accounting,
         judged,
     };
-    let response = relay.answer(answer, lease, stream).await;
+    let response = relay.answer(answer, lease, stream, migration).await;
     let mut response = with_routing_headers(response, &worker, policy_header);
     if let Some(reason) = text_only {
         // The media was left out: say so, never silently.
@@ -153,7 +159,13 @@ struct Relay<'a> {
 impl Relay<'_> {
     /// Relays `answer` under `lease`: a successful stream as it comes, anything else once
     /// read whole. The time to its first byte is recorded either way.
-    async fn answer(mut self, answer: Answer, lease: Lease, stream: bool) -> Response<Body> {
+    async fn answer(
+        mut self,
+        answer: Answer,
+        lease: Lease,
+        stream: bool,
+        migration: Option<Migration>,
+    ) -> Response<Body> {
         let success = answer.response.status.is_success();
         if success && let Some(accounting) = &mut self.accounting {
             accounting.charge.served();
@@ -170,14 +182,14 @@ impl Relay<'_> {
         if stream && success {
             let ttft = self.started.elapsed().as_secs_f64();
             record(ttft);
-            return self.stream(answer, lease, ttft);
+            return self.stream(answer, lease, ttft, migration);
         }
         self.whole(answer, lease, record).await
     }
 
     /// The client's event stream, relaying `answer`'s as it comes ([`RelayBody`]); the lease,
     /// the charge and the judging go with it until it ends.
-    fn stream(self, answer: Answer, lease: Lease, ttft: f64) -> Response<Body> {
+    fn stream(self, answer: Answer, lease: Lease, ttft: f64, migration: Option<Migration>) -> Response<Body> {
         let Answer {
             response: parts,
             first,
@@ -202,7 +214,9 @@ impl Relay<'_> {
         };
         let mut body = RelayBody {
             first: None,
-            inner: rest,
+            inner: Some(rest),
+            migration: migration.map(Box::new),
+            break_next: None,
             done: false,
             lease: Some(lease),
             metrics: self.state.metrics.clone(),
@@ -214,7 +228,7 @@ impl Relay<'_> {
             timing: Some(timing),
             coalescer: Coalescer::new(self.state.server.stream_coalesce()),
         };
-        body.first = first.map(|first| body.tapped(first)).filter(|first| !first.is_empty());
+        body.first = first.map(|first| body.read(first)).filter(|first| !first.is_empty());
         let mut response = respond::event_stream(Body::new(body));
         *response.status_mut() = parts.status;
         copy_headers(&parts.headers, &mut response, &[MERGE_HEADER, MEDIA_HEADER]);
@@ -316,7 +330,12 @@ fn with_routing_headers(mut response: Response<Body>, worker: &Worker, policy: O
 /// (its in-flight count and active sequence) until the stream ends or the client goes away.
 struct RelayBody {
     first: Option<Bytes>,
-    inner: UpstreamBody,
+    /// The worker's stream (`None` while a continuation is being set up).
+    inner: Option<UpstreamBody>,
+    /// Continues the stream on another worker when it breaks (`forwarding.migration_limit`).
+    migration: Option<Box<Migration>>,
+    /// A break an event announced, acted on once what came before it is written.
+    break_next: Option<(Break, String)>,
     done: bool,
     lease: Option<Lease>,
     metrics: Arc<Metrics>,
@@ -435,6 +454,22 @@ impl StreamTiming {
 }
 
 impl RelayBody {
+    /// What of the worker's `data` goes on to the client: read by the migration's ledger
+    /// (which may find the stream broken), then by the tap.
+    fn read(&mut self, data: Bytes) -> Bytes {
+        let data = match &mut self.migration {
+            Some(migration) => {
+                let (passed, broken) = migration.ledger.feed(&data);
+                if let Some(message) = broken {
+                    self.break_next = Some((Break::ErrorEvent, message));
+                }
+                passed
+            }
+            None => data,
+        };
+        self.tapped(data)
+    }
+
     /// What of `data` goes on to the client, noting any usage in it.
     fn tapped(&mut self, data: Bytes) -> Bytes {
         if let Some(timing) = &mut self.timing {
@@ -471,6 +506,38 @@ impl RelayBody {
         let mut last = before.to_vec();
         last.extend_from_slice(&error.to_sse_event());
         self.coalescer.finish(last.into())
+    }
+
+    /// The worker's stream broke (`why`, `detail`): it goes on on another worker if it can
+    /// (`None`: the continuation is being set up), else the last bytes for the client end it
+    /// with an error event.
+    fn break_off(&mut self, why: Break, detail: &str) -> Option<Bytes> {
+        // Dropping the worker's stream cancels what is left of it there.
+        self.inner = None;
+        let worker = self.lease.as_ref().map(|lease| lease.worker().clone());
+        if let (Some(migration), Some(worker)) = (&mut self.migration, &worker)
+            && migration.start(worker, why)
+        {
+            // The broken worker's lease ends now; the continuation takes its own.
+            self.lease = None;
+            return None;
+        }
+        let name = worker.map(|worker| worker.name.clone()).unwrap_or_default();
+        let error = ApiError::new(
+            StatusCode::BAD_GATEWAY,
+            "server_error",
+            "worker_failed_mid_stream",
+            format!("worker `{name}` failed mid-stream: {detail}"),
+        );
+        Some(self.fail(&error, Bytes::new()))
+    }
+
+    /// Writes what the coalescer holds if it says so; waits otherwise.
+    fn held(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, std::convert::Infallible>>> {
+        match self.coalescer.ready(cx) {
+            Poll::Ready(Some(held)) => Poll::Ready(Some(Ok(Frame::data(held)))),
+            Poll::Ready(None) | Poll::Pending => Poll::Pending,
+        }
     }
 
     fn end(&mut self) {
@@ -516,17 +583,57 @@ impl http_body::Body for RelayBody {
         // once what the coalescer lets through, then what it held once it says so (at once for
         // an opening write, else when its window ends).
         loop {
-            match Pin::new(&mut this.inner).poll_frame(cx) {
-                Poll::Pending => {
-                    return match this.coalescer.ready(cx) {
-                        Poll::Ready(Some(held)) => Poll::Ready(Some(Ok(Frame::data(held)))),
-                        Poll::Ready(None) | Poll::Pending => Poll::Pending,
-                    };
+            if let Some((why, detail)) = this.break_next.take() {
+                match this.break_off(why, &detail) {
+                    Some(last) => return Poll::Ready(Some(Ok(Frame::data(last)))),
+                    None => continue,
                 }
+            }
+            if let Some(migration) = this.migration.as_mut() {
+                if migration.is_pending() {
+                    match migration.poll_pending(cx) {
+                        Poll::Pending => return this.held(cx),
+                        Poll::Ready(Ok(continued)) => {
+                            this.lease = Some(continued.lease);
+                            this.inner = Some(continued.body);
+                            let data = this.read(continued.first);
+                            if !data.is_empty()
+                                && let Offer::Write(data) = this.coalescer.offer(data)
+                            {
+                                return Poll::Ready(Some(Ok(Frame::data(data))));
+                            }
+                            continue;
+                        }
+                        Poll::Ready(Err(reason)) => {
+                            let error = ApiError::new(
+                                StatusCode::BAD_GATEWAY,
+                                "server_error",
+                                "worker_failed_mid_stream",
+                                format!(
+                                    "the stream's worker failed mid-stream and no other could continue it: {reason}"
+                                ),
+                            );
+                            let last = this.fail(&error, Bytes::new());
+                            return Poll::Ready(Some(Ok(Frame::data(last))));
+                        }
+                    }
+                }
+                if migration.poll_notice(cx) {
+                    this.break_next = Some((Break::ReclaimNotice, "its reclaim notice came".into()));
+                    continue;
+                }
+            }
+            let Some(inner) = this.inner.as_mut() else {
+                // Only a continuation being set up leaves no stream; this is not reached.
+                this.end();
+                return Poll::Ready(None);
+            };
+            match Pin::new(inner).poll_frame(cx) {
+                Poll::Pending => return this.held(cx),
                 Poll::Ready(Some(Ok(frame))) => {
                     // Trailers are not part of the OpenAI stream; skip them.
                     let Ok(data) = frame.into_data() else { continue };
-                    let data = this.tapped(data);
+                    let data = this.read(data);
                     if let Some(error) = this.broken.take() {
                         let last = this.fail(&error, data);
                         return Poll::Ready(Some(Ok(Frame::data(last))));
@@ -540,21 +647,18 @@ impl http_body::Body for RelayBody {
                     }
                 }
                 Poll::Ready(Some(Err(err))) => {
-                    let worker = this
-                        .lease
-                        .as_ref()
-                        .map(|lease| lease.worker().name.clone())
-                        .unwrap_or_default();
-                    let error = ApiError::new(
-                        StatusCode::BAD_GATEWAY,
-                        "server_error",
-                        "worker_failed_mid_stream",
-                        format!("worker `{worker}` failed mid-stream: {err}"),
-                    );
-                    let last = this.fail(&error, Bytes::new());
-                    return Poll::Ready(Some(Ok(Frame::data(last))));
+                    if let Some(last) = this.break_off(Break::WorkerFailed, &err.to_string()) {
+                        return Poll::Ready(Some(Ok(Frame::data(last))));
+                    }
                 }
                 Poll::Ready(None) => {
+                    // A stream read by a ledger ends with `[DONE]`; without it, it broke off.
+                    if this.migration.as_ref().is_some_and(|migration| !migration.ledger.done) {
+                        match this.break_off(Break::StreamEnded, "it ended its stream without [DONE]") {
+                            Some(last) => return Poll::Ready(Some(Ok(Frame::data(last)))),
+                            None => continue,
+                        }
+                    }
                     let rest = this.tap.as_mut().map(UsageTap::finish).unwrap_or_default();
                     this.end();
                     let last = this.coalescer.finish(rest);

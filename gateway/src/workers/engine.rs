@@ -39,6 +39,21 @@ impl EngineKind {
         }
     }
 
+    /// Whether its streams report the token ids of their text when asked (`return_token_ids`),
+    /// so a broken one can be continued elsewhere.
+    pub fn reports_token_ids(self) -> bool {
+        matches!(self, EngineKind::Switchyard | EngineKind::Vllm)
+    }
+
+    /// Whether it takes a completion prompt as token ids, so it can continue another worker's
+    /// broken stream.
+    pub fn continues_from_tokens(self) -> bool {
+        matches!(
+            self,
+            EngineKind::Switchyard | EngineKind::Vllm | EngineKind::Sglang | EngineKind::Llamacpp
+        )
+    }
+
     /// Whether the gateway reads its load from its `/metrics` (Switchyard's workers report
     /// theirs as KV events instead; a generic server has none the gateway knows).
     pub fn reports_load(self) -> bool {

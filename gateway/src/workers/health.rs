@@ -12,6 +12,10 @@
 //! load ([`EngineKind::reports_load`]) has its `/metrics` read into [`EngineLoad`], which the
 //! routing table folds into its columns; a reading stands for three intervals.
 //!
+//! A 503 whose error code is `preempting` is a spot worker's reclaim notice (how a worker
+//! linked over HTTP gives it; over NATS it comes with its registration): the worker leaves
+//! routing for good and the streams on it move elsewhere ([`WorkerPool::preempt`]).
+//!
 //! Whoever started the checker learns of each ejection through its callback (the KV index then
 //! forgets the worker's blocks).
 
@@ -49,6 +53,7 @@ pub fn spawn(
             let workers = pool.workers();
             let visits = workers.iter().map(|worker| {
                 let visit = Visit {
+                    pool: pool.clone(),
                     worker: worker.clone(),
                     client: client.clone(),
                     config: config.clone(),
@@ -63,6 +68,7 @@ pub fn spawn(
 
 /// One visit of one worker.
 struct Visit {
+    pool: Arc<WorkerPool>,
     worker: Arc<Worker>,
     client: WorkerClient,
     config: HealthConfig,
@@ -80,11 +86,18 @@ impl Visit {
         } else {
             None
         };
-        let status = match worker.health_path() {
-            Some(path) => self.get(&path).await.map(|(status, _)| status),
+        let answer = match worker.health_path() {
+            Some(path) => self.get(&path).await,
             // Nothing answered any of the ways an engine is told.
             None => None,
         };
+        if let Some((StatusCode::SERVICE_UNAVAILABLE, body)) = &answer
+            && serde_json::from_slice::<switchyard_protocol::api::ErrorBody>(body)
+                .is_ok_and(|error| error.error.code.as_deref() == Some("preempting"))
+        {
+            self.pool.preempt(worker);
+        }
+        let status = answer.map(|(status, _)| status);
         match status {
             Some(status) if status.is_success() => {
                 if worker.set_misconfigured(false) {

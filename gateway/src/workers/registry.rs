@@ -64,6 +64,8 @@ pub struct Worker {
     healthy: AtomicBool,
     /// Its reclaim notice came: out of routing for good, whatever its health checks say.
     preempting: AtomicBool,
+    /// Told when its reclaim notice comes (streams on it move elsewhere before the kill).
+    reclaim_notice: tokio::sync::Notify,
     failures: AtomicU32,
     successes: AtomicU32,
     in_flight: Gauge,
@@ -110,6 +112,7 @@ impl Worker {
             spot: config.spot,
             healthy: AtomicBool::new(true),
             preempting: AtomicBool::new(false),
+            reclaim_notice: tokio::sync::Notify::new(),
             failures: AtomicU32::new(0),
             successes: AtomicU32::new(0),
             in_flight: metrics.worker_in_flight(&name),
@@ -296,7 +299,20 @@ impl Worker {
         }
         self.healthy_gauge.set(0);
         tracing::warn!(worker = %self.name, in_flight = self.in_flight(), "reclaim notice: worker out of routing");
+        self.reclaim_notice.notify_waiters();
         true
+    }
+
+    /// Returns once its reclaim notice has come (at once if it already has).
+    pub async fn reclaimed(&self) {
+        let notified = self.reclaim_notice.notified();
+        tokio::pin!(notified);
+        // Registered before the flag is read, so a notice between the two is not missed.
+        notified.as_mut().enable();
+        if self.is_preempting() {
+            return;
+        }
+        notified.await;
     }
 
     /// Requests in flight on this worker through this gateway.

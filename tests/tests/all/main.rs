@@ -15,6 +15,7 @@
 //! | `fleet_` | gateway replicas sharing NATS |
 //! | `planner_` | the planner's rules and its process connector |
 //! | `native_` | the native LLM worker and encoders behind the gateway |
+//! | `stream_` | streams that survive a worker: continued elsewhere from their tokens |
 //!
 //! Tests of one module run side by side and no other module's beside them, as when each file
 //! was a test binary of its own: a harness `Gateway` holds its calling file's turn.
@@ -57,3 +58,4 @@ mod policy_hot_swap;
 mod policy_last_good;
 mod policy_rollout;
 mod policy_watch;
+mod stream_migration;

@@ -1,0 +1,763 @@
+//! Streams that survive a worker: a stream broken after its first byte goes on on another
+//! worker, from its prompt and the tokens already streamed.
+//!
+//! With `forwarding.migration_limit` above 0, a streamed request to a worker whose engine
+//! reports token ids ([`EngineKind::reports_token_ids`]) asks for them (`return_token_ids`),
+//! and the relay reads every event through a [`Ledger`]. The ledger keeps the prompt's ids and
+//! the ids of the text relayed (a worker sends an id only with the last byte of its text, so
+//! they are exactly the text the client has), and takes the id fields out of what the client
+//! sees unless it asked for them. When the stream breaks — the connection fails, the worker
+//! ends it without `[DONE]`, sends an error event, or its reclaim notice comes — the policy
+//! chooses a worker for the prompt and the generated ids, hashed into blocks like any prompt
+//! (so a worker that holds the prefix wins), among the engines that take token-id prompts
+//! ([`EngineKind::continues_from_tokens`]) and without the workers that broke. The
+//! continuation is a `/v1/completions` request with the ids as its prompt and the tokens left
+//! as its limit, and its chunks are rewritten into the client's stream: the same id, creation
+//! time and model, chat deltas for a chat stream, and the usage of one answer (the original
+//! prompt, every token generated). Up to `migration_limit` continuations per stream; a stream
+//! whose ids are incomplete (an engine that does not report them) or whose continuations are
+//! used up ends with the error event it would have had anyway.
+//!
+//! [`EngineKind::reports_token_ids`]: crate::workers::engine::EngineKind::reports_token_ids
+//! [`EngineKind::continues_from_tokens`]: crate::workers::engine::EngineKind::continues_from_tokens
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use serde_json::{Map, Value, json};
+use switchyard_protocol::api::{self, Endpoint};
+
+use super::forward::{Outcome, attempt_on};
+use crate::kv::WorkerId;
+use crate::routing::{self, Lease};
+use crate::state::AppState;
+use crate::tenants::usage::MAX_EVENT_BYTES;
+use crate::workers::Worker;
+use crate::workers::upstream::UpstreamBody;
+
+/// The field a worker is asked to report token ids with (vLLM's name).
+const TOKEN_IDS_FIELD: &str = "return_token_ids";
+
+/// The body of a streamed request, asking the worker for token ids; `None` if the body is not
+/// a JSON object (validation has already passed it, so this does not happen).
+pub(super) fn ask_for_token_ids(body: &[u8]) -> Option<Bytes> {
+    let mut request: Map<String, Value> = serde_json::from_slice(body).ok()?;
+    request.insert(TOKEN_IDS_FIELD.into(), Value::Bool(true));
+    serde_json::to_vec(&request).ok().map(Bytes::from)
+}
+
+/// Why a stream broke, as the `reason` label of `switchyard_stream_migrations_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Break {
+    /// The worker's connection failed mid-stream.
+    WorkerFailed,
+    /// The worker ended its stream without `[DONE]`.
+    StreamEnded,
+    /// The worker sent an error event.
+    ErrorEvent,
+    /// The worker's reclaim notice came (spot capacity): moved before it is killed.
+    ReclaimNotice,
+}
+
+impl Break {
+    fn label(self) -> &'static str {
+        match self {
+            Break::WorkerFailed => "worker_failed",
+            Break::StreamEnded => "stream_ended",
+            Break::ErrorEvent => "error_event",
+            Break::ReclaimNotice => "reclaim_notice",
+        }
+    }
+}
+
+/// A stream continued on another worker: its lease there, and its answer.
+pub(super) struct Continued {
+    /// The request's hold on the new worker.
+    pub(super) lease: Lease,
+    /// The continuation's first bytes.
+    pub(super) first: Bytes,
+    /// The rest of it.
+    pub(super) body: UpstreamBody,
+}
+
+type Pending = Pin<Box<dyn Future<Output = Result<Continued, String>> + Send>>;
+type Notice = Pin<Box<dyn Future<Output = ()> + Send>>;
+
+/// What continuing one stream needs, kept by its relay.
+pub(super) struct Migration {
+    state: Arc<AppState>,
+    model: String,
+    /// The body as forwarded (its sampling fields go with every continuation).
+    request: Map<String, Value>,
+    /// The client's token limit, if it gave one.
+    max_tokens: Option<u32>,
+    /// Continuations left.
+    left: u32,
+    /// Workers the stream broke on.
+    broke_on: Vec<WorkerId>,
+    /// The unique part of the answer's id ([`api::RESPONSE_ID_HEADER`]).
+    response_id: String,
+    /// The stream's events as they pass.
+    pub(super) ledger: Ledger,
+    /// A continuation being set up.
+    pending: Option<Pending>,
+    /// Resolves when the current worker's reclaim notice comes (spot workers only).
+    notice: Option<Notice>,
+}
+
+/// What forwarding tells the relay about a stream that may be continued: the worker was asked
+/// for token ids.
+pub(super) struct Seed {
+    /// The body as forwarded.
+    pub(super) body: Bytes,
+    /// The unique part of the answer's id ([`api::RESPONSE_ID_HEADER`]).
+    pub(super) response_id: String,
+    /// The client asked for token ids itself.
+    pub(super) keep_ids: bool,
+}
+
+impl Migration {
+    /// The continuation of the stream of `request` (to `endpoint`) that `seed` tells of, now
+    /// on `worker`; `None` when its body is not a JSON object (validation passed it, so this
+    /// does not happen).
+    pub(super) fn new(
+        state: Arc<AppState>,
+        endpoint: Endpoint,
+        request: &api::GenerateRequest,
+        seed: Seed,
+        worker: &Arc<Worker>,
+    ) -> Option<Migration> {
+        let body: Map<String, Value> = serde_json::from_slice(&seed.body).ok()?;
+        let mut migration = Migration {
+            model: request.model().to_string(),
+            max_tokens: request.token_limit(),
+            left: state.forwarding.migration_limit,
+            state,
+            request: body,
+            broke_on: Vec::new(),
+            response_id: seed.response_id,
+            ledger: Ledger::new(endpoint, seed.keep_ids),
+            pending: None,
+            notice: None,
+        };
+        migration.watch(worker);
+        Some(migration)
+    }
+
+    /// Watches `worker` for its reclaim notice, if it is spot capacity.
+    fn watch(&mut self, worker: &Arc<Worker>) {
+        self.notice = worker.spot.then(|| {
+            let worker = worker.clone();
+            Box::pin(async move { worker.reclaimed().await }) as Notice
+        });
+    }
+
+    /// Whether the current worker's reclaim notice has come (registers for it otherwise).
+    pub(super) fn poll_notice(&mut self, cx: &mut Context<'_>) -> bool {
+        let Some(notice) = &mut self.notice else {
+            return false;
+        };
+        if notice.as_mut().poll(cx).is_pending() {
+            return false;
+        }
+        self.notice = None;
+        true
+    }
+
+    /// Whether a continuation is being set up.
+    pub(super) fn is_pending(&self) -> bool {
+        self.pending.is_some()
+    }
+
+    /// Starts continuing the stream broken on `worker` for `why`; `false` (the break counted
+    /// as final) when it cannot be continued.
+    pub(super) fn start(&mut self, worker: &Worker, why: Break) -> bool {
+        self.broke_on.push(worker.kv_id);
+        if why != Break::ReclaimNotice {
+            self.state
+                .router
+                .failed_answer(worker, &self.state.forwarding.backoffs());
+        }
+        let Some(ids) = self.ledger.continuable() else {
+            self.state.metrics.stream_migration(why.label(), false);
+            return false;
+        };
+        let generated = self.ledger.generated.len();
+        // The tokens left of the client's limit (without one, the new worker's default).
+        let remaining = self
+            .max_tokens
+            .map(|limit| limit.saturating_sub(u32::try_from(generated).unwrap_or(u32::MAX)));
+        if self.left == 0 || remaining == Some(0) {
+            self.state.metrics.stream_migration(why.label(), false);
+            return false;
+        }
+        self.left -= 1;
+        tracing::warn!(
+            worker = %worker.name,
+            reason = why.label(),
+            generated,
+            "stream broke mid-answer: continuing it on another worker"
+        );
+        self.state.metrics.stream_migration(why.label(), true);
+        self.ledger.continued_after = Some(generated);
+        let body = continuation_body(&self.request, &ids, remaining);
+        let job = Job {
+            model: self.model.clone(),
+            ids,
+            block_size: worker.block_size,
+            max_tokens: remaining,
+            body,
+            excluded: self.excluded(),
+            response_id: self.response_id.clone(),
+        };
+        self.pending = Some(Box::pin(continue_stream(self.state.clone(), job)));
+        true
+    }
+
+    /// The workers a continuation may not go to: those it broke on, and those whose engines
+    /// cannot take a token-id prompt (or are not known yet).
+    fn excluded(&self) -> Vec<WorkerId> {
+        let mut excluded = self.broke_on.clone();
+        excluded.extend(
+            self.state
+                .router
+                .pool()
+                .candidates(&self.model, &self.broke_on)
+                .iter()
+                .filter(|worker| !worker.engine().is_some_and(|engine| engine.continues_from_tokens()))
+                .map(|worker| worker.kv_id),
+        );
+        excluded
+    }
+
+    /// Polls the continuation being set up: its answer, or why none could be had.
+    pub(super) fn poll_pending(&mut self, cx: &mut Context<'_>) -> Poll<Result<Continued, String>> {
+        let Some(pending) = &mut self.pending else {
+            return Poll::Ready(Err("no continuation was started".into()));
+        };
+        let result = std::task::ready!(pending.as_mut().poll(cx));
+        self.pending = None;
+        if let Ok(continued) = &result {
+            self.watch(continued.lease.worker());
+        }
+        Poll::Ready(result)
+    }
+}
+
+/// One continuation to set up.
+struct Job {
+    model: String,
+    /// The prompt's ids, then the generated ones.
+    ids: Vec<u32>,
+    /// The block size the broken worker hashed with.
+    block_size: usize,
+    max_tokens: Option<u32>,
+    body: Bytes,
+    excluded: Vec<WorkerId>,
+    response_id: String,
+}
+
+/// Asks the policy for a worker for `job`'s tokens and sends it the continuation, trying the
+/// next worker when one fails before its first byte (as a request's first attempts do).
+async fn continue_stream(state: Arc<AppState>, job: Job) -> Result<Continued, String> {
+    let router = &state.router;
+    let prompt = router.kv().token_blocks(&job.model, job.block_size, &job.ids);
+    let request = routing::Request {
+        id: router.next_request_id(),
+        model: &job.model,
+        prompt: &prompt,
+        max_tokens: job.max_tokens,
+        media_tokens: 0,
+        affinity: 0,
+        encoders: &[],
+        ttft_target_ms: 0.0,
+    };
+    let mut attempts = router.attempts_excluding(request, job.excluded);
+    let mut failures = 0;
+    let mut last = "no other worker can continue it from its tokens".to_string();
+    while failures <= state.forwarding.retries {
+        let Some(lease) = attempts.next_lease() else { break };
+        let worker = lease.worker().clone();
+        let outcome = attempt_on(
+            &state,
+            &worker,
+            Endpoint::Completion,
+            job.body.clone(),
+            true,
+            None,
+            &job.response_id,
+        )
+        .await;
+        match outcome {
+            Outcome::Answered(answer) if answer.response.status.is_success() => {
+                let mut lease = lease;
+                // Its prefill (the cached prefix found, the rest computed) is measured as any.
+                lease.first_token(true);
+                return Ok(Continued {
+                    lease,
+                    first: answer.first.unwrap_or_default(),
+                    body: answer.rest,
+                });
+            }
+            Outcome::Answered(answer) => {
+                last = format!("worker `{}` answered {}", worker.name, answer.response.status);
+                failures += 1;
+            }
+            Outcome::Failed(reason) => {
+                last = format!("worker `{}`: {reason}", worker.name);
+                failures += 1;
+            }
+            Outcome::Busy { status, retry_after } => {
+                router.busy(&worker, retry_after, &state.forwarding.backoffs());
+                last = format!("worker `{}` answered {status}", worker.name);
+            }
+        }
+    }
+    Err(last)
+}
+
+/// Fields of a chat or completions request that a continuation (a completion from token ids)
+/// does not take.
+const NOT_CONTINUED: [&str; 15] = [
+    "messages",
+    "prompt",
+    "max_tokens",
+    "max_completion_tokens",
+    "n",
+    "tools",
+    "tool_choice",
+    "parallel_tool_calls",
+    "functions",
+    "function_call",
+    "response_format",
+    "logprobs",
+    "top_logprobs",
+    "echo",
+    "suffix",
+];
+
+/// The continuation's body: the request's sampling fields, `ids` as the prompt, `max_tokens`
+/// left, streamed, with token ids.
+fn continuation_body(request: &Map<String, Value>, ids: &[u32], max_tokens: Option<u32>) -> Bytes {
+    let mut body = request.clone();
+    for field in NOT_CONTINUED {
+        body.remove(field);
+    }
+    body.insert("prompt".into(), json!(ids));
+    if let Some(max_tokens) = max_tokens {
+        body.insert("max_tokens".into(), json!(max_tokens));
+    }
+    body.insert("stream".into(), Value::Bool(true));
+    body.insert(TOKEN_IDS_FIELD.into(), Value::Bool(true));
+    // Serializing a map of JSON values cannot fail.
+    Bytes::from(serde_json::to_vec(&body).unwrap_or_default())
+}
+
+/// The answer's identity, as its first worker gave it: every continuation's chunks carry it.
+#[derive(Debug, Clone)]
+struct Identity {
+    id: Value,
+    created: Value,
+    model: Value,
+}
+
+/// Reads a stream's events as they pass: the token ids (taken out of the client's events
+/// unless it asked for them), whether the stream ended, and a continuation's chunks rewritten
+/// into the client's stream.
+#[derive(Debug)]
+pub(super) struct Ledger {
+    /// The client's endpoint: the shape of its chunks.
+    endpoint: Endpoint,
+    /// The client asked for token ids itself: they stay in its events.
+    keep_ids: bool,
+    /// Bytes of an event not yet ended by a blank line.
+    partial: Vec<u8>,
+    /// The prompt's ids, once the first worker's first chunk gave them.
+    prompt: Option<Vec<u32>>,
+    /// Ids of the text relayed.
+    generated: Vec<u32>,
+    /// Every chunk with text so far came with its ids.
+    complete: bool,
+    /// `[DONE]` has passed.
+    pub(super) done: bool,
+    identity: Option<Identity>,
+    /// Tokens generated before the continuation streaming now (`None`: the first worker's).
+    continued_after: Option<usize>,
+}
+
+impl Ledger {
+    fn new(endpoint: Endpoint, keep_ids: bool) -> Ledger {
+        Ledger {
+            endpoint,
+            keep_ids,
+            partial: Vec::new(),
+            prompt: None,
+            generated: Vec::new(),
+            complete: true,
+            done: false,
+            identity: None,
+            continued_after: None,
+        }
+    }
+
+    /// The ids to continue from (the prompt's, then the generated ones), if the stream can be
+    /// continued: every id is known and it has not ended.
+    fn continuable(&mut self) -> Option<Vec<u32>> {
+        if self.done || !self.complete {
+            return None;
+        }
+        // What a broken worker left of an event is dropped with it.
+        self.partial.clear();
+        let prompt = self.prompt.as_ref()?;
+        Some([prompt.as_slice(), &self.generated].concat())
+    }
+
+    /// Takes in `data` from the worker: answers what goes on to the client (whole events),
+    /// and why the stream broke if an event says so (an error event, or an event past
+    /// [`MAX_EVENT_BYTES`]); what follows a break is dropped.
+    pub(super) fn feed(&mut self, data: &[u8]) -> (Bytes, Option<String>) {
+        let mut pending = std::mem::take(&mut self.partial);
+        pending.extend_from_slice(data);
+        let mut out = Vec::with_capacity(pending.len());
+        let mut start = 0;
+        while let Some(end) = event_end(&pending[start..]) {
+            let event = &pending[start..start + end];
+            start += end;
+            match self.event(event) {
+                Ok(Some(rewritten)) => out.extend_from_slice(&rewritten),
+                Ok(None) => out.extend_from_slice(event),
+                Err(broken) => return (out.into(), Some(broken)),
+            }
+        }
+        pending.drain(..start);
+        self.partial = pending;
+        if self.partial.len() > MAX_EVENT_BYTES {
+            self.partial.clear();
+            return (
+                out.into(),
+                Some(format!(
+                    "the worker sent an SSE event of more than {MAX_EVENT_BYTES} bytes without ending it"
+                )),
+            );
+        }
+        (out.into(), None)
+    }
+
+    /// One whole event: `Ok(None)` to pass it as it is, `Ok(Some(bytes))` rewritten, `Err` if
+    /// it is an error event (its message).
+    fn event(&mut self, event: &[u8]) -> Result<Option<Vec<u8>>, String> {
+        let Some(data) = event_data(event) else {
+            return Ok(None);
+        };
+        if data.trim() == "[DONE]" {
+            self.done = true;
+            return Ok(None);
+        }
+        let Ok(Value::Object(mut chunk)) = serde_json::from_str::<Value>(&data) else {
+            // Not a chunk this ledger can read: its text (if any) has no ids.
+            self.complete = false;
+            return Ok(None);
+        };
+        if let Some(error) = chunk.get("error") {
+            let message = error
+                .get("message")
+                .and_then(Value::as_str)
+                .map_or_else(|| error.to_string(), str::to_string);
+            return Err(message);
+        }
+        let ids = self.take_ids(&mut chunk);
+        let chunk = match self.continued_after {
+            None => {
+                if self.identity.is_none() {
+                    self.identity = Some(Identity {
+                        id: chunk.get("id").cloned().unwrap_or(Value::Null),
+                        created: chunk.get("created").cloned().unwrap_or(Value::Null),
+                        model: chunk.get("model").cloned().unwrap_or(Value::Null),
+                    });
+                }
+                if let (true, Some(ids)) = (self.keep_ids, ids) {
+                    put_ids(&mut chunk, ids);
+                }
+                chunk
+            }
+            Some(before) => match self.rewrite(&chunk, before, ids) {
+                Some(chunk) => chunk,
+                // Nothing for the client in it.
+                None => return Ok(Some(Vec::new())),
+            },
+        };
+        let json = serde_json::to_vec(&Value::Object(chunk)).unwrap_or_default();
+        Ok(Some(api::sse_event(&json).to_vec()))
+    }
+
+    /// Takes the id fields out of `chunk`, recording them: the generated ids of its choice
+    /// (answered), and the prompt's from the first worker's first chunk.
+    fn take_ids(&mut self, chunk: &mut Map<String, Value>) -> Option<Vec<u32>> {
+        let top_prompt = chunk.remove("prompt_token_ids");
+        let choice = chunk
+            .get_mut("choices")
+            .and_then(|choices| choices.get_mut(0))
+            .and_then(Value::as_object_mut);
+        let (choice_prompt, ids, has_text) = match choice {
+            Some(choice) => {
+                let has_text = choice_text(choice).is_some_and(|text| !text.is_empty());
+                (choice.remove("prompt_token_ids"), choice.remove("token_ids"), has_text)
+            }
+            None => (None, None, false),
+        };
+        if self.prompt.is_none() && self.continued_after.is_none() {
+            self.prompt = top_prompt
+                .or(choice_prompt)
+                .and_then(|ids| serde_json::from_value(ids).ok());
+        }
+        let ids: Option<Vec<u32>> = ids.and_then(|ids| serde_json::from_value(ids).ok());
+        match &ids {
+            Some(ids) => self.generated.extend_from_slice(ids),
+            None if has_text => self.complete = false,
+            None => {}
+        }
+        ids
+    }
+
+    /// A continuation's chunk (a completion's) as a chunk of the client's stream: its identity,
+    /// its shape, and the usage of one answer. `None` when it carries nothing for the client.
+    fn rewrite(&self, chunk: &Map<String, Value>, before: usize, ids: Option<Vec<u32>>) -> Option<Map<String, Value>> {
+        let choice = chunk.get("choices").and_then(|choices| choices.get(0));
+        let text = choice
+            .and_then(|choice| choice.get("text"))
+            .and_then(Value::as_str)
+            .unwrap_or("");
+        let finish = choice
+            .and_then(|choice| choice.get("finish_reason"))
+            .cloned()
+            .unwrap_or(Value::Null);
+        let usage = chunk.get("usage").filter(|usage| usage.is_object());
+        if choice.is_some() && text.is_empty() && finish.is_null() && usage.is_none() {
+            return None;
+        }
+        let identity = self.identity.clone().unwrap_or(Identity {
+            id: Value::Null,
+            created: Value::Null,
+            model: Value::Null,
+        });
+        let mut out = Map::new();
+        out.insert("id".into(), identity.id);
+        let object = match self.endpoint {
+            Endpoint::Chat => "chat.completion.chunk",
+            Endpoint::Completion => "text_completion",
+        };
+        out.insert("object".into(), json!(object));
+        out.insert("created".into(), identity.created);
+        out.insert("model".into(), identity.model);
+        let choices = match choice {
+            None => json!([]),
+            Some(_) => {
+                let mut choice = match self.endpoint {
+                    Endpoint::Chat => {
+                        let delta = if text.is_empty() {
+                            json!({})
+                        } else {
+                            json!({"content": text})
+                        };
+                        json!({"index": 0, "delta": delta, "finish_reason": finish})
+                    }
+                    Endpoint::Completion => json!({"index": 0, "text": text, "finish_reason": finish}),
+                };
+                if let (true, Some(ids)) = (self.keep_ids, ids) {
+                    choice["token_ids"] = json!(ids);
+                }
+                json!([choice])
+            }
+        };
+        out.insert("choices".into(), choices);
+        if let Some(usage) = usage {
+            out.insert("usage".into(), one_answer_usage(usage, before));
+        }
+        Some(out)
+    }
+}
+
+/// Puts the generated `ids` back in `chunk`'s choice (the client asked for them).
+fn put_ids(chunk: &mut Map<String, Value>, ids: Vec<u32>) {
+    if let Some(choice) = chunk
+        .get_mut("choices")
+        .and_then(|choices| choices.get_mut(0))
+        .and_then(Value::as_object_mut)
+    {
+        choice.insert("token_ids".into(), json!(ids));
+    }
+}
+
+/// A choice's text: a chat delta's content or a completion's text.
+fn choice_text(choice: &Map<String, Value>) -> Option<&str> {
+    choice
+        .get("text")
+        .or_else(|| choice.get("delta").and_then(|delta| delta.get("content")))
+        .and_then(Value::as_str)
+}
+
+/// A continuation's usage as the usage of the one answer the client sees: its prompt was the
+/// original prompt and the `before` tokens generated already, which count as generated.
+fn one_answer_usage(usage: &Value, before: usize) -> Value {
+    let count = |field: &str| usage.get(field).and_then(Value::as_u64).unwrap_or(0);
+    let before = before as u64;
+    let prompt = count("prompt_tokens").saturating_sub(before);
+    let completion = count("completion_tokens") + before;
+    let mut out = json!({
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+    });
+    if let Some(cached) = usage
+        .get("prompt_tokens_details")
+        .and_then(|details| details.get("cached_tokens"))
+        .and_then(Value::as_u64)
+    {
+        out["prompt_tokens_details"] = json!({"cached_tokens": cached.min(prompt)});
+    }
+    out
+}
+
+/// Where the first event in `bytes` ends (after its blank line), if it does.
+fn event_end(bytes: &[u8]) -> Option<usize> {
+    let lf = memchr::memmem::find(bytes, b"\n\n").map(|at| at + 2);
+    let crlf = memchr::memmem::find(bytes, b"\n\r\n").map(|at| at + 3);
+    match (lf, crlf) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
+}
+
+/// The data of an SSE event (its `data:` lines joined), `None` if it has none.
+fn event_data(event: &[u8]) -> Option<String> {
+    let text = std::str::from_utf8(event).ok()?;
+    let mut data: Option<String> = None;
+    for line in text.lines() {
+        if let Some(value) = line.strip_prefix("data:") {
+            let value = value.strip_prefix(' ').unwrap_or(value);
+            match &mut data {
+                Some(data) => {
+                    data.push('\n');
+                    data.push_str(value);
+                }
+                None => data = Some(value.to_string()),
+            }
+        }
+    }
+    data
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn event(json: Value) -> Vec<u8> {
+        api::sse_event(&serde_json::to_vec(&json).expect("json")).to_vec()
+    }
+
+    fn data(out: &[u8]) -> Vec<Value> {
+        String::from_utf8_lossy(out)
+            .lines()
+            .filter_map(|line| line.strip_prefix("data: "))
+            .filter(|data| *data != "[DONE]")
+            .map(|data| serde_json::from_str(data).expect("json"))
+            .collect()
+    }
+
+    #[test]
+    fn ids_are_recorded_and_taken_out_of_the_clients_stream() {
+        let mut ledger = Ledger::new(Endpoint::Chat, false);
+        let first = event(
+            json!({"id": "chatcmpl-1", "created": 7, "model": "m", "prompt_token_ids": [1, 2, 3],
+            "choices": [{"index": 0, "delta": {"role": "assistant", "content": " a"}, "token_ids": [10]}]}),
+        );
+        let second = event(json!({"id": "chatcmpl-1", "created": 7, "model": "m",
+            "choices": [{"index": 0, "delta": {"content": " b"}, "token_ids": [11]}]}));
+        // Cut mid-event: the ledger waits for the rest.
+        let both = [first.as_slice(), &second].concat();
+        let (out, broken) = ledger.feed(&both[..both.len() - 5]);
+        assert!(broken.is_none());
+        assert_eq!(data(&out).len(), 1);
+        let (rest, _) = ledger.feed(&both[both.len() - 5..]);
+        let chunks = data(&[out.as_ref(), rest.as_ref()].concat());
+        assert_eq!(chunks.len(), 2);
+        assert!(!String::from_utf8_lossy(&out).contains("token_ids"), "{out:?}");
+        assert_eq!(chunks[1]["choices"][0]["delta"]["content"], " b");
+        assert_eq!(ledger.continuable(), Some(vec![1, 2, 3, 10, 11]));
+    }
+
+    #[test]
+    fn a_continuation_reads_as_the_same_chat_answer_with_its_usage_summed() {
+        let mut ledger = Ledger::new(Endpoint::Chat, false);
+        ledger.feed(&event(
+            json!({"id": "chatcmpl-9", "created": 5, "model": "m", "prompt_token_ids": [1, 2],
+            "choices": [{"index": 0, "delta": {"role": "assistant", "content": " a"}, "token_ids": [10]}]}),
+        ));
+        let ids = ledger.continuable().expect("continuable");
+        ledger.continued_after = Some(ids.len() - 2);
+        let continuation = [
+            event(json!({"id": "cmpl-x", "object": "text_completion", "created": 99, "model": "m",
+                "choices": [{"index": 0, "text": " b", "finish_reason": null, "token_ids": [11], "prompt_token_ids": [1, 2, 10]}]})),
+            event(json!({"id": "cmpl-x", "object": "text_completion", "created": 99, "model": "m",
+                "choices": [{"index": 0, "text": "", "finish_reason": "length", "token_ids": []}],
+                "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4,
+                          "prompt_tokens_details": {"cached_tokens": 3}}})),
+            b"data: [DONE]\n\n".to_vec(),
+        ]
+        .concat();
+        let (out, broken) = ledger.feed(&continuation);
+        assert!(broken.is_none());
+        let chunks = data(&out);
+        assert_eq!(chunks.len(), 2, "{chunks:?}");
+        for chunk in &chunks {
+            assert_eq!(chunk["id"], "chatcmpl-9");
+            assert_eq!(chunk["created"], 5);
+            assert_eq!(chunk["object"], "chat.completion.chunk");
+        }
+        assert_eq!(chunks[0]["choices"][0]["delta"]["content"], " b");
+        assert_eq!(chunks[1]["choices"][0]["finish_reason"], "length");
+        assert_eq!(
+            chunks[1]["usage"],
+            json!({"prompt_tokens": 2, "completion_tokens": 2, "total_tokens": 4,
+                   "prompt_tokens_details": {"cached_tokens": 2}})
+        );
+        assert!(ledger.done);
+        assert_eq!(ledger.continuable(), None, "an ended stream is not continued");
+    }
+
+    #[test]
+    fn an_error_event_breaks_the_stream_and_text_without_ids_cannot_continue() {
+        let mut ledger = Ledger::new(Endpoint::Completion, false);
+        let (out, broken) = ledger.feed(
+            &[
+                event(json!({"choices": [{"index": 0, "text": " a", "token_ids": [4], "prompt_token_ids": [1]}]})),
+                event(json!({"error": {"message": "engine failed", "type": "server_error"}})),
+                event(json!({"choices": [{"index": 0, "text": " lost"}]})),
+            ]
+            .concat(),
+        );
+        assert_eq!(broken.as_deref(), Some("engine failed"));
+        assert_eq!(data(&out).len(), 1, "what came before the error passes");
+        assert_eq!(ledger.continuable(), Some(vec![1, 4]));
+        ledger.feed(&event(json!({"choices": [{"index": 0, "text": " no ids"}]})));
+        assert_eq!(ledger.continuable(), None);
+    }
+
+    #[test]
+    fn a_continuation_takes_the_sampling_fields_and_the_tokens_left() {
+        let request: Map<String, Value> = serde_json::from_value(json!({
+            "model": "m", "messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 9,
+            "temperature": 0, "stop": ["x"], "stream": true, "stream_options": {"include_usage": true},
+        }))
+        .expect("object");
+        let body: Value = serde_json::from_slice(&continuation_body(&request, &[1, 2], Some(4))).expect("json");
+        assert_eq!(
+            body,
+            json!({"model": "m", "prompt": [1, 2], "max_tokens": 4, "temperature": 0, "stop": ["x"], "stream": true,
+                   "stream_options": {"include_usage": true}, "return_token_ids": true})
+        );
+    }
+}
