@@ -26,6 +26,7 @@
 pub mod blocking;
 pub mod browser;
 mod client;
+mod cut;
 pub mod fixtures;
 mod gateway;
 pub mod heap;
@@ -40,6 +41,7 @@ mod turns;
 use std::time::{Duration, Instant};
 
 pub use client::{Alpn, Client, Connection, DeadAddress, Reply, chat_body, sse_json};
+pub use cut::CutProxy;
 pub use gateway::{Admin, Gateway, cached_blocks, metric_sum};
 pub use llamacpp::LlamaServer;
 pub use process::{Mockers, NativeEncoder, NativeWorker, NatsServer, Process, binary};

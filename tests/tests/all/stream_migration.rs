@@ -213,3 +213,68 @@ async fn a_spot_workers_streams_move_at_its_reclaim_notice_before_the_kill() -> 
     }
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_native_workers_greedy_stream_cut_mid_answer_goes_on_token_for_token() -> anyhow::Result<()> {
+    use anyhow::Context;
+    use switchyard_harness::{CutProxy, NativeWorker, fixtures};
+
+    let model = fixtures::llm("tiny-llama");
+    let model = model.to_str().context("the fixture path is not UTF-8")?;
+    let args = [
+        "--model",
+        model,
+        "--served-model-name",
+        "tiny",
+        "--port",
+        "0",
+        "--block-size",
+        "4",
+        "--kv-cache-mib",
+        "8",
+        "--threads",
+        "1",
+    ];
+    let workers = [NativeWorker::start(&args)?, NativeWorker::start(&args)?];
+    // Whichever worker the stream goes to, its answer is reset after about a dozen chunks.
+    let proxy = CutProxy::start(&[workers[0].addr, workers[1].addr], 4_000).await?;
+    let mut config = String::from(
+        "[server]\nplaintext = true\n[forwarding]\nmigration_limit = 1\n\
+         [[models]]\nname = \"tiny\"\nblock_size = 4\n",
+    );
+    for (name, addr) in ["one", "two"].iter().zip(&proxy.addrs) {
+        config.push_str(&format!(
+            "[[workers]]\nname = \"{name}\"\nurl = \"http://{addr}\"\nmodel = \"tiny\"\nblock_size = 4\nengine = \"switchyard\"\n"
+        ));
+    }
+    let gateway = Gateway::start(&config)?;
+    let request = serde_json::json!({
+        "model": "tiny",
+        "messages": [{"role": "user", "content": "count the switchyard's tracks, slowly"}],
+        "max_tokens": 60,
+        "temperature": 0,
+        "ignore_eos": true,
+        "stream": true,
+        "stream_options": {"include_usage": true},
+    });
+    // The fault-free greedy answer, from a worker itself.
+    let fault_free = seen(
+        &Client::plain(workers[1].addr)
+            .post_json("/v1/chat/completions", &request)
+            .await?,
+    );
+    assert_eq!(fault_free.usage["completion_tokens"], 60);
+
+    let reply = Client::plain(gateway.addr)
+        .post_json("/v1/chat/completions", &request)
+        .await?;
+    assert_eq!(reply.status, 200);
+    assert!(proxy.has_cut(), "the answer was cut mid-stream");
+    let migrated = seen(&reply);
+    assert!(migrated.errors.is_empty(), "{:?}", migrated.errors);
+    assert_eq!(migrated.ids.len(), 1);
+    assert_eq!(migrated.text, fault_free.text, "the continuation is token-exact");
+    assert_eq!(migrated.usage["prompt_tokens"], fault_free.usage["prompt_tokens"]);
+    assert_eq!(migrated.usage["completion_tokens"], 60);
+    Ok(())
+}
