@@ -35,6 +35,8 @@ pub struct ReplayOptions {
     pub progress: bool,
     /// Every request's TTFT target, sent as `x-switchyard-ttft-ms`; none when `None`.
     pub ttft_target_ms: Option<f64>,
+    /// Keep each answer's text in its record (to compare runs word for word).
+    pub keep_text: bool,
 }
 
 impl Default for ReplayOptions {
@@ -46,6 +48,7 @@ impl Default for ReplayOptions {
             request_timeout: Duration::from_secs(600),
             progress: false,
             ttft_target_ms: None,
+            keep_text: false,
         }
     }
 }
@@ -87,6 +90,9 @@ pub struct RequestRecord {
     pub text_only: Option<String>,
     /// Why the request failed, if it did.
     pub error: Option<String>,
+    /// The answer's text, when the replay keeps it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub text: Option<String>,
 }
 
 fn text_modality() -> String {
@@ -146,6 +152,7 @@ pub async fn replay(client: &Client, requests: &[TraceRequest], options: &Replay
             input_tokens: request.input_length,
             max_tokens: request.output_length.max(1),
             modality: request.modality(),
+            keep_text: options.keep_text,
         };
         let client = client.clone();
         let pool = pool.clone();
@@ -221,6 +228,7 @@ struct OneRequest {
     input_tokens: u32,
     max_tokens: u32,
     modality: &'static str,
+    keep_text: bool,
 }
 
 impl OneRequest {
@@ -249,6 +257,7 @@ impl OneRequest {
             modality: self.modality.to_string(),
             text_only: None,
             error: None,
+            text: None,
         };
         let exchange = async {
             let pooled = pool.lock().pop();
@@ -299,6 +308,7 @@ impl OneRequest {
             return;
         }
         let mut token_times = Vec::with_capacity(self.max_tokens as usize);
+        let mut text = String::new();
         for (at, data) in reply.events() {
             if data == "[DONE]" {
                 continue;
@@ -312,8 +322,11 @@ impl OneRequest {
                 return;
             }
             let content = &event["choices"][0]["delta"]["content"];
-            if content.as_str().is_some_and(|text| !text.is_empty()) {
+            if let Some(piece) = content.as_str().filter(|piece| !piece.is_empty()) {
                 token_times.push(at);
+                if self.keep_text {
+                    text.push_str(piece);
+                }
             }
             if let Some(usage) = event.get("usage").filter(|u| !u.is_null()) {
                 record.prompt_tokens = usage["prompt_tokens"].as_u64().map(saturate);
@@ -321,6 +334,7 @@ impl OneRequest {
             }
         }
         record.output_tokens = saturate(token_times.len() as u64);
+        record.text = self.keep_text.then_some(text);
         if let (Some(first), Some(last)) = (token_times.first(), token_times.last()) {
             record.ttft_ms = Some(ms(self.scheduled, *first));
             if token_times.len() > 1 {
@@ -565,6 +579,7 @@ mod tests {
             modality: "text".into(),
             text_only: None,
             error: error.map(str::to_string),
+            text: None,
         }
     }
 

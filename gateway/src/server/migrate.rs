@@ -10,7 +10,7 @@
 //! ends it without `[DONE]`, sends an error event, or its reclaim notice comes — the policy
 //! chooses a worker for the prompt and the generated ids, hashed into blocks like any prompt
 //! (so a worker that holds the prefix wins), among the engines that take token-id prompts
-//! ([`EngineKind::continues_from_tokens`]) and without the workers that broke. The
+//! ([`EngineKind::continues_from_tokens`]) and not the worker it broke on. The
 //! continuation is a `/v1/completions` request with the ids as its prompt and the tokens left
 //! as its limit, and its chunks are rewritten into the client's stream: the same id, creation
 //! time and model, chat deltas for a chat stream, and the usage of one answer (the original
@@ -96,8 +96,8 @@ pub(super) struct Migration {
     max_tokens: Option<u32>,
     /// Continuations left.
     left: u32,
-    /// Workers the stream broke on.
-    broke_on: Vec<WorkerId>,
+    /// The worker the stream broke on last.
+    broke_on: Option<WorkerId>,
     /// The unique part of the answer's id ([`api::RESPONSE_ID_HEADER`]).
     response_id: String,
     /// The stream's events as they pass.
@@ -137,7 +137,7 @@ impl Migration {
             left: state.forwarding.migration_limit,
             state,
             request: body,
-            broke_on: Vec::new(),
+            broke_on: None,
             response_id: seed.response_id,
             ledger: Ledger::new(endpoint, seed.keep_ids),
             pending: None,
@@ -175,7 +175,7 @@ impl Migration {
     /// Starts continuing the stream broken on `worker` for `why`; `false` (the break counted
     /// as final) when it cannot be continued.
     pub(super) fn start(&mut self, worker: &Worker, why: Break) -> bool {
-        self.broke_on.push(worker.kv_id);
+        self.broke_on = Some(worker.kv_id);
         if why != Break::ReclaimNotice {
             self.state
                 .router
@@ -217,15 +217,17 @@ impl Migration {
         true
     }
 
-    /// The workers a continuation may not go to: those it broke on, and those whose engines
-    /// cannot take a token-id prompt (or are not known yet).
+    /// The workers a continuation may not go to: the one it just broke on (where it broke
+    /// earlier is left to the health checks and breakers: a worker killed and started again is
+    /// a fine place to go on), and those whose engines cannot take a token-id prompt (or are
+    /// not known yet).
     fn excluded(&self) -> Vec<WorkerId> {
-        let mut excluded = self.broke_on.clone();
+        let mut excluded: Vec<WorkerId> = self.broke_on.into_iter().collect();
         excluded.extend(
             self.state
                 .router
                 .pool()
-                .candidates(&self.model, &self.broke_on)
+                .candidates(&self.model, &excluded)
                 .iter()
                 .filter(|worker| !worker.engine().is_some_and(|engine| engine.continues_from_tokens()))
                 .map(|worker| worker.kv_id),

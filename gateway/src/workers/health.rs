@@ -14,7 +14,9 @@
 //!
 //! A 503 whose error code is `preempting` is a spot worker's reclaim notice (how a worker
 //! linked over HTTP gives it; over NATS it comes with its registration): the worker leaves
-//! routing for good and the streams on it move elsewhere ([`WorkerPool::preempt`]).
+//! routing and the streams on it move elsewhere ([`WorkerPool::preempt`]). It stays out until,
+//! after a failed check (the reclaimed instance gone), a check passes: a new instance at the
+//! same address.
 //!
 //! Whoever started the checker learns of each ejection through its callback (the KV index then
 //! forgets the worker's blocks).
@@ -98,6 +100,12 @@ impl Visit {
             self.pool.preempt(worker);
         }
         let status = answer.map(|(status, _)| status);
+        match status {
+            Some(status) if status.is_success() => {
+                worker.health_passed();
+            }
+            _ => worker.health_failed(),
+        }
         match status {
             Some(status) if status.is_success() => {
                 if worker.set_misconfigured(false) {

@@ -62,10 +62,14 @@ pub struct Worker {
     busy_counter: Counter,
     metrics: Arc<Metrics>,
     healthy: AtomicBool,
-    /// Its reclaim notice came: out of routing for good, whatever its health checks say.
+    /// Its reclaim notice came: out of routing until a new instance answers in its place
+    /// ([`Worker::health_passed`]).
     preempting: AtomicBool,
     /// Told when its reclaim notice comes (streams on it move elsewhere before the kill).
     reclaim_notice: tokio::sync::Notify,
+    /// A health check failed after its reclaim notice: the instance noticed is gone, and one
+    /// that answers later is a new one.
+    gone_after_notice: AtomicBool,
     failures: AtomicU32,
     successes: AtomicU32,
     in_flight: Gauge,
@@ -113,6 +117,7 @@ impl Worker {
             healthy: AtomicBool::new(true),
             preempting: AtomicBool::new(false),
             reclaim_notice: tokio::sync::Notify::new(),
+            gone_after_notice: AtomicBool::new(false),
             failures: AtomicU32::new(0),
             successes: AtomicU32::new(0),
             in_flight: metrics.worker_in_flight(&name),
@@ -290,9 +295,10 @@ impl Worker {
         self.preempting.load(Ordering::Relaxed)
     }
 
-    /// Takes the worker out of routing for good: its reclaim notice came (spot capacity about
-    /// to be taken away). Requests in flight on it go on while it lasts; those that break
-    /// before their first byte are retried elsewhere. Returns whether this is news.
+    /// Takes the worker out of routing until a new instance replaces it: its reclaim notice
+    /// came (spot capacity about to be taken away). Requests in flight on it go on while it
+    /// lasts (or move elsewhere, see `forwarding.migration_limit`); those that break before
+    /// their first byte are retried elsewhere. Returns whether this is news.
     pub fn preempt(&self) -> bool {
         if self.preempting.swap(true, Ordering::Relaxed) {
             return false;
@@ -300,6 +306,28 @@ impl Worker {
         self.healthy_gauge.set(0);
         tracing::warn!(worker = %self.name, in_flight = self.in_flight(), "reclaim notice: worker out of routing");
         self.reclaim_notice.notify_waiters();
+        true
+    }
+
+    /// A health check failed: after a reclaim notice, the instance noticed is taken to be gone.
+    pub fn health_failed(&self) {
+        if self.is_preempting() {
+            self.gone_after_notice.store(true, Ordering::Relaxed);
+        }
+    }
+
+    /// A health check passed: after a reclaim notice and a failed check, a new instance took
+    /// the reclaimed one's place (same name and address, as a restarted pod or VM has), and
+    /// routing may use it again. Returns whether it came back so.
+    pub fn health_passed(&self) -> bool {
+        if !self.is_preempting() || !self.gone_after_notice.swap(false, Ordering::Relaxed) {
+            return false;
+        }
+        self.preempting.store(false, Ordering::Relaxed);
+        self.healthy_gauge.set(i64::from(
+            self.healthy.load(Ordering::Relaxed) && self.breaker_state() == BreakerState::Closed,
+        ));
+        tracing::info!(worker = %self.name, "a new instance answers in place of the reclaimed one: back in routing");
         true
     }
 
@@ -481,7 +509,7 @@ impl WorkerPool {
         Ok((worker, true))
     }
 
-    /// Takes `worker` out of routing for good on its reclaim notice (see [`Worker::preempt`]),
+    /// Takes `worker` out of routing on its reclaim notice (see [`Worker::preempt`]),
     /// counted once.
     pub fn preempt(&self, worker: &Worker) {
         if worker.preempt() {
@@ -605,6 +633,34 @@ mod tests {
         assert!(!worker.is_healthy());
         worker.record_success(2);
         assert!(worker.is_healthy());
+    }
+
+    #[tokio::test]
+    async fn a_reclaimed_worker_routes_again_only_once_a_new_instance_answers() {
+        let pool = pool(1);
+        let worker = pool.workers()[0].clone();
+        let waiting = tokio::spawn({
+            let worker = worker.clone();
+            async move { worker.reclaimed().await }
+        });
+        tokio::task::yield_now().await;
+        pool.preempt(&worker);
+        tokio::time::timeout(std::time::Duration::from_secs(5), waiting)
+            .await
+            .expect("the notice wakes whoever waits for it")
+            .expect("joined");
+        assert!(!worker.is_healthy());
+        assert!(
+            !worker.health_passed(),
+            "a pass before the noticed instance is gone is its own"
+        );
+        assert!(!worker.is_healthy());
+        worker.health_failed();
+        assert!(worker.health_passed(), "then a pass is a new instance");
+        assert!(worker.is_healthy());
+        // Waiting for a notice that already came returns at once; a new one is waited for.
+        pool.preempt(&worker);
+        worker.reclaimed().await;
     }
 
     #[test]

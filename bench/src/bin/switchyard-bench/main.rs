@@ -12,9 +12,12 @@
 //!   maximum) against an Azure arrival trace, side by side.
 //! - `profile`: one worker's request rate within a TTFT target at given prompt and output
 //!   lengths, printed as the `[[planner.pools]] profile` `sla-based` reads.
+//! - `chaos`: a trace replayed while engines are killed or reclaimed, with and without stream
+//!   migration, against the fault-free run.
 //!
 //! Build the binaries first: `cargo build --release --workspace --bins`.
 
+mod chaos;
 mod cpu;
 mod nginx;
 mod overhead;
@@ -57,6 +60,9 @@ enum Command {
     /// One worker's request rate within a TTFT target at prompt/output lengths: the profile
     /// the `sla-based` planner reads.
     Profile(profile::ProfileArgs),
+    /// A trace replayed while engines are killed or reclaimed, with and without stream
+    /// migration, against the fault-free run: errors, tokens lost or repeated, latency.
+    Chaos(chaos::ChaosArgs),
 }
 
 /// Which part of a trace to replay, and how fast.
@@ -283,6 +289,7 @@ async fn main() -> anyhow::Result<()> {
         Command::Compare(args) => compare_command(args).await,
         Command::Planner(args) => planner::run(args).await,
         Command::Profile(args) => profile::run(args).await,
+        Command::Chaos(args) => chaos::run(args).await,
     }
 }
 
@@ -296,6 +303,7 @@ async fn replay_command(args: ReplayArgs) -> anyhow::Result<()> {
         request_timeout: Duration::from_secs(args.timeout_s),
         progress: !args.no_progress,
         ttft_target_ms: None,
+        keep_text: false,
     };
     eprintln!(
         "replaying {} requests of {} against {} at {}× speed",
@@ -422,6 +430,7 @@ async fn compare_command(args: CompareArgs) -> anyhow::Result<()> {
             request_timeout: Duration::from_secs(args.timeout_s),
             progress: !args.no_progress,
             ttft_target_ms: args.ttft_target_ms,
+            keep_text: false,
         },
         mocker: MockerSettings {
             speedup: args.mocker_speedup,
