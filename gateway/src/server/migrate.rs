@@ -172,28 +172,33 @@ impl Migration {
         self.pending.is_some()
     }
 
-    /// Starts continuing the stream broken on `worker` for `why`; `false` (the break counted
-    /// as final) when it cannot be continued.
-    pub(super) fn start(&mut self, worker: &Worker, why: Break) -> bool {
+    /// Starts continuing the stream broken on `worker` for `why`; why not, when it cannot be
+    /// (the break is then final).
+    pub(super) fn start(&mut self, worker: &Worker, why: Break) -> Result<(), &'static str> {
         self.broke_on = Some(worker.kv_id);
         if why != Break::ReclaimNotice {
             self.state
                 .router
                 .failed_answer(worker, &self.state.forwarding.backoffs());
         }
-        let Some(ids) = self.ledger.continuable() else {
-            self.state.metrics.stream_migration(why.label(), false);
-            return false;
-        };
         let generated = self.ledger.generated.len();
         // The tokens left of the client's limit (without one, the new worker's default).
         let remaining = self
             .max_tokens
             .map(|limit| limit.saturating_sub(u32::try_from(generated).unwrap_or(u32::MAX)));
-        if self.left == 0 || remaining == Some(0) {
-            self.state.metrics.stream_migration(why.label(), false);
-            return false;
-        }
+        let ids = match self.ledger.continuable() {
+            None => Err("the worker did not report the token ids of all of its text"),
+            Some(_) if self.left == 0 => Err("it was continued forwarding.migration_limit times already"),
+            Some(_) if remaining == Some(0) => Err("its token limit was reached"),
+            Some(ids) => Ok(ids),
+        };
+        let ids = match ids {
+            Ok(ids) => ids,
+            Err(reason) => {
+                self.state.metrics.stream_migration(why.label(), false);
+                return Err(reason);
+            }
+        };
         self.left -= 1;
         tracing::warn!(
             worker = %worker.name,
@@ -214,7 +219,7 @@ impl Migration {
             response_id: self.response_id.clone(),
         };
         self.pending = Some(Box::pin(continue_stream(self.state.clone(), job)));
-        true
+        Ok(())
     }
 
     /// The workers a continuation may not go to: the one it just broke on (where it broke

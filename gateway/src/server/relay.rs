@@ -515,19 +515,23 @@ impl RelayBody {
         // Dropping the worker's stream cancels what is left of it there.
         self.inner = None;
         let worker = self.lease.as_ref().map(|lease| lease.worker().clone());
-        if let (Some(migration), Some(worker)) = (&mut self.migration, &worker)
-            && migration.start(worker, why)
-        {
-            // The broken worker's lease ends now; the continuation takes its own.
-            self.lease = None;
-            return None;
-        }
+        let refused = match (&mut self.migration, &worker) {
+            (Some(migration), Some(worker)) => match migration.start(worker, why) {
+                Ok(()) => {
+                    // The broken worker's lease ends now; the continuation takes its own.
+                    self.lease = None;
+                    return None;
+                }
+                Err(reason) => format!("; not continued elsewhere: {reason}"),
+            },
+            _ => String::new(),
+        };
         let name = worker.map(|worker| worker.name.clone()).unwrap_or_default();
         let error = ApiError::new(
             StatusCode::BAD_GATEWAY,
             "server_error",
             "worker_failed_mid_stream",
-            format!("worker `{name}` failed mid-stream: {detail}"),
+            format!("worker `{name}` failed mid-stream: {detail}{refused}"),
         );
         Some(self.fail(&error, Bytes::new()))
     }

@@ -278,3 +278,41 @@ async fn a_native_workers_greedy_stream_cut_mid_answer_goes_on_token_for_token()
     assert_eq!(migrated.usage["completion_tokens"], 60);
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_engine_that_reports_no_token_ids_ends_a_broken_stream_with_an_error_event() -> anyhow::Result<()> {
+    use switchyard_harness::CutProxy;
+
+    // Two mockers configured as a generic OpenAI-compatible engine: the gateway does not ask
+    // them for token ids, so their streams cannot be continued.
+    let mockers = Mockers::start(&["--num-workers", "2", "--speedup", "5"])?;
+    let proxy = CutProxy::start(&mockers.addrs, 3_000).await?;
+    let mut config = String::from("[server]\nplaintext = true\n[forwarding]\nmigration_limit = 2\n");
+    for (name, addr) in ["a", "b"].iter().zip(&proxy.addrs) {
+        config.push_str(&format!(
+            "[[workers]]\nname = \"{name}\"\nurl = \"http://{addr}\"\nmodel = \"mock\"\nengine = \"openai\"\n"
+        ));
+    }
+    let gateway = Gateway::start(&config)?;
+    let client = Client::plain(gateway.addr);
+    let reply = client
+        .post_json("/v1/chat/completions", &long_chat("no ids here", 200))
+        .await?;
+    assert_eq!(reply.status, 200);
+    assert!(proxy.has_cut());
+    let body = String::from_utf8_lossy(&reply.body()).into_owned();
+    let chunks = sse_json(&body);
+    let last = chunks.last().cloned().unwrap_or_default();
+    assert_eq!(
+        last["error"]["code"], "worker_failed_mid_stream",
+        "the stream ends with an error event: {body}"
+    );
+    assert!(!body.contains("token_ids"), "no ids were asked for");
+    let metrics = String::from_utf8_lossy(&client.send("GET", "/metrics", Vec::new()).await?.body()).into_owned();
+    assert_eq!(
+        metric_sum(&metrics, "switchyard_stream_migrations_total", &[]),
+        0.0,
+        "nothing was tried: {metrics}"
+    );
+    Ok(())
+}

@@ -6,14 +6,15 @@
 //! same requests on the same schedule, and keeps every answer's text. The runs:
 //!
 //! - **fault-free**, the reference: every answer's text is the engines' greedy output (the
-//!   mocker's words depend only on the tokens before them, as a greedy model's do);
+//!   mocker's words depend only on the tokens before them, as a greedy model's do), and the
+//!   gateway's CPU without reading the chunks;
 //! - **kill**: every `--every-s` a random engine is killed (SIGKILL: no goodbye, connections
 //!   reset) and started again on its port `--restart-after-s` later;
 //! - **reclaim**: every engine is spot capacity, reclaimed (killed) one every `--every-s`, its
 //!   notice `--notice-s` before (the mocker's `--spot-lifetime-s` and `--spot-notice-s`), and
 //!   started again at once;
 //!
-//! each fault run once with `migration_limit = 0` and once with `--migration-limit`. Per run:
+//! each run once with `migration_limit = 0` and once with `--migration-limit`. Per run:
 //! the faults, the gateway's migrations, client-visible errors, answers whose text differs from
 //! the fault-free one (tokens lost or repeated), TTFT and E2E p50/p99, and the gateway's CPU per
 //! request (the price of reading every chunk).
@@ -137,16 +138,11 @@ pub async fn run(args: ChaosArgs) -> anyhow::Result<()> {
     );
     let requests = args.trace.load()?;
     std::fs::create_dir_all(&args.out).with_context(|| format!("cannot create {}", args.out.display()))?;
-    let mut specs = vec![RunSpec {
-        fault: None,
-        migration_limit: args.migration_limit,
-    }];
-    for &fault in &args.faults {
+    // Fault-free twice: the reference (latency, texts) and the price of reading every chunk.
+    let mut specs = Vec::new();
+    for fault in std::iter::once(None).chain(args.faults.iter().copied().map(Some)) {
         for migration_limit in [0, args.migration_limit] {
-            specs.push(RunSpec {
-                fault: Some(fault),
-                migration_limit,
-            });
+            specs.push(RunSpec { fault, migration_limit });
         }
     }
     let mut results: Vec<RunResult> = Vec::new();
