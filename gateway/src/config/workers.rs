@@ -56,9 +56,9 @@ pub struct ForwardingConfig {
     /// The longest a busy worker is left alone (a longer `Retry-After` is cut to this).
     pub busy_backoff_max_ms: u64,
     /// How many times one stream broken after its first byte (a worker that crashed, reset
-    /// or failed mid-stream, or a spot worker's reclaim notice) is continued on another
-    /// worker from its prompt and the tokens already streamed; 0 (the default) leaves broken
-    /// streams to end with an error event. Above 0, streamed requests to workers that report
+    /// or failed mid-stream) is continued on another worker from its prompt and the tokens
+    /// already streamed; 0 (the default) leaves broken streams to end with an error event.
+    /// Above 0, a spot worker's streams also move at its reclaim notice (moves not counted). Above 0, streamed requests to workers that report
     /// token ids ask for them, and every chunk is read and rewritten by the gateway.
     pub migration_limit: u32,
 }

@@ -8,7 +8,9 @@
 //! using a retry, and the busy one is left alone for a backoff ([`crate::workers::breaker`]).
 //! A request with media carries its media plan to the worker, while its items go to encoders
 //! through [`crate::encoders`]; the attempt settles once the media has: merged, text-only (the
-//! worker is told), or a client error.
+//! worker is told), or a client error. With `forwarding.migration_limit` above 0, a streamed
+//! request without media asks a worker whose engine can say for the token ids of its answer,
+//! so that the relay can continue it elsewhere if it breaks (`migrate.rs`).
 
 use std::sync::Arc;
 

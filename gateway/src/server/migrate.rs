@@ -14,7 +14,8 @@
 //! continuation is a `/v1/completions` request with the ids as its prompt and the tokens left
 //! as its limit, and its chunks are rewritten into the client's stream: the same id, creation
 //! time and model, chat deltas for a chat stream, and the usage of one answer (the original
-//! prompt, every token generated). Up to `migration_limit` continuations per stream; a stream
+//! prompt, every token generated). Up to `migration_limit` continuations after breaks per
+//! stream (moves at a reclaim notice are not counted: they are planned, not caused); a stream
 //! whose ids are incomplete (an engine that does not report them) or whose continuations are
 //! used up ends with the error event it would have had anyway.
 //!
@@ -199,7 +200,12 @@ impl Migration {
                 return Err(reason);
             }
         };
-        self.left -= 1;
+        // A move at a reclaim notice is planned, and the request had no part in it: only
+        // breaks count toward the limit, which is there for a request that breaks every worker
+        // it meets.
+        if why != Break::ReclaimNotice {
+            self.left -= 1;
+        }
         tracing::warn!(
             worker = %worker.name,
             reason = why.label(),
@@ -328,7 +334,7 @@ async fn continue_stream(state: Arc<AppState>, job: Job) -> Result<Continued, St
 
 /// Fields of a chat or completions request that a continuation (a completion from token ids)
 /// does not take.
-const NOT_CONTINUED: [&str; 15] = [
+const NOT_CONTINUED: [&str; 16] = [
     "messages",
     "prompt",
     "max_tokens",
@@ -344,6 +350,7 @@ const NOT_CONTINUED: [&str; 15] = [
     "top_logprobs",
     "echo",
     "suffix",
+    "best_of",
 ];
 
 /// The continuation's body: the request's sampling fields, `ids` as the prompt, `max_tokens`

@@ -536,6 +536,19 @@ impl RelayBody {
         Some(self.fail(&error, Bytes::new()))
     }
 
+    /// The worker's stream ended: the last of it (what the tap and the coalescer hold), then
+    /// the end.
+    fn ended(&mut self) -> Poll<Option<Result<Frame<Bytes>, std::convert::Infallible>>> {
+        let rest = self.tap.as_mut().map(UsageTap::finish).unwrap_or_default();
+        self.end();
+        let last = self.coalescer.finish(rest);
+        if last.is_empty() {
+            Poll::Ready(None)
+        } else {
+            Poll::Ready(Some(Ok(Frame::data(last))))
+        }
+    }
+
     /// Writes what the coalescer holds if it says so; waits otherwise.
     fn held(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, std::convert::Infallible>>> {
         match self.coalescer.ready(cx) {
@@ -622,7 +635,8 @@ impl http_body::Body for RelayBody {
                         }
                     }
                 }
-                if migration.poll_notice(cx) {
+                // A stream whose `[DONE]` has passed has nothing left to move.
+                if !migration.ledger.done && migration.poll_notice(cx) {
                     this.break_next = Some((Break::ReclaimNotice, "its reclaim notice came".into()));
                     continue;
                 }
@@ -651,6 +665,10 @@ impl http_body::Body for RelayBody {
                     }
                 }
                 Poll::Ready(Some(Err(err))) => {
+                    // A connection lost after `[DONE]` lost nothing of the answer.
+                    if this.migration.as_ref().is_some_and(|migration| migration.ledger.done) {
+                        return this.ended();
+                    }
                     if let Some(last) = this.break_off(Break::WorkerFailed, &err.to_string()) {
                         return Poll::Ready(Some(Ok(Frame::data(last))));
                     }
@@ -663,14 +681,7 @@ impl http_body::Body for RelayBody {
                             None => continue,
                         }
                     }
-                    let rest = this.tap.as_mut().map(UsageTap::finish).unwrap_or_default();
-                    this.end();
-                    let last = this.coalescer.finish(rest);
-                    return if last.is_empty() {
-                        Poll::Ready(None)
-                    } else {
-                        Poll::Ready(Some(Ok(Frame::data(last))))
-                    };
+                    return this.ended();
                 }
             }
         }
