@@ -35,12 +35,16 @@ use super::forward::{Outcome, attempt_on};
 use crate::kv::WorkerId;
 use crate::routing::{self, Lease};
 use crate::state::AppState;
-use crate::tenants::usage::MAX_EVENT_BYTES;
 use crate::workers::Worker;
 use crate::workers::upstream::UpstreamBody;
 
 /// The field a worker is asked to report token ids with (vLLM's name).
 const TOKEN_IDS_FIELD: &str = "return_token_ids";
+
+/// Longest event the ledger holds before it ends: the first chunk carries the prompt's ids (about
+/// 6 bytes a token), so this is a prompt of two million tokens; the tap's limit applies to the
+/// client's events, which carry no prompt.
+const MAX_LEDGER_EVENT_BYTES: usize = 12 << 20;
 
 /// The body of a streamed request, asking the worker for token ids; `None` if the body is not
 /// a JSON object (validation has already passed it, so this does not happen).
@@ -107,6 +111,9 @@ pub(super) struct Migration {
     pending: Option<Pending>,
     /// Resolves when the current worker's reclaim notice comes (spot workers only).
     notice: Option<Notice>,
+    /// The current worker's reclaim notice came, and the stream moves at the next event
+    /// boundary at which it can be continued.
+    noticed: bool,
 }
 
 /// What forwarding tells the relay about a stream that may be continued: the worker was asked
@@ -143,6 +150,7 @@ impl Migration {
             ledger: Ledger::new(endpoint, seed.keep_ids),
             pending: None,
             notice: None,
+            noticed: false,
         };
         migration.watch(worker);
         Some(migration)
@@ -156,16 +164,18 @@ impl Migration {
         });
     }
 
-    /// Whether the current worker's reclaim notice has come (registers for it otherwise).
+    /// Whether the stream should move now for the current worker's reclaim notice: it came
+    /// (registered for otherwise), and the stream can be continued from what it has read — a
+    /// notice that comes mid-event (the first, with the prompt's ids, can be long) waits for
+    /// the event's end, as the worker goes on until it is killed.
     pub(super) fn poll_notice(&mut self, cx: &mut Context<'_>) -> bool {
-        let Some(notice) = &mut self.notice else {
-            return false;
-        };
-        if notice.as_mut().poll(cx).is_pending() {
-            return false;
+        if let Some(notice) = &mut self.notice
+            && notice.as_mut().poll(cx).is_ready()
+        {
+            self.notice = None;
+            self.noticed = true;
         }
-        self.notice = None;
-        true
+        self.noticed && self.ledger.at_boundary()
     }
 
     /// Whether a continuation is being set up.
@@ -254,6 +264,7 @@ impl Migration {
         let result = std::task::ready!(pending.as_mut().poll(cx));
         self.pending = None;
         if let Ok(continued) = &result {
+            self.noticed = false;
             self.watch(continued.lease.worker());
         }
         Poll::Ready(result)
@@ -417,6 +428,12 @@ impl Ledger {
         }
     }
 
+    /// Whether the stream could be continued from here without dropping part of an event: the
+    /// prompt's ids are known and no event is half read.
+    fn at_boundary(&self) -> bool {
+        self.prompt.is_some() && self.partial.is_empty()
+    }
+
     /// The ids to continue from (the prompt's, then the generated ones), if the stream can be
     /// continued: every id is known and it has not ended.
     fn continuable(&mut self) -> Option<Vec<u32>> {
@@ -431,7 +448,7 @@ impl Ledger {
 
     /// Takes in `data` from the worker: answers what goes on to the client (whole events),
     /// and why the stream broke if an event says so (an error event, or an event past
-    /// [`MAX_EVENT_BYTES`]); what follows a break is dropped.
+    /// [`MAX_LEDGER_EVENT_BYTES`]); what follows a break is dropped.
     pub(super) fn feed(&mut self, data: &[u8]) -> (Bytes, Option<String>) {
         let mut pending = std::mem::take(&mut self.partial);
         pending.extend_from_slice(data);
@@ -448,12 +465,12 @@ impl Ledger {
         }
         pending.drain(..start);
         self.partial = pending;
-        if self.partial.len() > MAX_EVENT_BYTES {
+        if self.partial.len() > MAX_LEDGER_EVENT_BYTES {
             self.partial.clear();
             return (
                 out.into(),
                 Some(format!(
-                    "the worker sent an SSE event of more than {MAX_EVENT_BYTES} bytes without ending it"
+                    "the worker sent an SSE event of more than {MAX_LEDGER_EVENT_BYTES} bytes without ending it"
                 )),
             );
         }
@@ -692,10 +709,13 @@ mod tests {
             "choices": [{"index": 0, "delta": {"content": " b"}, "token_ids": [11]}]}));
         // Cut mid-event: the ledger waits for the rest.
         let both = [first.as_slice(), &second].concat();
+        assert!(!ledger.at_boundary(), "the prompt's ids are not known yet");
         let (out, broken) = ledger.feed(&both[..both.len() - 5]);
         assert!(broken.is_none());
         assert_eq!(data(&out).len(), 1);
+        assert!(!ledger.at_boundary(), "an event is half read");
         let (rest, _) = ledger.feed(&both[both.len() - 5..]);
+        assert!(ledger.at_boundary());
         let chunks = data(&[out.as_ref(), rest.as_ref()].concat());
         assert_eq!(chunks.len(), 2);
         assert!(!String::from_utf8_lossy(&out).contains("token_ids"), "{out:?}");
