@@ -203,7 +203,7 @@ impl Metrics {
         );
         registry.register(
             "stream_migrations",
-            "Streams broken after their first byte, by why (worker_failed, stream_ended, error_event, reclaim_notice) and whether they went on elsewhere (continued, failed)",
+            "Streams broken after their first byte, by why (worker_failed, stream_ended, error_event, reclaim_notice) and what became of them (continued elsewhere, finished by the gateway with all their tokens relayed, failed)",
             stream_migrations.clone(),
         );
         Metrics {
@@ -228,10 +228,9 @@ impl Metrics {
         }
     }
 
-    /// Counts one stream broken after its first byte, why, and whether it was continued on
-    /// another worker.
-    pub fn stream_migration(&self, reason: &'static str, continued: bool) {
-        let outcome = if continued { "continued" } else { "failed" };
+    /// Counts one stream broken after its first byte, why, and what became of it: `continued`
+    /// on another worker, `finished` by the gateway (all of its tokens had come), or `failed`.
+    pub fn stream_migration(&self, reason: &'static str, outcome: &'static str) {
         self.stream_migrations
             .get_or_create(&vec![("reason", reason.to_string()), ("outcome", outcome.to_string())])
             .inc();

@@ -150,6 +150,10 @@ pub(super) async fn forward(
                 state.router.busy(worker, retry_after, &state.forwarding.backoffs());
                 last_busy = Some((format!("worker `{}` answered {status}", worker.name), retry_after));
             }
+            // Out of routing now; like a busy answer, it uses no retry.
+            Outcome::Reclaimed => {
+                tracing::info!(worker = %lease.worker().name, "reclaim notice before the first byte: trying elsewhere");
+            }
         }
     }
     Err(match (last_failure, last_busy) {
@@ -264,6 +268,8 @@ pub(super) enum Outcome {
         /// Its `Retry-After` (given in seconds), if it sent one.
         retry_after: Option<std::time::Duration>,
     },
+    /// The worker's reclaim notice came before its first bytes: the request goes elsewhere.
+    Reclaimed,
 }
 
 /// A request's media and where each item is encoded first.
@@ -349,8 +355,30 @@ async fn abandon(state: &AppState, worker: &Worker, request: &str, reason: &str)
 
 /// Sends the request to `worker` and waits for its first body bytes (a streamed answer) or its
 /// head: a worker that cannot be reached, answers 5xx or breaks off before them has failed the
-/// attempt, and is counted by its breaker; one that answers 429 or 503 is busy.
+/// attempt, and is counted by its breaker; one that answers 429 or 503 is busy. With stream
+/// migration on (`forwarding.migration_limit`), a spot worker whose reclaim notice comes first
+/// is left at once: nothing of the answer has reached the client, so it starts elsewhere.
 pub(super) async fn attempt_on(
+    state: &AppState,
+    worker: &Worker,
+    endpoint: Endpoint,
+    body: Bytes,
+    stream: bool,
+    media_plan: Option<&str>,
+    response_id: &str,
+) -> Outcome {
+    let attempt = first_bytes(state, worker, endpoint, body, stream, media_plan, response_id);
+    if !worker.spot || state.forwarding.migration_limit == 0 {
+        return attempt.await;
+    }
+    tokio::select! {
+        outcome = attempt => outcome,
+        () = worker.reclaimed() => Outcome::Reclaimed,
+    }
+}
+
+/// [`attempt_on`]'s request and wait.
+async fn first_bytes(
     state: &AppState,
     worker: &Worker,
     endpoint: Endpoint,

@@ -183,6 +183,28 @@ impl Migration {
         self.pending.is_some()
     }
 
+    /// The end of a stream that broke (`why`) after all of its tokens: every token the client
+    /// asked for has been relayed, only the finish (and the usage) had not come, so the gateway
+    /// writes them (the finish reason is `length`). `None` when tokens are left, or unknown.
+    pub(super) fn complete(&mut self, why: Break) -> Option<Bytes> {
+        let limit = self.max_tokens?;
+        if self.ledger.done
+            || !self.ledger.at_boundary()
+            || !self.ledger.complete
+            || self.ledger.generated.len() < limit as usize
+        {
+            return None;
+        }
+        self.state.metrics.stream_migration(why.label(), "finished");
+        let usage_chunk = self
+            .request
+            .get("stream_options")
+            .and_then(|options| options.get("include_usage"))
+            .and_then(Value::as_bool)
+            .unwrap_or(false);
+        Some(self.ledger.finish(usage_chunk))
+    }
+
     /// Starts continuing the stream broken on `worker` for `why`; why not, when it cannot be
     /// (the break is then final).
     pub(super) fn start(&mut self, worker: &Worker, why: Break) -> Result<(), &'static str> {
@@ -206,7 +228,7 @@ impl Migration {
         let ids = match ids {
             Ok(ids) => ids,
             Err(reason) => {
-                self.state.metrics.stream_migration(why.label(), false);
+                self.state.metrics.stream_migration(why.label(), "failed");
                 return Err(reason);
             }
         };
@@ -222,7 +244,7 @@ impl Migration {
             generated,
             "stream broke mid-answer: continuing it on another worker"
         );
-        self.state.metrics.stream_migration(why.label(), true);
+        self.state.metrics.stream_migration(why.label(), "continued");
         self.ledger.continued_after = Some(generated);
         let body = continuation_body(&self.request, &ids, remaining);
         let job = Job {
@@ -338,6 +360,7 @@ async fn continue_stream(state: Arc<AppState>, job: Job) -> Result<Continued, St
                 router.busy(&worker, retry_after, &state.forwarding.backoffs());
                 last = format!("worker `{}` answered {status}", worker.name);
             }
+            Outcome::Reclaimed => last = format!("worker `{}` had its reclaim notice", worker.name),
         }
     }
     Err(last)
@@ -426,6 +449,55 @@ impl Ledger {
             identity: None,
             continued_after: None,
         }
+    }
+
+    /// The events that end the client's stream after all of its tokens: the finish chunk (the
+    /// reason `length`), the usage (in a chunk of its own when `usage_chunk`, as OpenAI sends
+    /// it when asked, else in the finish chunk), and `[DONE]`.
+    fn finish(&mut self, usage_chunk: bool) -> Bytes {
+        self.done = true;
+        let identity = self.identity.clone().unwrap_or(Identity {
+            id: Value::Null,
+            created: Value::Null,
+            model: Value::Null,
+        });
+        let prompt = self.prompt.as_ref().map_or(0, Vec::len);
+        let completion = self.generated.len();
+        let usage = json!({
+            "prompt_tokens": prompt,
+            "completion_tokens": completion,
+            "total_tokens": prompt + completion,
+        });
+        let (object, choice) = match self.endpoint {
+            Endpoint::Chat => (
+                "chat.completion.chunk",
+                json!({"index": 0, "delta": {}, "finish_reason": "length"}),
+            ),
+            Endpoint::Completion => (
+                "text_completion",
+                json!({"index": 0, "text": "", "finish_reason": "length"}),
+            ),
+        };
+        let chunk = |choices: Value, usage: Option<&Value>| {
+            let mut chunk = json!({
+                "id": identity.id,
+                "object": object,
+                "created": identity.created,
+                "model": identity.model,
+                "choices": choices,
+            });
+            if let Some(usage) = usage {
+                chunk["usage"] = usage.clone();
+            }
+            api::sse_event(&serde_json::to_vec(&chunk).unwrap_or_default()).to_vec()
+        };
+        let mut out = if usage_chunk {
+            [chunk(json!([choice]), None), chunk(json!([]), Some(&usage))].concat()
+        } else {
+            chunk(json!([choice]), Some(&usage))
+        };
+        out.extend_from_slice(api::SSE_DONE);
+        out.into()
     }
 
     /// Whether the stream could be continued from here without dropping part of an event: the
@@ -778,6 +850,39 @@ mod tests {
         assert_eq!(ledger.continuable(), Some(vec![1, 4]));
         ledger.feed(&event(json!({"choices": [{"index": 0, "text": " no ids"}]})));
         assert_eq!(ledger.continuable(), None);
+    }
+
+    #[test]
+    fn a_stream_broken_after_all_of_its_tokens_is_ended_by_the_gateway() {
+        let mut ledger = Ledger::new(Endpoint::Chat, false);
+        ledger.feed(&event(
+            json!({"id": "chatcmpl-3", "created": 4, "model": "m", "prompt_token_ids": [1, 2, 3],
+            "choices": [{"index": 0, "delta": {"role": "assistant", "content": " a b"}, "token_ids": [10, 11]}]}),
+        ));
+        let end = ledger.finish(true);
+        let chunks = data(&end);
+        assert_eq!(chunks.len(), 2);
+        assert_eq!(chunks[0]["id"], "chatcmpl-3");
+        assert_eq!(chunks[0]["choices"][0]["finish_reason"], "length");
+        assert_eq!(chunks[1]["choices"], json!([]));
+        assert_eq!(
+            chunks[1]["usage"],
+            json!({"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5})
+        );
+        assert!(String::from_utf8_lossy(&end).ends_with("data: [DONE]\n\n"));
+        assert!(ledger.done);
+        let mut ledger = Ledger::new(Endpoint::Completion, false);
+        ledger.feed(&event(
+            json!({"choices": [{"index": 0, "text": " a", "token_ids": [10], "prompt_token_ids": [1]}]}),
+        ));
+        let chunks = data(&ledger.finish(false));
+        assert_eq!(
+            chunks.len(),
+            1,
+            "the usage rides in the finish chunk when no usage chunk was asked"
+        );
+        assert_eq!(chunks[0]["object"], "text_completion");
+        assert_eq!(chunks[0]["usage"]["total_tokens"], 2);
     }
 
     #[test]

@@ -514,6 +514,13 @@ impl RelayBody {
     fn break_off(&mut self, why: Break, detail: &str) -> Option<Bytes> {
         // Dropping the worker's stream cancels what is left of it there.
         self.inner = None;
+        // Every token came, only the end did not: the gateway writes it.
+        if let Some(end) = self.migration.as_mut().and_then(|migration| migration.complete(why)) {
+            let end = self.tapped(end);
+            let rest = self.tap.as_mut().map(UsageTap::finish).unwrap_or_default();
+            self.end();
+            return Some(self.coalescer.finish([end, rest].concat().into()));
+        }
         let worker = self.lease.as_ref().map(|lease| lease.worker().clone());
         let refused = match (&mut self.migration, &worker) {
             (Some(migration), Some(worker)) => match migration.start(worker, why) {
