@@ -95,8 +95,11 @@ type Notice = Pin<Box<dyn Future<Output = ()> + Send>>;
 pub(super) struct Migration {
     state: Arc<AppState>,
     model: String,
-    /// The body as forwarded (its sampling fields go with every continuation).
-    request: Map<String, Value>,
+    /// The body as forwarded (its sampling fields go with every continuation); read only when
+    /// the stream breaks.
+    request: Bytes,
+    /// Whether the usage comes in a chunk of its own (`stream_options.include_usage`).
+    usage_chunk: bool,
     /// The client's token limit, if it gave one.
     max_tokens: Option<u32>,
     /// Continuations left.
@@ -129,22 +132,22 @@ pub(super) struct Seed {
 
 impl Migration {
     /// The continuation of the stream of `request` (to `endpoint`) that `seed` tells of, now
-    /// on `worker`; `None` when its body is not a JSON object (validation passed it, so this
-    /// does not happen).
+    /// on `worker`; `strip_usage` says the gateway asked for the usage chunk the client did not.
     pub(super) fn new(
         state: Arc<AppState>,
         endpoint: Endpoint,
         request: &api::GenerateRequest,
+        strip_usage: bool,
         seed: Seed,
         worker: &Arc<Worker>,
-    ) -> Option<Migration> {
-        let body: Map<String, Value> = serde_json::from_slice(&seed.body).ok()?;
+    ) -> Migration {
         let mut migration = Migration {
             model: request.model().to_string(),
             max_tokens: request.token_limit(),
             left: state.forwarding.migration_limit,
             state,
-            request: body,
+            request: seed.body,
+            usage_chunk: request.include_usage() || strip_usage,
             broke_on: None,
             response_id: seed.response_id,
             ledger: Ledger::new(endpoint, seed.keep_ids),
@@ -153,7 +156,7 @@ impl Migration {
             noticed: false,
         };
         migration.watch(worker);
-        Some(migration)
+        migration
     }
 
     /// Watches `worker` for its reclaim notice, if it is spot capacity.
@@ -196,13 +199,7 @@ impl Migration {
             return None;
         }
         self.state.metrics.stream_migration(why.label(), "finished");
-        let usage_chunk = self
-            .request
-            .get("stream_options")
-            .and_then(|options| options.get("include_usage"))
-            .and_then(Value::as_bool)
-            .unwrap_or(false);
-        Some(self.ledger.finish(usage_chunk))
+        Some(self.ledger.finish(self.usage_chunk))
     }
 
     /// Starts continuing the stream broken on `worker` for `why`; why not, when it cannot be
@@ -219,14 +216,16 @@ impl Migration {
         let remaining = self
             .max_tokens
             .map(|limit| limit.saturating_sub(u32::try_from(generated).unwrap_or(u32::MAX)));
-        let ids = match self.ledger.continuable() {
-            None => Err("the worker did not report the token ids of all of its text"),
-            Some(_) if self.left == 0 => Err("it was continued forwarding.migration_limit times already"),
-            Some(_) if remaining == Some(0) => Err("its token limit was reached"),
-            Some(ids) => Ok(ids),
+        let request = serde_json::from_slice::<Map<String, Value>>(&self.request).ok();
+        let ids = match (self.ledger.continuable(), request) {
+            (_, None) => Err("its request could not be read again"),
+            (None, _) => Err("the worker did not report the token ids of all of its text"),
+            (Some(_), _) if self.left == 0 => Err("it was continued forwarding.migration_limit times already"),
+            (Some(_), _) if remaining == Some(0) => Err("its token limit was reached"),
+            (Some(ids), Some(request)) => Ok((ids, request)),
         };
-        let ids = match ids {
-            Ok(ids) => ids,
+        let (ids, request) = match ids {
+            Ok(found) => found,
             Err(reason) => {
                 self.state.metrics.stream_migration(why.label(), "failed");
                 return Err(reason);
@@ -246,7 +245,7 @@ impl Migration {
         );
         self.state.metrics.stream_migration(why.label(), "continued");
         self.ledger.continued_after = Some(generated);
-        let body = continuation_body(&self.request, &ids, remaining);
+        let body = continuation_body(&request, &ids, remaining);
         let job = Job {
             model: self.model.clone(),
             ids,

@@ -4,7 +4,8 @@
 //! `server.stream_coalesce_us` apart has them written a window's worth at a time: see
 //! `coalesce.rs`); if the worker fails mid-stream the stream goes on on another worker where
 //! it can (`forwarding.migration_limit`, see `migrate.rs`), else the client gets a final SSE
-//! error event and a clean end of stream. Whole answers are read to the end first, so a failure becomes a 502.
+//! error event and a clean end of stream. Whole answers are read to the end first, so a
+//! failure becomes a 502.
 //! The request's lease on its worker lasts until the answer ends or the client goes away;
 //! then the tenant is charged (from the usage the worker reported, or, for a stream the client
 //! left before its usage came, from the prompt and the chunks relayed) and the answer's
@@ -90,7 +91,7 @@ pub(super) async fn finish(
     } = admitted;
     let migration = seed
         .filter(|_| stream)
-        .and_then(|seed| Migration::new(state.clone(), endpoint, &parsed, seed, &worker));
+        .map(|seed| Migration::new(state.clone(), endpoint, &parsed, strip_usage, seed, &worker));
     let accounting = charge.map(|charge| Accounting {
         charge,
         strip: strip_usage,
@@ -621,6 +622,10 @@ impl http_body::Body for RelayBody {
                             this.lease = Some(continued.lease);
                             this.inner = Some(continued.body);
                             let data = this.read(continued.first);
+                            if let Some(error) = this.broken.take() {
+                                let last = this.fail(&error, data);
+                                return Poll::Ready(Some(Ok(Frame::data(last))));
+                            }
                             if !data.is_empty()
                                 && let Offer::Write(data) = this.coalescer.offer(data)
                             {
