@@ -316,3 +316,64 @@ async fn an_engine_that_reports_no_token_ids_ends_a_broken_stream_with_an_error_
     );
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenants_continued_stream_is_charged_once_and_shows_no_usage_it_did_not_ask_for() -> anyhow::Result<()> {
+    use sha2::{Digest, Sha256};
+    use switchyard_harness::CutProxy;
+
+    const KEY: &str = "sk-migrating-0123456789abcdef";
+    let mockers = Mockers::start(&["--num-workers", "2", "--speedup", "5"])?;
+    let proxy = CutProxy::start(&mockers.addrs, 5_000).await?;
+    let sha: String = Sha256::digest(KEY.as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    let mut config = format!(
+        "[server]\nplaintext = true\n[forwarding]\nmigration_limit = 1\n\
+         [[api_keys]]\nkey_sha256 = \"{sha}\"\ntenant = \"acme\"\n"
+    );
+    for (name, addr) in ["a", "b"].iter().zip(&proxy.addrs) {
+        config.push_str(&format!(
+            "[[workers]]\nname = \"{name}\"\nurl = \"http://{addr}\"\nmodel = \"mock\"\nengine = \"switchyard\"\n"
+        ));
+    }
+    let (gateway, admin) = Gateway::start_with_admin(&config, "migrating-admin-token")?;
+    // The client does not ask for the usage chunk: the gateway asks for it to charge the tenant.
+    let request = serde_json::json!({
+        "model": "mock",
+        "messages": [{"role": "user", "content": "charge me once"}],
+        "max_tokens": 120,
+        "stream": true,
+    });
+    let mut asked = request.clone();
+    asked["stream_options"] = serde_json::json!({"include_usage": true});
+    let fault_free = seen(
+        &Client::plain(mockers.addrs[1])
+            .post_json("/v1/chat/completions", &asked)
+            .await?,
+    );
+    let total = fault_free.usage["total_tokens"].as_u64().unwrap_or(0);
+    assert!(total > 120, "{:?}", fault_free.usage);
+
+    let reply = Client::plain(gateway.addr).chat(Some(KEY), &request).await?;
+    assert_eq!(reply.status, 200);
+    assert!(proxy.has_cut(), "the answer was cut mid-stream");
+    let body = String::from_utf8_lossy(&reply.body()).into_owned();
+    let migrated = seen(&reply);
+    assert!(migrated.errors.is_empty(), "{body}");
+    assert_eq!(migrated.text, fault_free.text);
+    assert!(
+        sse_json(&body)
+            .iter()
+            .all(|chunk| chunk.get("usage").is_none_or(serde_json::Value::is_null)),
+        "no usage the client did not ask for: {body}"
+    );
+    let (_, metrics) = admin.get_text("/metrics").await?;
+    assert_eq!(
+        metric_sum(&metrics, "switchyard_tenant_month_tokens", &["tenant=\"acme\""]),
+        total as f64,
+        "charged the one answer's tokens: {metrics}"
+    );
+    Ok(())
+}
