@@ -10,7 +10,7 @@
 //! through [`crate::encoders`]; the attempt settles once the media has: merged, text-only (the
 //! worker is told), or a client error. With `forwarding.migration_limit` above 0, a streamed
 //! request without media asks a worker whose engine can say for the token ids of its answer,
-//! so that the relay can continue it elsewhere if it breaks (`migrate.rs`).
+//! so that the relay can continue it elsewhere if it breaks (`migrate`).
 
 use std::sync::Arc;
 

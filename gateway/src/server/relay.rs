@@ -3,7 +3,7 @@
 //! Streamed answers are relayed as they arrive (a stream whose events come faster than
 //! `server.stream_coalesce_us` apart has them written a window's worth at a time: see
 //! `coalesce.rs`); if the worker fails mid-stream the stream goes on on another worker where
-//! it can (`forwarding.migration_limit`, see `migrate.rs`), else the client gets a final SSE
+//! it can (`forwarding.migration_limit`, see `migrate`), else the client gets a final SSE
 //! error event and a clean end of stream. Whole answers are read to the end first, so a
 //! failure becomes a 502.
 //! The request's lease on its worker lasts until the answer ends or the client goes away;
