@@ -74,8 +74,9 @@ pub(super) async fn forward(
     };
     // A stream that may be continued elsewhere asks the workers that can say for its token
     // ids (one with media is not: its media would have to be encoded again).
+    // Written the first time a worker that reports ids is leased.
     let migrating = state.forwarding.migration_limit > 0 && admitted.stream() && prepared.media_items.is_empty();
-    let body_with_ids = migrating.then(|| migrate::ask_for_token_ids(&body)).flatten();
+    let body_with_ids = std::cell::OnceCell::new();
     let id = router.next_request_id();
     state.slo.arrived(model, prepared.prompt.tokens as u64);
     let affinity = router.affinity(|header| admitted.headers.get(header).map(|value| value.as_bytes().to_vec()));
@@ -110,9 +111,9 @@ pub(super) async fn forward(
         if attempt > 0 {
             state.metrics.retry();
         }
-        let asked_ids = body_with_ids
-            .as_ref()
-            .filter(|_| lease.worker().engine().is_some_and(|engine| engine.reports_token_ids()));
+        let asked_ids = (migrating && lease.worker().engine().is_some_and(|engine| engine.reports_token_ids()))
+            .then(|| body_with_ids.get_or_init(|| migrate::ask_for_token_ids(&body)).as_ref())
+            .flatten();
         let sent = asked_ids.unwrap_or(&body).clone();
         let (outcome, text_only) = Attempt {
             admitted,

@@ -327,6 +327,16 @@ fn with_routing_headers(mut response: Response<Body>, worker: &Worker, policy: O
     response
 }
 
+/// The error event of a stream whose worker failed mid-stream and that does not go on.
+fn failed_mid_stream(message: String) -> ApiError {
+    ApiError::new(
+        StatusCode::BAD_GATEWAY,
+        "server_error",
+        "worker_failed_mid_stream",
+        message,
+    )
+}
+
 /// Relays a worker's SSE stream frame by frame and holds the request's lease on the worker
 /// (its in-flight count and active sequence) until the stream ends or the client goes away.
 struct RelayBody {
@@ -455,6 +465,23 @@ impl StreamTiming {
 }
 
 impl RelayBody {
+    /// Takes in the worker's `data`: what to write to the client now, if anything (the last
+    /// bytes, with an error event, when the data broke the stream).
+    fn take_in(&mut self, data: Bytes) -> Option<Bytes> {
+        let data = self.read(data);
+        if let Some(error) = self.broken.take() {
+            return Some(self.fail(&error, data));
+        }
+        // Empty: all of it waits in the tap for the rest of its event.
+        if data.is_empty() {
+            return None;
+        }
+        match self.coalescer.offer(data) {
+            Offer::Write(data) => Some(data),
+            Offer::Held => None,
+        }
+    }
+
     /// What of the worker's `data` goes on to the client: read by the migration's ledger
     /// (which may find the stream broken), then by the tap.
     fn read(&mut self, data: Bytes) -> Bytes {
@@ -518,9 +545,7 @@ impl RelayBody {
         // Every token came, only the end did not: the gateway writes it.
         if let Some(end) = self.migration.as_mut().and_then(|migration| migration.complete(why)) {
             let end = self.tapped(end);
-            let rest = self.tap.as_mut().map(UsageTap::finish).unwrap_or_default();
-            self.end();
-            return Some(self.coalescer.finish([end, rest].concat().into()));
+            return Some(self.last_bytes(end));
         }
         let worker = self.lease.as_ref().map(|lease| lease.worker().clone());
         let refused = match (&mut self.migration, &worker) {
@@ -535,26 +560,32 @@ impl RelayBody {
             _ => String::new(),
         };
         let name = worker.map(|worker| worker.name.clone()).unwrap_or_default();
-        let error = ApiError::new(
-            StatusCode::BAD_GATEWAY,
-            "server_error",
-            "worker_failed_mid_stream",
-            format!("worker `{name}` failed mid-stream: {detail}{refused}"),
-        );
+        let error = failed_mid_stream(format!("worker `{name}` failed mid-stream: {detail}{refused}"));
         Some(self.fail(&error, Bytes::new()))
     }
 
     /// The worker's stream ended: the last of it (what the tap and the coalescer hold), then
     /// the end.
     fn ended(&mut self) -> Poll<Option<Result<Frame<Bytes>, std::convert::Infallible>>> {
-        let rest = self.tap.as_mut().map(UsageTap::finish).unwrap_or_default();
-        self.end();
-        let last = self.coalescer.finish(rest);
+        let last = self.last_bytes(Bytes::new());
         if last.is_empty() {
             Poll::Ready(None)
         } else {
             Poll::Ready(Some(Ok(Frame::data(last))))
         }
+    }
+
+    /// Ends the stream after `data`: the last bytes for the client (what the coalescer holds,
+    /// `data`, and what the tap holds).
+    fn last_bytes(&mut self, data: Bytes) -> Bytes {
+        let rest = self.tap.as_mut().map(UsageTap::finish).unwrap_or_default();
+        self.end();
+        let last = if rest.is_empty() {
+            data
+        } else {
+            [data, rest].concat().into()
+        };
+        self.coalescer.finish(last)
     }
 
     /// Writes what the coalescer holds if it says so; waits otherwise.
@@ -621,27 +652,15 @@ impl http_body::Body for RelayBody {
                         Poll::Ready(Ok(continued)) => {
                             this.lease = Some(continued.lease);
                             this.inner = Some(continued.body);
-                            let data = this.read(continued.first);
-                            if let Some(error) = this.broken.take() {
-                                let last = this.fail(&error, data);
-                                return Poll::Ready(Some(Ok(Frame::data(last))));
-                            }
-                            if !data.is_empty()
-                                && let Offer::Write(data) = this.coalescer.offer(data)
-                            {
-                                return Poll::Ready(Some(Ok(Frame::data(data))));
+                            if let Some(write) = this.take_in(continued.first) {
+                                return Poll::Ready(Some(Ok(Frame::data(write))));
                             }
                             continue;
                         }
                         Poll::Ready(Err(reason)) => {
-                            let error = ApiError::new(
-                                StatusCode::BAD_GATEWAY,
-                                "server_error",
-                                "worker_failed_mid_stream",
-                                format!(
-                                    "the stream's worker failed mid-stream and no other could continue it: {reason}"
-                                ),
-                            );
+                            let error = failed_mid_stream(format!(
+                                "the stream's worker failed mid-stream and no other could continue it: {reason}"
+                            ));
                             let last = this.fail(&error, Bytes::new());
                             return Poll::Ready(Some(Ok(Frame::data(last))));
                         }
@@ -663,17 +682,8 @@ impl http_body::Body for RelayBody {
                 Poll::Ready(Some(Ok(frame))) => {
                     // Trailers are not part of the OpenAI stream; skip them.
                     let Ok(data) = frame.into_data() else { continue };
-                    let data = this.read(data);
-                    if let Some(error) = this.broken.take() {
-                        let last = this.fail(&error, data);
-                        return Poll::Ready(Some(Ok(Frame::data(last))));
-                    }
-                    // Empty: all of it waits in the tap for the rest of its event.
-                    if data.is_empty() {
-                        continue;
-                    }
-                    if let Offer::Write(data) = this.coalescer.offer(data) {
-                        return Poll::Ready(Some(Ok(Frame::data(data))));
+                    if let Some(write) = this.take_in(data) {
+                        return Poll::Ready(Some(Ok(Frame::data(write))));
                     }
                 }
                 Poll::Ready(Some(Err(err))) => {

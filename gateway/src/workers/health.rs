@@ -99,21 +99,16 @@ impl Visit {
         {
             self.pool.preempt(worker);
         }
-        let status = answer.map(|(status, _)| status);
-        match status {
+        match answer.map(|(status, _)| status) {
             Some(status) if status.is_success() => {
                 worker.health_passed();
-            }
-            _ => worker.health_failed(),
-        }
-        match status {
-            Some(status) if status.is_success() => {
                 if worker.set_misconfigured(false) {
                     tracing::info!(worker = %worker.name, "the worker's health path answers again");
                 }
                 worker.record_success(self.config.successes_to_restore);
             }
             Some(StatusCode::NOT_FOUND) => {
+                worker.health_failed();
                 let path = worker.health_path().unwrap_or_default();
                 if worker.set_misconfigured(true) {
                     tracing::error!(
@@ -125,6 +120,7 @@ impl Visit {
                 }
             }
             _ => {
+                worker.health_failed();
                 if worker.record_failure(self.config.failures_to_eject) {
                     ejected(worker);
                 }

@@ -19,7 +19,7 @@ use switchyard_protocol::api::{self, Endpoint};
 const MAX_LEDGER_EVENT_BYTES: usize = 12 << 20;
 
 /// The answer's identity, as its first worker gave it: every continuation's chunks carry it.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 struct Identity {
     id: Value,
     created: Value,
@@ -70,11 +70,7 @@ impl Ledger {
     /// it when asked, else in the finish chunk), and `[DONE]`.
     pub(super) fn finish(&mut self, usage_chunk: bool) -> Bytes {
         self.done = true;
-        let identity = self.identity.clone().unwrap_or(Identity {
-            id: Value::Null,
-            created: Value::Null,
-            model: Value::Null,
-        });
+        let identity = self.identity.clone().unwrap_or_default();
         let prompt = self.prompt.as_ref().map_or(0, Vec::len);
         let completion = self.generated.len();
         let usage = json!({
@@ -255,11 +251,7 @@ impl Ledger {
         if choice.is_some() && text.is_empty() && finish.is_null() && usage.is_none() {
             return None;
         }
-        let identity = self.identity.clone().unwrap_or(Identity {
-            id: Value::Null,
-            created: Value::Null,
-            model: Value::Null,
-        });
+        let identity = self.identity.clone().unwrap_or_default();
         let mut out = Map::new();
         out.insert("id".into(), identity.id);
         let object = match self.endpoint {

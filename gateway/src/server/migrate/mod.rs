@@ -215,13 +215,13 @@ impl Migration {
         let remaining = self
             .max_tokens
             .map(|limit| limit.saturating_sub(u32::try_from(generated).unwrap_or(u32::MAX)));
-        let request = serde_json::from_slice::<Map<String, Value>>(&self.request).ok();
-        let ids = match (self.ledger.continuable(), request) {
-            (_, None) => Err("its request could not be read again"),
-            (None, _) => Err("the worker did not report the token ids of all of its text"),
-            (Some(_), _) if self.left == 0 => Err("it was continued forwarding.migration_limit times already"),
-            (Some(_), _) if remaining == Some(0) => Err("its token limit was reached"),
-            (Some(ids), Some(request)) => Ok((ids, request)),
+        let ids = match self.ledger.continuable() {
+            None => Err("the worker did not report the token ids of all of its text"),
+            Some(_) if self.left == 0 => Err("it was continued forwarding.migration_limit times already"),
+            Some(_) if remaining == Some(0) => Err("its token limit was reached"),
+            Some(ids) => serde_json::from_slice::<Map<String, Value>>(&self.request)
+                .map(|request| (ids, request))
+                .map_err(|_| "its request could not be read again"),
         };
         let (ids, request) = match ids {
             Ok(found) => found,
