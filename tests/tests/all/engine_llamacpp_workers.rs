@@ -2,7 +2,8 @@
 //! llama.cpp from their answers, serving chat and completions, streamed and whole, with their
 //! usage and errors relayed; a conversation's next turn goes to the server that holds its
 //! prefix (the server's own count of cached prompt tokens says so); one server killed, its
-//! requests go to the other.
+//! requests go to the other; a stream broken on another worker goes on on llama.cpp from its
+//! token ids.
 //!
 //! The same requests also go through OpenAI's official Python client
 //! (`tests/clients/openai_client.py`, where `python3` can import `openai`).
@@ -169,5 +170,76 @@ async fn llama_servers_behind_the_gateway() -> anyhow::Result<()> {
         assert_eq!(reply.status, 200, "{:?}", reply.json());
         assert_eq!(reply.worker(), "llama-1");
     }
+    Ok(())
+}
+
+/// llama.cpp takes a token-id prompt, so it can continue a stream another worker broke: here a
+/// Switchyard mocker serving the same model name (its token ids are valid SmolLM2 ids), cut
+/// mid-answer. The client's stream goes on without an error: the mocker's words up to the cut,
+/// then llama.cpp's, one id, and the usage of one answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn llama_server_continues_a_stream_broken_on_another_worker() -> anyhow::Result<()> {
+    use switchyard_harness::{CutProxy, Mockers};
+
+    let (binary, model) = match LlamaServer::from_env() {
+        Ok(found) => found,
+        Err(why) => {
+            eprintln!("skipped: llama.cpp's llama-server is not available: {why}");
+            return Ok(());
+        }
+    };
+    let server = LlamaServer::start(&binary, &model, 2048).await?;
+    let mocker = Mockers::start(&["--num-workers", "1", "--speedup", "5", "--model", "smollm2"])?;
+    let proxy = CutProxy::start(&mocker.addrs, 3_000).await?;
+    // The mocker is the cheaper worker, so the stream starts there.
+    let config = format!(
+        "[server]\nplaintext = true\n[forwarding]\nmigration_limit = 1\n[policy]\nrouter = \"cost-aware\"\n\
+         [[workers]]\nname = \"mocker\"\nurl = \"http://{}\"\nmodel = \"smollm2\"\nengine = \"switchyard\"\ncost = 0.1\n\
+         [[workers]]\nname = \"llama\"\nurl = \"http://{}\"\nmodel = \"smollm2\"\nengine = \"llamacpp\"\n",
+        proxy.addrs[0], server.addr
+    );
+    let gateway = Gateway::start(&config)?;
+    let request = json!({
+        "model": "smollm2",
+        "messages": [{"role": "user", "content": "Tell me about railway yards."}],
+        "max_tokens": 40,
+        "temperature": 0,
+        "ignore_eos": true,
+        "stream": true,
+        "stream_options": {"include_usage": true},
+    });
+    let reply = Client::plain(gateway.addr)
+        .post_json("/v1/chat/completions", &request)
+        .await?;
+    assert_eq!(reply.status, 200);
+    assert_eq!(reply.worker(), "mocker", "the stream began on the mocker");
+    assert!(proxy.has_cut(), "the mocker's answer was cut mid-stream");
+    let body = String::from_utf8_lossy(&reply.body()).into_owned();
+    assert!(body.trim_end().ends_with("data: [DONE]"), "{body}");
+    let chunks = sse_json(&body);
+    assert!(chunks.iter().all(|chunk| chunk.get("error").is_none()), "{body}");
+    let ids: std::collections::BTreeSet<&str> = chunks.iter().filter_map(|chunk| chunk["id"].as_str()).collect();
+    assert_eq!(ids.len(), 1, "one answer id: {ids:?}");
+    let usage = chunks
+        .iter()
+        .rev()
+        .find_map(|chunk| chunk.get("usage").filter(|usage| usage.is_object()));
+    let usage = usage.ok_or_else(|| anyhow::anyhow!("no usage: {body}"))?;
+    assert_eq!(
+        usage["completion_tokens"], 40,
+        "the mocker's tokens and llama.cpp's: {usage}"
+    );
+    assert!(!body.contains("token_ids"), "{body}");
+    let metrics = Client::plain(gateway.addr).send("GET", "/metrics", Vec::new()).await?;
+    let metrics = String::from_utf8_lossy(&metrics.body()).into_owned();
+    assert_eq!(
+        switchyard_harness::metric_sum(
+            &metrics,
+            "switchyard_stream_migrations_total",
+            &["outcome=\"continued\""]
+        ),
+        1.0,
+        "{metrics}"
+    );
     Ok(())
 }
