@@ -231,9 +231,11 @@ async fn a_policy_that_leaks_across_calls_leaves_none_behind_once_retired() -> a
     let (gateway, admin) = Gateway::start_with_admin(
         "[server]\nplaintext = true\n\
          [embedded_mockers]\ncount = 2\nspeedup = 50.0\n\
-         [policy]\nrouter = \"least-load\"\nmemory_limit_mib = 128\n",
+         [policy]\nrouter = \"least-load\"\nmemory_limit_mib = 128\ndeadline_ms = 2000\n",
         TOKEN,
     )?;
+    // The long deadline: writing 24 MiB of fresh pages takes milliseconds, more on a loaded
+    // machine, and a call cut by the deadline drops its instance, leaking nothing to measure.
     let client = Client::plain(gateway.addr);
     let pid = gateway.process.id();
     let baseline = warm_baseline(&client, pid).await?;
