@@ -13,7 +13,7 @@ use std::path::PathBuf;
 /// exports, as a variant of `built_ins::World`). The crate embeds them from the table written
 /// to `OUT_DIR/built_ins.rs`. The SDK is built as their dependency; `plugins/template/` is a
 /// package of its own, built by nobody here.
-const BUILT_INS: [(&str, &str, &str); 16] = [
+const BUILT_INS: [(&str, &str, &str); 18] = [
     ("round-robin", "round_robin", "Router"),
     ("least-load", "least_load", "Router"),
     ("kv-aware", "kv_aware", "Router"),
@@ -23,6 +23,8 @@ const BUILT_INS: [(&str, &str, &str); 16] = [
     ("peer-sglang", "peer_sglang", "Router"),
     ("peer-llm-d", "peer_llm_d", "Router"),
     ("peer-aibrix", "peer_aibrix", "Router"),
+    ("pd-threshold", "pd_threshold", "Router"),
+    ("pd-predicted", "pd_predicted", "Router"),
     ("fcfs", "fcfs", "Batcher"),
     ("token-budget", "token_budget", "Batcher"),
     ("mixed-modality", "mixed_modality", "Batcher"),

@@ -431,7 +431,7 @@ impl Gateway {
             .pool()
             .workers()
             .iter()
-            .filter(|w| w.role == config::Role::Llm)
+            .filter(|w| w.role.is_llm())
             .count()
     }
 
@@ -442,8 +442,9 @@ impl Gateway {
 }
 
 /// The component of built-in router `name` (`round-robin`, `least-load`, `kv-aware`,
-/// `predicted-ttft`, `modality-aware`, `cost-aware`, and the peers' `peer-llm-d`,
-/// `peer-sglang`, `peer-aibrix`), as embedded in this binary.
+/// `predicted-ttft`, `modality-aware`, `cost-aware`, the disaggregating `pd-threshold` and
+/// `pd-predicted`, and the peers' `peer-llm-d`, `peer-sglang`, `peer-aibrix`), as embedded in
+/// this binary.
 pub fn built_in_policy(name: &str) -> Option<&'static [u8]> {
     built_ins::router(name).ok()
 }

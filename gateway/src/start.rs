@@ -258,7 +258,7 @@ impl Core {
             policies.admission_batchers.clone(),
             admission_metrics,
         ));
-        for worker in pool.workers().iter().filter(|w| w.role == crate::config::Role::Llm) {
+        for worker in pool.workers().iter().filter(|w| w.role.is_llm()) {
             kv.check_block_size(&worker.name, &worker.model, worker.block_size);
         }
         let (inbound, applier) = events::applier::spawn(

@@ -61,6 +61,9 @@ pub struct ForwardingConfig {
     /// Above 0, a spot worker's streams also move at its reclaim notice (moves not counted). Above 0, streamed requests to workers that report
     /// token ids ask for them, and every chunk is read and rewritten by the gateway.
     pub migration_limit: u32,
+    /// How long a prefill worker may take to compute a disaggregated request's prompt (from
+    /// sending it to its answer); past it, the answering worker prefills the prompt itself.
+    pub prefill_timeout_ms: u64,
 }
 
 impl ForwardingConfig {
@@ -90,6 +93,7 @@ impl Default for ForwardingConfig {
             busy_backoff_ms: 250,
             busy_backoff_max_ms: 5_000,
             migration_limit: 0,
+            prefill_timeout_ms: 10_000,
         }
     }
 }
@@ -275,6 +279,7 @@ impl ForwardingConfig {
             ("forwarding.errors_to_eject", u64::from(self.errors_to_eject)),
             ("forwarding.breaker_open_ms", self.breaker_open_ms),
             ("forwarding.busy_backoff_ms", self.busy_backoff_ms),
+            ("forwarding.prefill_timeout_ms", self.prefill_timeout_ms),
         ])?;
         for (key, max, first) in [
             (

@@ -24,7 +24,7 @@ use tokio::task::JoinHandle;
 // tokio's clock, so heartbeat expiry and resync backoff follow a paused clock in tests.
 use tokio::time::Instant;
 
-use crate::config::{Role, WorkerConfig};
+use crate::config::WorkerConfig;
 use crate::kv::index::{Anomaly, WorkerId};
 use crate::kv::{ActiveUpdate, KvState};
 use crate::workers::WorkerPool;
@@ -204,7 +204,7 @@ impl Applier {
             // Encoders announce cached media as one-block sequences; only LLM workers' blocks
             // must agree with their model's block size.
             let indexable =
-                found.role != Role::Llm || self.state.check_block_size(&found.name, &found.model, found.block_size);
+                !found.role.is_llm() || self.state.check_block_size(&found.name, &found.model, found.block_size);
             self.tracks.insert(
                 worker.to_string(),
                 Track {
@@ -472,7 +472,7 @@ impl Applier {
             if fresh {
                 tracing::info!(worker = %name, url = %registration.url, model = %registration.model, "worker registered");
             }
-            let indexable = worker.role != Role::Llm
+            let indexable = !worker.role.is_llm()
                 || self
                     .state
                     .check_block_size(&worker.name, &worker.model, worker.block_size);

@@ -297,7 +297,7 @@ impl KvState {
                 .entry(embedded.model.clone())
                 .or_insert_with(|| Arc::new(default_model(embedded.block_size)));
         }
-        for worker in config.workers.iter().filter(|w| w.role == crate::config::Role::Llm) {
+        for worker in config.workers.iter().filter(|w| w.role.is_llm()) {
             models
                 .entry(worker.model.clone())
                 .or_insert_with(|| Arc::new(default_model(worker.block_size)));

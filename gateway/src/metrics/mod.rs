@@ -97,6 +97,8 @@ pub struct Metrics {
     media_tokens: Family<KindLabel, Counter>,
     media_text_only: Family<ReasonLabel, Counter>,
     stream_migrations: Family<Labels, Counter>,
+    disagg_requests: Family<Labels, Counter>,
+    disagg_fallbacks: Family<ReasonLabel, Counter>,
 }
 
 fn latency_histogram() -> Histogram {
@@ -126,6 +128,18 @@ impl Metrics {
         let media_tokens = Family::<KindLabel, Counter>::default();
         let media_text_only = Family::<ReasonLabel, Counter>::default();
         let stream_migrations = Family::<Labels, Counter>::default();
+        let disagg_requests = Family::<Labels, Counter>::default();
+        let disagg_fallbacks = Family::<ReasonLabel, Counter>::default();
+        registry.register(
+            "disagg_requests",
+            "Requests a policy sent to a prefill worker first, by how the prompt was computed in the end: remote or local",
+            disagg_requests.clone(),
+        );
+        registry.register(
+            "disagg_fallbacks",
+            "Disaggregated requests whose answering worker prefilled the prompt itself, by why",
+            disagg_fallbacks.clone(),
+        );
         registry.register(
             "media_items",
             "Media items accepted in requests, by kind (image, audio, video)",
@@ -225,6 +239,8 @@ impl Metrics {
             media_tokens,
             media_text_only,
             stream_migrations,
+            disagg_requests,
+            disagg_fallbacks,
         }
     }
 
@@ -234,6 +250,19 @@ impl Metrics {
         self.stream_migrations
             .get_or_create(&vec![("reason", reason.to_string()), ("outcome", outcome.to_string())])
             .inc();
+    }
+
+    /// Counts one request a policy disaggregated: computed on its prefill worker (`None`), or
+    /// by its answering worker after all, and why (one of `crate::server`'s disaggregation
+    /// reasons).
+    pub fn disaggregated(&self, fallback: Option<&'static str>) {
+        let outcome = if fallback.is_some() { "local" } else { "remote" };
+        self.disagg_requests
+            .get_or_create(&vec![("outcome", outcome.to_string())])
+            .inc();
+        if let Some(reason) = fallback {
+            self.disagg_fallbacks.get_or_create(&ReasonLabel { reason }).inc();
+        }
     }
 
     /// Counts one accepted media item of `kind` and its estimated tokens.

@@ -27,7 +27,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use serde_json::{Value, json};
 
-use crate::config::{PlannerConfig, PoolConfig, Role, profiled_rate};
+use crate::config::{PlannerConfig, PoolConfig, profiled_rate};
 use crate::kv::KvState;
 use crate::policy::planning::{IntervalStats, PlannedBy, PlannerSwitch, Pool, PoolRole, ScaleDecision};
 use crate::workers::WorkerPool;
@@ -255,7 +255,7 @@ impl Planner {
             .workers()
             .iter()
             .filter(|w| w.model == pool.config.model && w.is_healthy())
-            .filter(|w| (w.role == Role::Llm) != encoder)
+            .filter(|w| w.role.is_llm() != encoder)
             .filter(|w| self.connector.manages(index, &pool.config, &w.name))
             .map(|w| w.name.clone())
             .collect()

@@ -146,6 +146,8 @@ impl prompt::Host for HostState {
 
 impl crate::policy::bindings::planning::Host for HostState {}
 
+impl crate::policy::bindings::disaggregation::Host for HostState {}
+
 impl log::Host for HostState {
     fn log(&mut self, level: log::Level, message: String) {
         if self.log_window.elapsed().as_secs() >= 1 {

@@ -27,13 +27,13 @@ use sha2::{Digest, Sha256};
 use wasmtime::component::{Component, Linker};
 use wasmtime::{Config, Engine, Store, StoreLimits, StoreLimitsBuilder, UpdateDeadline};
 
-use crate::policy::bindings::{RouterPre, RouterWorld, v0_1};
+use crate::policy::bindings::{DisaggregatingRouterPre, DisaggregatingRouterWorld, RouterPre, RouterWorld, v0_1};
 use crate::policy::host::HostState;
 use crate::policy::ticker::{EpochTicker, TickerState};
 use crate::policy::{PolicyError, table};
 
 /// Interfaces a policy may import (any version of our package's host world).
-const ALLOWED_IMPORTS: [&str; 8] = [
+const ALLOWED_IMPORTS: [&str; 9] = [
     "switchyard:policy/log@",
     "switchyard:policy/config@",
     "switchyard:policy/clock@",
@@ -42,6 +42,7 @@ const ALLOWED_IMPORTS: [&str; 8] = [
     "switchyard:policy/measured@",
     "switchyard:policy/prompt@",
     "switchyard:policy/planning@",
+    "switchyard:policy/disaggregation@",
 ];
 
 /// Times a load's self-test call that ran past the deadline is tried again on a fresh
@@ -213,6 +214,12 @@ impl PolicyRuntime {
             .map_err(PolicyError::engine)?;
         v0_1::Router::add_to_linker::<HostState, wasmtime::component::HasSelf<HostState>>(&mut linker, |state| state)
             .map_err(PolicyError::engine)?;
+        // Disaggregating routers import the types-only `disaggregation` interface.
+        crate::policy::bindings::disaggregation::add_to_linker::<HostState, wasmtime::component::HasSelf<HostState>>(
+            &mut linker,
+            |state| state,
+        )
+        .map_err(PolicyError::engine)?;
         // Planners import the types-only `planning` interface on top of the host world.
         crate::policy::bindings::planning::add_to_linker::<HostState, wasmtime::component::HasSelf<HostState>>(
             &mut linker,
@@ -271,13 +278,17 @@ impl PolicyRuntime {
         policy_config: toml::Table,
     ) -> Result<RouterPolicy, PolicyError> {
         let (sha256, component, pre) = self.prepare(wasm)?;
-        // The current contract first; a router built against 0.1.0 exports its own version.
-        let pre = match RouterPre::new(pre.clone()) {
-            Ok(pre) => RouterPreOf::Current(pre),
-            Err(current) => RouterPreOf::V0_1(
-                v0_1::RouterPre::new(pre)
-                    .map_err(|_| PolicyError::Invalid(format!("does not export the router world: {current:#}")))?,
-            ),
+        // The widest world first: a disaggregating router also exports the plain `route`; a
+        // router built against 0.1.0 exports its own version.
+        let pre = match DisaggregatingRouterPre::new(pre.clone()) {
+            Ok(pre) => RouterPreOf::Disaggregating(pre),
+            Err(_) => match RouterPre::new(pre.clone()) {
+                Ok(pre) => RouterPreOf::Current(pre),
+                Err(current) => RouterPreOf::V0_1(
+                    v0_1::RouterPre::new(pre)
+                        .map_err(|_| PolicyError::Invalid(format!("does not export the router world: {current:#}")))?,
+                ),
+            },
         };
         let initial_memory_bytes = initial_memory_bytes(&component);
         let mut policy = RouterPolicy {
@@ -452,12 +463,14 @@ pub(crate) fn initial_memory_bytes(component: &Component) -> u64 {
 
 /// A router's linked code, by the contract version it was built against.
 enum RouterPreOf {
+    Disaggregating(DisaggregatingRouterPre<HostState>),
     Current(RouterPre<HostState>),
     V0_1(v0_1::RouterPre<HostState>),
 }
 
 /// A router instance's exports, by contract version.
 enum RouterBindingsOf {
+    Disaggregating(DisaggregatingRouterWorld),
     Current(RouterWorld),
     V0_1(v0_1::Router),
 }
@@ -496,6 +509,12 @@ impl RouterPolicy {
         self.columns
     }
 
+    /// Whether the policy may send prompts to prefill workers (it exports the
+    /// `disaggregating-router` world): only its tables hold prefill rows.
+    pub fn disaggregates(&self) -> bool {
+        matches!(self.pre, RouterPreOf::Disaggregating(_))
+    }
+
     /// The linear memory an instance starts with, in bytes.
     pub fn initial_memory_bytes(&self) -> u64 {
         self.initial_memory_bytes
@@ -515,6 +534,15 @@ impl RouterPolicy {
     pub fn instantiate(&self) -> Result<RouterInstance, PolicyError> {
         let mut store = self.runtime.armed_store(self.config.clone());
         let (bindings, columns) = match &self.pre {
+            RouterPreOf::Disaggregating(pre) => {
+                let bindings = pre.instantiate(&mut store).map_err(PolicyError::instantiation)?;
+                self.runtime.arm(&mut store);
+                let columns = bindings
+                    .call_init(&mut store)
+                    .map_err(PolicyError::trap)?
+                    .map_err(|err| PolicyError::Refused(err.message))?;
+                (RouterBindingsOf::Disaggregating(bindings), columns)
+            }
             RouterPreOf::Current(pre) => {
                 let bindings = pre.instantiate(&mut store).map_err(PolicyError::instantiation)?;
                 self.runtime.arm(&mut store);
@@ -593,17 +621,34 @@ impl RouterInstance {
         // Copied into a buffer the store keeps, so no call after the first allocates.
         host.prompt.extend_from_slice(prompt);
         self.store.set_epoch_deadline(self.deadline_ticks);
-        // Both versions' answers as (worker, encoders, fallbacks) or the refusal's message.
+        // Every version's answer as (worker, encoders, fallbacks, prefill) or the refusal's
+        // message. Only a disaggregating router sees the prefill rows.
         let answer = match &self.bindings {
+            RouterBindingsOf::Disaggregating(bindings) => bindings
+                .call_route_disaggregated(&mut self.store, *request, workers)
+                .map(|answer| {
+                    answer
+                        .map(|answer| {
+                            let decision = answer.decision;
+                            (decision.worker, decision.encoders, decision.fallbacks, answer.prefill)
+                        })
+                        .map_err(|err| err.message)
+                }),
             RouterBindingsOf::Current(bindings) => {
+                let without_prefill = workers.without_prefill_rows();
+                let workers = without_prefill.as_ref().unwrap_or(workers);
                 bindings.call_route(&mut self.store, *request, workers).map(|answer| {
                     answer
-                        .map(|decision| (decision.worker, decision.encoders, decision.fallbacks))
+                        .map(|decision| (decision.worker, decision.encoders, decision.fallbacks, None))
                         .map_err(|err| err.message)
                 })
             }
             RouterBindingsOf::V0_1(bindings) => bindings
-                .call_route(&mut self.store, v0_1_request(request), &v0_1_table(workers))
+                .call_route(
+                    &mut self.store,
+                    v0_1_request(request),
+                    &v0_1_table(workers.without_prefill_rows().as_ref().unwrap_or(workers)),
+                )
                 .map(|answer| {
                     // 0.1.0's `encoder` was never used by a host; it is checked, then dropped.
                     answer
@@ -612,6 +657,7 @@ impl RouterInstance {
                                 decision.worker,
                                 decision.encoder.into_iter().collect(),
                                 decision.fallbacks,
+                                None,
                             )
                         })
                         .map_err(|err| err.message)
@@ -620,8 +666,12 @@ impl RouterInstance {
         let host = self.store.data_mut();
         host.prompt.clear();
         host.end_call();
-        let (worker, encoders, fallbacks) = answer.map_err(PolicyError::trap)?.map_err(PolicyError::Refused)?;
-        check_route_answer(workers, worker, encoders, fallbacks)
+        let (worker, encoders, fallbacks, prefill) =
+            answer.map_err(PolicyError::trap)?.map_err(PolicyError::Refused)?;
+        let mut pick = check_route_answer(workers, worker, encoders, fallbacks)?;
+        pick.prefill =
+            table::check_roles(workers, pick.worker, &pick.fallbacks, prefill).map_err(PolicyError::InvalidAnswer)?;
+        Ok(pick)
     }
 }
 
@@ -710,6 +760,9 @@ pub struct Pick {
     pub fallbacks: Vec<u32>,
     /// Indices of the encoders chosen for the request's media, at most one per role.
     pub encoders: Vec<u32>,
+    /// Index of the prefill worker the prompt goes to first (a row of role
+    /// [`table::ROLE_PREFILL`]); `None`: the chosen worker prefills it.
+    pub prefill: Option<u32>,
 }
 
 impl Pick {
@@ -722,6 +775,7 @@ impl Pick {
             worker,
             fallbacks,
             encoders: Vec::new(),
+            prefill: None,
         }
     }
 
@@ -731,6 +785,7 @@ impl Pick {
             worker,
             fallbacks: Vec::new(),
             encoders: Vec::new(),
+            prefill: None,
         }
     }
 }

@@ -215,6 +215,17 @@ impl PolicySwitch {
         self.versions.active()
     }
 
+    /// Whether a version deciding now (the active one, or a rollout's candidate) may send
+    /// prompts to prefill workers: only then do its tables hold prefill rows.
+    pub fn disaggregates(&self) -> bool {
+        self.versions.active().policy.disaggregates()
+            || self
+                .rollout
+                .load()
+                .as_ref()
+                .is_some_and(|r| r.candidate.policy.disaggregates())
+    }
+
     /// The versions kept for rollback, oldest first.
     pub fn previous(&self) -> Vec<Arc<Version>> {
         self.versions.previous()

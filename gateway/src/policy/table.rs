@@ -39,6 +39,9 @@ pub const ROLE_LLM: u32 = 0;
 pub const ROLE_VISION: u32 = 1;
 /// The `roles` column's value for an audio encoder.
 pub const ROLE_AUDIO: u32 = 2;
+/// The `roles` column's value for a prefill worker (rows only disaggregating routers see,
+/// after every other row).
+pub const ROLE_PREFILL: u32 = 3;
 
 /// The columns the native fallback ([`least_load`]) reads; every table the gateway builds
 /// holds them.
@@ -77,6 +80,33 @@ pub fn check_encoders(table: &WorkerTable, encoders: Vec<u32>) -> Result<Vec<u32
         }
     }
     Ok(encoders)
+}
+
+/// Checks a decision's worker, fallbacks and prefill index against the roles in `table`: the
+/// worker and fallbacks must not be prefill rows, the prefill index must be one. Answers the
+/// prefill index, or what is wrong. (Ranges are checked by the caller.)
+pub fn check_roles(
+    table: &WorkerTable,
+    worker: u32,
+    fallbacks: &[u32],
+    prefill: Option<u32>,
+) -> Result<Option<u32>, String> {
+    let roles = table.column(Columns::ROLES).unwrap_or(&[]);
+    let role_of = |index: u32| roles.get(index as usize).copied();
+    if let Some(index) = std::iter::once(worker)
+        .chain(fallbacks.iter().copied())
+        .find(|&i| role_of(i) == Some(ROLE_PREFILL))
+    {
+        return Err(format!(
+            "worker {index} is a prefill worker; it cannot answer a request"
+        ));
+    }
+    match prefill {
+        None => Ok(None),
+        Some(index) if role_of(index) == Some(ROLE_PREFILL) => Ok(Some(index)),
+        Some(index) if (index as usize) < table.len() => Err(format!("prefill {index} is not a prefill worker")),
+        Some(index) => Err(format!("prefill {index} of a {}-worker table", table.len())),
+    }
 }
 
 fn bits(columns: Columns) -> u32 {
@@ -128,6 +158,36 @@ impl WorkerTable {
         let start = self.offset(column)?;
         let end = start + self.len();
         self.data.get_mut(start..end)
+    }
+
+    /// Number of prefill rows, which always come last.
+    pub fn prefill_rows(&self) -> usize {
+        self.column(Columns::ROLES).map_or(0, |roles| {
+            roles.iter().rev().take_while(|&&role| role == ROLE_PREFILL).count()
+        })
+    }
+
+    /// The table without its prefill rows, for a router that does not disaggregate; `None`
+    /// when it has none (the common case: such tables are built without them).
+    pub fn without_prefill_rows(&self) -> Option<WorkerTable> {
+        let prefill = self.prefill_rows();
+        if prefill == 0 {
+            return None;
+        }
+        let (n, kept) = (self.len(), self.len() - prefill);
+        let data = self
+            .data
+            .chunks(n.max(1))
+            .flat_map(|column| &column[..kept])
+            .copied()
+            .collect();
+        let cost = self.cost.get(..kept).map_or_else(Vec::new, <[f32]>::to_vec);
+        Some(WorkerTable {
+            count: kept as u32,
+            present: self.present,
+            data,
+            cost,
+        })
     }
 
     /// A copy holding only `columns` (those of them present).

@@ -1024,3 +1024,88 @@ fn concurrent_calls_never_run_with_the_timer_disarmed() {
     assert!(!state.is_parked());
     state.end();
 }
+
+/// Four LLM workers, then two prefill workers (as the gateway orders rows), all idle; worker 0
+/// busy with 64 streams.
+fn table_with_prefill_rows() -> WorkerTable {
+    let mut table = table::synthetic(6);
+    set(
+        &mut table,
+        Columns::ROLES,
+        &[0, 0, 0, 0, table::ROLE_PREFILL, table::ROLE_PREFILL],
+    );
+    set(&mut table, Columns::ACTIVE_REQUESTS, &[64, 64, 64, 64, 0, 1]);
+    set(&mut table, Columns::ACTIVE_BLOCKS, &[2000, 2000, 2000, 2000, 0, 0]);
+    table
+}
+
+#[test]
+fn disaggregating_routers_name_a_prefill_worker_and_others_never_see_one() {
+    let runtime = runtime();
+    let table = table_with_prefill_rows();
+    let request = table::RequestInfo {
+        prompt_tokens: 8000,
+        prompt_blocks: 125,
+        ..table::synthetic_request()
+    };
+    for name in ["pd-threshold", "pd-predicted"] {
+        let policy = load(&runtime, name);
+        assert!(policy.disaggregates(), "{name}");
+        let pick = policy
+            .instantiate()
+            .expect("instance")
+            .route(&request, &[], &table)
+            .expect("answer");
+        assert_eq!(pick.prefill, Some(4), "{name}: the idle prefill worker");
+        assert!(
+            pick.worker < 4 && pick.fallbacks.iter().all(|&i| i < 4),
+            "{name}: {pick:?}"
+        );
+    }
+    // A short prompt stays where it is.
+    let short = table::RequestInfo {
+        prompt_tokens: 100,
+        prompt_blocks: 1,
+        ..request
+    };
+    let pick = load(&runtime, "pd-threshold")
+        .instantiate()
+        .expect("instance")
+        .route(&short, &[], &table);
+    assert_eq!(pick.expect("answer").prefill, None);
+    // Routers that do not disaggregate get the table without its prefill rows: even the
+    // least-loaded row, a prefill worker, is never picked.
+    for name in ["least-load", "round-robin", "kv-aware"] {
+        let policy = load(&runtime, name);
+        assert!(!policy.disaggregates(), "{name}");
+        let mut instance = policy.instantiate().expect("instance");
+        for _ in 0..8 {
+            let pick = instance.route(&request, &[], &table).expect("answer");
+            assert!(pick.worker < 4 && pick.prefill.is_none(), "{name}: {pick:?}");
+        }
+    }
+}
+
+#[test]
+fn answers_that_misuse_prefill_rows_are_refused() {
+    let table = table_with_prefill_rows();
+    assert_eq!(table.prefill_rows(), 2);
+    let without = table.without_prefill_rows().expect("it has some");
+    assert_eq!(without.len(), 4);
+    assert_eq!(without.column(Columns::ACTIVE_REQUESTS), Some(&[64, 64, 64, 64][..]));
+    assert_eq!(without.cost.len(), 4);
+    assert!(without.without_prefill_rows().is_none());
+    assert_eq!(table::check_roles(&table, 1, &[2], Some(5)), Ok(Some(5)));
+    assert_eq!(table::check_roles(&table, 1, &[2], None), Ok(None));
+    for (worker, fallbacks, prefill) in [
+        (4, vec![], None),
+        (0, vec![5], None),
+        (0, vec![], Some(1)),
+        (0, vec![], Some(6)),
+    ] {
+        assert!(
+            table::check_roles(&table, worker, &fallbacks, prefill).is_err(),
+            "{worker} {fallbacks:?} {prefill:?}"
+        );
+    }
+}

@@ -5,7 +5,6 @@
 //! the pool's into the contract's records, so the policy runtime reads them through
 //! [`TimingSource`] without knowing the pool.
 
-use crate::config::Role;
 use crate::policy::host::{PrefillFit, WorkerTiming};
 use crate::policy::runtime::TimingSource;
 use crate::workers::WorkerPool;
@@ -15,7 +14,7 @@ impl TimingSource for WorkerPool {
     fn timings(&self) -> Vec<WorkerTiming> {
         self.workers()
             .iter()
-            .filter(|worker| worker.role == Role::Llm)
+            .filter(|worker| worker.role.generates())
             .filter_map(|worker| {
                 let (itl_us, samples) = worker.measured_itl();
                 (samples > 0).then_some(WorkerTiming {
@@ -31,7 +30,7 @@ impl TimingSource for WorkerPool {
     fn prefill_fits(&self) -> Vec<PrefillFit> {
         self.workers()
             .iter()
-            .filter(|worker| worker.role == Role::Llm)
+            .filter(|worker| worker.role.generates())
             .filter_map(|worker| {
                 let line = worker.measured_prefill().0?;
                 Some(PrefillFit {

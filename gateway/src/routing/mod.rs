@@ -8,7 +8,9 @@
 //! only when they are used up (or no longer healthy) is the policy asked again, without the
 //! workers already tried. Each attempt holds a [`Lease`] that counts the request in flight on
 //! the worker and keeps its entry in the active-sequence tracker; dropping the lease releases
-//! both together.
+//! both together. A policy that disaggregates may also name a prefill worker for the first
+//! attempt: the lease then holds that worker too ([`PrefillLease`]), counted while the prompt
+//! is computed there.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -29,7 +31,11 @@ pub mod table;
 #[cfg(test)]
 mod tests;
 
-pub use table::EncoderRow;
+pub use table::{EncoderRow, LlmRows};
+
+/// The high bit marks a prefill worker's entry in the active-sequence tracker, so that it
+/// never meets the same request's entry on the answering worker.
+const PREFILL_ENTRY: u64 = 1 << 63;
 
 /// One request as the routing core sees it.
 #[derive(Debug, Clone, Copy)]
@@ -119,6 +125,18 @@ impl Router {
         }
         let overlaps = self.kv.lookup(&request.prompt.hashes);
         let loads = self.kv.loads(candidates.iter().map(|worker| worker.kv_id));
+        // Prefill rows only for a policy that may use them, on a first try, for a prompt
+        // without media (its media would have to be encoded for the prefill worker too).
+        let prefill = if tried.is_empty() && request.media_tokens == 0 && self.policy.disaggregates() {
+            self.pool.prefill_candidates(request.model)
+        } else {
+            Vec::new()
+        };
+        let prefill_loads = if prefill.is_empty() {
+            Vec::new()
+        } else {
+            self.kv.loads(prefill.iter().map(|worker| worker.kv_id))
+        };
         let info = RequestInfo {
             request_id: request.id,
             prompt_tokens: u32::try_from(request.prompt.tokens).unwrap_or(u32::MAX),
@@ -128,8 +146,14 @@ impl Router {
             affinity: request.affinity,
             ttft_target_ms: request.ttft_target_ms,
         };
+        let rows = LlmRows {
+            candidates: &candidates,
+            loads: &loads,
+            prefill: &prefill,
+            prefill_loads: &prefill_loads,
+        };
         let (pick, routed) = self.policy.route(&info, &request.prompt.hashes, |columns| {
-            table::build(&candidates, &overlaps, &loads, request.encoders, columns)
+            table::build(rows, &overlaps, request.encoders, columns)
         });
         let pick = pick?;
         // Indices past the LLM workers name encoder rows (checked to be encoders by the runtime).
@@ -149,9 +173,35 @@ impl Router {
             .map(|worker| (worker.clone(), overlap_of(worker)))
             .collect();
         let overlap = overlap_of(&chosen);
+        // Rows past the encoders name prefill workers (checked to be ones by the runtime).
+        let prefill = pick
+            .prefill
+            .and_then(|index| (index as usize).checked_sub(candidates.len() + request.encoders.len()))
+            .and_then(|row| prefill.get(row))
+            .map(|worker| self.prefill_lease(request, worker.clone(), overlap_of(worker)));
         let mut lease = self.lease(request, chosen, overlap, routed);
         lease.encoders = encoders;
+        lease.prefill = prefill;
         Some(Choice { lease, fallbacks })
+    }
+
+    /// Starts counting `request`'s prompt on the prefill worker `worker`, which holds
+    /// `overlap` of its leading blocks.
+    fn prefill_lease(&self, request: &Request<'_>, worker: Arc<Worker>, overlap: u32) -> PrefillLease {
+        let prompt = request.prompt;
+        let cached_tokens = (overlap as usize).saturating_mul(prompt.block_size).min(prompt.tokens);
+        let active = self.kv.begin(
+            request.id | PREFILL_ENTRY,
+            worker.kv_id,
+            &worker.name,
+            prompt.hashes.clone(),
+            (prompt.tokens - cached_tokens) as u64,
+        );
+        worker.take_turn();
+        PrefillLease {
+            in_flight: InFlight::new(worker),
+            _active: active,
+        }
     }
 
     /// Starts counting `request` on `worker` (in flight, and in the active-sequence tracker
@@ -173,6 +223,7 @@ impl Router {
             routed,
             overlap,
             encoders: Vec::new(),
+            prefill: None,
             leased_at: std::time::Instant::now(),
         }
     }
@@ -255,8 +306,25 @@ pub struct Lease {
     overlap: u32,
     /// The encoders the policy chose with the worker (at most one per role).
     encoders: Vec<Arc<Worker>>,
+    /// The prefill worker the policy chose to compute the prompt first, until it has.
+    prefill: Option<PrefillLease>,
     /// When the worker was chosen: where its time to first token starts.
     leased_at: std::time::Instant,
+}
+
+/// A prompt's hold on the prefill worker computing it: counted in flight there, its uncached
+/// tokens as prefill work, until dropped (when the prefill answered or failed).
+#[derive(Debug)]
+pub struct PrefillLease {
+    in_flight: InFlight,
+    _active: ActiveGuard,
+}
+
+impl PrefillLease {
+    /// The prefill worker.
+    pub fn worker(&self) -> &Arc<Worker> {
+        self.in_flight.worker()
+    }
 }
 
 impl Lease {
@@ -273,6 +341,12 @@ impl Lease {
     /// The prompt's leading blocks cached on the worker's device.
     pub fn overlap(&self) -> u32 {
         self.overlap
+    }
+
+    /// The prefill worker the policy chose to compute the prompt first, taken (once): the
+    /// caller holds it while the prompt is computed there.
+    pub fn take_prefill(&mut self) -> Option<PrefillLease> {
+        self.prefill.take()
     }
 
     /// The encoder the policy chose for media of `role` with this worker, if it chose one.

@@ -3,7 +3,8 @@
 //! The policy module owns the table's shape (the contract's columns, [`TableWriter`]); this
 //! module owns what goes into it: one row per healthy LLM worker of the model (its cached
 //! prefix of the prompt, its live load, its capacity, node and cost), then one row per encoder
-//! the request's media may go to ([`EncoderRow`]). A worker's live load is the gateway's own
+//! the request's media may go to ([`EncoderRow`]), then, for routers that disaggregate, one row
+//! per prefill worker (its cached prefix and load, as an LLM worker's). A worker's live load is the gateway's own
 //! tracking of what it sent, raised to what the engine reports where its metrics are read
 //! (`crate::workers::engine`).
 
@@ -11,7 +12,7 @@ use std::sync::Arc;
 
 use crate::config::Role;
 use crate::kv::{Load, Overlaps};
-use crate::policy::table::{Columns, ROLE_AUDIO, ROLE_LLM, ROLE_VISION, Row, TableWriter, WorkerTable};
+use crate::policy::table::{Columns, ROLE_AUDIO, ROLE_LLM, ROLE_PREFILL, ROLE_VISION, Row, TableWriter, WorkerTable};
 use crate::workers::Worker;
 
 /// An encoder as a row of the router's table: what its media-only columns hold for the request
@@ -28,40 +29,34 @@ pub struct EncoderRow {
     pub cached_tokens: u32,
 }
 
-/// Builds the table for `candidates` (which the caller has already filtered to healthy workers
-/// of the requested model) with `columns` and the fallback's, from each one's prefix
-/// `overlaps` (as the index returns them) and live `loads` (aligned with `candidates`),
-/// followed by one row per encoder in `encoders`.
-pub fn build(
-    candidates: &[Arc<Worker>],
-    overlaps: &Overlaps,
-    loads: &[Load],
-    encoders: &[EncoderRow],
-    columns: Columns,
-) -> WorkerTable {
-    let mut table = TableWriter::new(candidates.len() + encoders.len(), columns);
+/// The LLM workers of a table: those that answer (`candidates`, which the caller has already
+/// filtered to healthy workers of the requested model) and the prefill workers after the
+/// encoders (empty for a router that does not disaggregate), with their live loads, aligned.
+#[derive(Debug, Clone, Copy)]
+pub struct LlmRows<'a> {
+    /// The workers that answer, first in the table.
+    pub candidates: &'a [Arc<Worker>],
+    /// Their loads.
+    pub loads: &'a [Load],
+    /// The prefill workers, last in the table.
+    pub prefill: &'a [Arc<Worker>],
+    /// Their loads.
+    pub prefill_loads: &'a [Load],
+}
+
+/// Builds the table with `columns` and the fallback's: the answering workers, one row per
+/// encoder in `encoders`, then the prefill workers, from each LLM worker's prefix `overlaps`
+/// (as the index returns them) and live load.
+pub fn build(rows: LlmRows<'_>, overlaps: &Overlaps, encoders: &[EncoderRow], columns: Columns) -> WorkerTable {
+    let LlmRows {
+        candidates,
+        loads,
+        prefill,
+        prefill_loads,
+    } = rows;
+    let mut table = TableWriter::new(candidates.len() + encoders.len() + prefill.len(), columns);
     for (index, worker) in candidates.iter().enumerate() {
-        let overlap = overlaps.get(worker.kv_id);
-        let load = loads.get(index).copied().unwrap_or_default();
-        // An engine that reports its own load (see `workers::engine`) counts what other
-        // gateways and clients sent it too: the larger figure stands.
-        let engine = worker.engine_load();
-        let capacity = engine
-            .and_then(|engine| engine.capacity_blocks)
-            .filter(|blocks| *blocks > 0)
-            .unwrap_or(worker.capacity_blocks);
-        let engine_blocks = engine.and_then(|engine| engine.used_blocks(capacity)).unwrap_or(0);
-        let row = Row {
-            overlap_device_blocks: overlap.map_or(0, |o| o.device),
-            overlap_host_blocks: overlap.map_or(0, |o| o.host),
-            active_blocks: load.active_blocks.max(saturate(engine_blocks)),
-            prefill_tokens: saturate(load.prefill_tokens),
-            active_requests: saturate(worker.requests(load.requests)),
-            capacity_blocks: saturate(capacity),
-            block_size: saturate(worker.block_size as u64),
-            ..worker_row(worker)
-        };
-        table.write(index, &row);
+        table.write(index, &llm_row(worker, overlaps, loads.get(index)));
     }
     for (offset, encoder) in encoders.iter().enumerate() {
         let worker = &encoder.worker;
@@ -75,7 +70,38 @@ pub fn build(
         };
         table.write(candidates.len() + offset, &row);
     }
+    let first_prefill = candidates.len() + encoders.len();
+    for (offset, worker) in prefill.iter().enumerate() {
+        table.write(
+            first_prefill + offset,
+            &llm_row(worker, overlaps, prefill_loads.get(offset)),
+        );
+    }
     table.finish()
+}
+
+/// An LLM worker's row: its cached prefix of the prompt, its live load, its capacity.
+fn llm_row(worker: &Worker, overlaps: &Overlaps, load: Option<&Load>) -> Row {
+    let overlap = overlaps.get(worker.kv_id);
+    let load = load.copied().unwrap_or_default();
+    // An engine that reports its own load (see `workers::engine`) counts what other
+    // gateways and clients sent it too: the larger figure stands.
+    let engine = worker.engine_load();
+    let capacity = engine
+        .and_then(|engine| engine.capacity_blocks)
+        .filter(|blocks| *blocks > 0)
+        .unwrap_or(worker.capacity_blocks);
+    let engine_blocks = engine.and_then(|engine| engine.used_blocks(capacity)).unwrap_or(0);
+    Row {
+        overlap_device_blocks: overlap.map_or(0, |o| o.device),
+        overlap_host_blocks: overlap.map_or(0, |o| o.host),
+        active_blocks: load.active_blocks.max(saturate(engine_blocks)),
+        prefill_tokens: saturate(load.prefill_tokens),
+        active_requests: saturate(worker.requests(load.requests)),
+        capacity_blocks: saturate(capacity),
+        block_size: saturate(worker.block_size as u64),
+        ..worker_row(worker)
+    }
 }
 
 /// The columns every row of `worker` holds whatever its role: id, role, capabilities, node
@@ -98,7 +124,8 @@ fn saturate(value: u64) -> u32 {
 /// The `roles` column's value for a worker role.
 fn role_value(role: Role) -> u32 {
     match role {
-        Role::Llm => ROLE_LLM,
+        Role::Llm | Role::Decode => ROLE_LLM,
+        Role::Prefill => ROLE_PREFILL,
         Role::Vision => ROLE_VISION,
         Role::Audio => ROLE_AUDIO,
     }

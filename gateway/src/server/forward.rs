@@ -10,7 +10,9 @@
 //! through [`crate::encoders`]; the attempt settles once the media has: merged, text-only (the
 //! worker is told), or a client error. With `forwarding.migration_limit` above 0, a streamed
 //! request without media asks a worker whose engine can say for the token ids of its answer,
-//! so that the relay can continue it elsewhere if it breaks (`migrate`).
+//! so that the relay can continue it elsewhere if it breaks (`migrate`). When the policy named
+//! a prefill worker, the prompt is computed there first and the answering worker pulls its
+//! blocks (`disagg`).
 
 use std::sync::Arc;
 
@@ -20,6 +22,7 @@ use http_body_util::{BodyExt, Full};
 use switchyard_protocol::api::{self, ApiError, Endpoint};
 use switchyard_protocol::encode::{LOCAL_ENCODER, MEDIA_PLAN_HEADER, MediaPlan, abandon_path};
 
+use super::disagg::{self, Prefilled};
 use super::media_plan::{MediaPlanning, media_plan};
 use super::migrate::{self, Seed};
 use super::pipeline::Admitted;
@@ -46,6 +49,8 @@ pub(super) struct Forwarded {
     pub(super) strip_usage: bool,
     /// The worker was asked for the stream's token ids, so a break can be continued elsewhere.
     pub(super) seed: Option<Seed>,
+    /// How the prompt was computed, when the policy sent it to a prefill worker first.
+    pub(super) prefilled: Option<Prefilled>,
 }
 
 /// Stage 5: leases workers in the routing core's order and tries each until one answers;
@@ -97,6 +102,7 @@ pub(super) async fn forward(
     let mut last_failure: Option<String> = None;
     let mut last_busy: Option<(String, Option<std::time::Duration>)> = None;
     let mut failures = 0;
+    let mut prefilled: Option<Prefilled> = None;
     // Busy answers send the request on without using a retry; the attempts end when every
     // worker has been tried.
     for attempt in 0.. {
@@ -115,11 +121,27 @@ pub(super) async fn forward(
             .then(|| body_with_ids.get_or_init(|| migrate::ask_for_token_ids(&body)).as_ref())
             .flatten();
         let sent = asked_ids.unwrap_or(&body).clone();
+        let mut lease = lease;
+        // Only the policy's first choice comes with a prefill worker; a worker tried after
+        // it prefills the prompt itself.
+        let to_worker = match lease.take_prefill() {
+            Some(prefill) => {
+                let (to_worker, outcome) = disagg::prefill(state, prefill, admitted.endpoint, &sent).await;
+                prefilled = Some(outcome);
+                to_worker
+            }
+            None => {
+                if matches!(prefilled, Some(Prefilled::Remote { .. })) {
+                    prefilled = Some(Prefilled::Local("retried"));
+                }
+                sent.clone()
+            }
+        };
         let (outcome, text_only) = Attempt {
             admitted,
             prepared,
             media,
-            body: sent.clone(),
+            body: to_worker,
             response_id: &response_id,
             number: attempt,
         }
@@ -132,12 +154,14 @@ pub(super) async fn forward(
                     response_id: response_id.clone(),
                     keep_ids: admitted.parsed.returns_token_ids(),
                 });
+                let prefilled = prefilled.map(|outcome| outcome.settled(&answer.response.headers));
                 return Ok(Forwarded {
                     answer,
                     lease,
                     text_only,
                     strip_usage,
                     seed,
+                    prefilled,
                 });
             }
             Outcome::Failed(reason) => {

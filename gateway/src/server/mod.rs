@@ -4,13 +4,15 @@
 //! limiting connections ([`conn`]), TLS ([`tls`]), dispatch by method and path ([`routes`]),
 //! and the path of a generation request, whose stages [`pipeline`] runs in order: [`prompt`]
 //! (media inspected, prompt tokenized and hashed), [`media_plan`] (encoders), [`forward`]
-//! (attempts on workers, with retries) and [`relay`] (the answer streamed back). It asks
+//! (attempts on workers, with retries, a prompt sent to a prefill worker first by `disagg`)
+//! and [`relay`] (the answer streamed back). It asks
 //! `routing` where a request goes (and holds the lease it gets while the answer streams),
 //! reaches the worker with the `workers` client, and records `metrics`; nothing below it knows
 //! about HTTP bodies.
 
 mod coalesce;
 pub(crate) mod conn;
+mod disagg;
 mod forward;
 mod media_plan;
 mod migrate;

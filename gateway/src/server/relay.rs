@@ -26,6 +26,7 @@ use switchyard_protocol::encode::MERGE_HEADER;
 use switchyard_protocol::respond::{self, Body};
 
 use super::coalesce::{Coalescer, Offer};
+use super::disagg;
 use super::forward::{Answer, Forwarded};
 use super::migrate::{Break, Migration};
 use super::pipeline::Admitted;
@@ -68,6 +69,7 @@ pub(super) async fn finish(
         text_only,
         strip_usage,
         seed,
+        prefilled,
     } = forwarded;
     let stream = admitted.stream();
     let prompt = &prepared.prompt;
@@ -109,8 +111,15 @@ pub(super) async fn finish(
         accounting,
         judged,
     };
+    let kv_transfer = answer.response.headers.get(disagg::KV_TRANSFER_HEADER).cloned();
     let response = relay.answer(answer, lease, stream, migration).await;
     let mut response = with_routing_headers(response, &worker, policy_header);
+    if let Some(value) = prefilled.and_then(|outcome| outcome.report(state)) {
+        response.headers_mut().insert(disagg::DISAGG_HEADER, value);
+        if let Some(kv_transfer) = kv_transfer {
+            response.headers_mut().insert(disagg::KV_TRANSFER_HEADER, kv_transfer);
+        }
+    }
     if let Some(reason) = text_only {
         // The media was left out: say so, never silently.
         if let Ok(value) = HeaderValue::from_str(&format!("text-only; reason={reason}")) {

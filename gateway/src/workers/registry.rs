@@ -536,7 +536,7 @@ impl WorkerPool {
         let mut models: Vec<String> = self
             .workers()
             .iter()
-            .filter(|w| w.role == Role::Llm)
+            .filter(|w| w.role.is_llm())
             .map(|w| w.model.clone())
             .collect();
         models.sort_unstable();
@@ -546,7 +546,7 @@ impl WorkerPool {
 
     /// Whether any LLM worker serves `model`, healthy or not.
     pub fn serves(&self, model: &str) -> bool {
-        self.workers().iter().any(|w| w.role == Role::Llm && w.model == model)
+        self.workers().iter().any(|w| w.role.is_llm() && w.model == model)
     }
 
     /// Whether any worker is in rotation.
@@ -559,8 +559,17 @@ impl WorkerPool {
     pub fn candidates(&self, model: &str, exclude: &[u32]) -> Vec<Arc<Worker>> {
         self.workers()
             .iter()
-            .filter(|w| w.role == Role::Llm && w.model == model && w.is_routable())
+            .filter(|w| w.role.generates() && w.model == model && w.is_routable())
             .filter(|w| !exclude.contains(&w.kv_id))
+            .cloned()
+            .collect()
+    }
+
+    /// The prefill workers of `model` a prompt may go to now, in registration order.
+    pub fn prefill_candidates(&self, model: &str) -> Vec<Arc<Worker>> {
+        self.workers()
+            .iter()
+            .filter(|w| w.role == Role::Prefill && w.model == model && w.is_routable())
             .cloned()
             .collect()
     }

@@ -83,8 +83,6 @@
 
 extern crate alloc;
 
-use alloc::vec::Vec;
-
 use switchyard_policy_sdk::{Columns, Decision, PolicyError, RequestInfo, Router, WorkerTable};
 
 /// The policy.
@@ -107,38 +105,8 @@ impl Router for PredictedTtft {
         .union(Columns::CAPACITY_BLOCKS);
 
     fn route(req: &RequestInfo, workers: &WorkerTable) -> Result<Decision, PolicyError> {
-        let model = Model::configured();
-        let rank = |workers_to_rank: &mut dyn Iterator<Item = usize>| {
-            let mut ranked: Vec<(bool, f64, usize, ())> = workers_to_rank
-                .map(|i| {
-                    let prediction = model.predict(req, workers, i);
-                    (prediction.overflows, prediction.cost, i, ())
-                })
-                .collect();
-            let pick = model::rank(&mut ranked, req.request_id);
-            (ranked, pick)
-        };
-        if model.shortlisted
-            && let Some(shortlist) = model::shortlist(&model, req, workers)
-        {
-            let (ranked, pick) = rank(&mut shortlist.candidates.iter().map(|&i| i as usize));
-            if let Some(pick) = pick
-                && model::shortlist_decides(&ranked, shortlist.certain_below, FALLBACKS)
-            {
-                return Ok(decide(&ranked, pick));
-            }
-        }
-        let (ranked, pick) = rank(&mut workers.llm_indices());
-        let pick = pick.ok_or_else(|| PolicyError::new("no LLM worker in the table"))?;
-        Ok(decide(&ranked, pick))
+        model::choose(&Model::configured(), req, workers, FALLBACKS)
     }
-}
-
-/// The decision for `ranked[pick]`, with the next best as fallbacks.
-fn decide(ranked: &[(bool, f64, usize, ())], pick: usize) -> Decision {
-    let mut decision = Decision::to(ranked[pick].2);
-    decision.fallbacks = model::fallbacks(ranked, pick, FALLBACKS);
-    decision
 }
 
 switchyard_policy_sdk::router!(PredictedTtft);

@@ -1,4 +1,5 @@
-//! The export macros, [`router!`](crate::router), [`batcher!`](crate::batcher) and
+//! The export macros, [`router!`](crate::router),
+//! [`disaggregating_router!`](crate::disaggregating_router), [`batcher!`](crate::batcher) and
 //! [`planner!`](crate::planner), which turn a trait implementation into the component's world
 //! exports, and the hidden items their expansions call.
 
@@ -58,6 +59,44 @@ macro_rules! router {
             }
         }
         $crate::router_world::export_router_world!(__SwitchyardRouterExport with_types_in $crate::router_world);
+    };
+}
+
+/// Exports a [`Router`](crate::Router) implementation as the component's
+/// `disaggregating-router` world: the host calls its
+/// [`route_disaggregated`](crate::Router::route_disaggregated) with tables that hold the
+/// model's prefill workers; a gateway that predates disaggregation calls `route`, which
+/// answers `route_disaggregated`'s decision without its prefill worker.
+#[macro_export]
+macro_rules! disaggregating_router {
+    ($policy:ty) => {
+        struct __SwitchyardRouterExport;
+        impl $crate::disaggregating_router_world::Guest for __SwitchyardRouterExport {
+            fn init() -> Result<$crate::Columns, $crate::PolicyError> {
+                <$policy as $crate::Router>::init()?;
+                Ok(<$policy as $crate::Router>::COLUMNS)
+            }
+            fn route(
+                req: $crate::RequestInfo,
+                workers: $crate::router_world::switchyard::policy::types::WorkerTable,
+            ) -> Result<$crate::Decision, $crate::PolicyError> {
+                Self::route_disaggregated(req, workers).map(|answer| answer.decision)
+            }
+            fn route_disaggregated(
+                req: $crate::RequestInfo,
+                workers: $crate::router_world::switchyard::policy::types::WorkerTable,
+            ) -> Result<$crate::DisaggregatedDecision, $crate::PolicyError> {
+                let columns = <$policy as $crate::Router>::COLUMNS;
+                let (count, present) = (workers.count, workers.present);
+                let decision = $crate::WorkerTable::from_packed(count, present, &workers.data, &workers.cost, columns)
+                    .and_then(|view| <$policy as $crate::Router>::route_disaggregated(&req, &view));
+                $crate::__end_of_call();
+                decision
+            }
+        }
+        $crate::disaggregating_router_world::export_disaggregating_router_world!(
+            __SwitchyardRouterExport with_types_in $crate::disaggregating_router_world
+        );
     };
 }
 

@@ -26,9 +26,9 @@
 //!
 //! | module | what it holds |
 //! |---|---|
-//! | `router_world`, `batcher_world`, `planner_world` | the bindings generated from the contract, one per world |
+//! | `router_world`, `disaggregating_router_world`, `batcher_world`, `planner_world` | the bindings generated from the contract, one per world |
 //! | `policy` (re-exported here) | the [`Router`], [`Batcher`] and [`Planner`] traits, [`Tenancy`] |
-//! | `export` | the [`router!`], [`batcher!`] and [`planner!`] macros that export an implementation |
+//! | `export` | the [`router!`], [`disaggregating_router!`], [`batcher!`] and [`planner!`] macros that export an implementation |
 //! | [`log`], [`config`], [`measured`], [`prompt`] | the host's imports, served from `testing` when run natively |
 //! | [`state`], [`scratch`] | memory kept per instance, and memory for one call |
 //! | `table` (re-exported here) | [`WorkerTable`], the typed view over the packed columns |
@@ -52,6 +52,28 @@ pub mod router_world {
         pub_export_macro: true,
         export_macro_name: "export_router_world",
         default_bindings_module: "switchyard_policy_sdk::router_world",
+    });
+}
+
+/// Generated bindings of the `disaggregating-router` world (its types are the `router`
+/// world's).
+#[allow(missing_docs, clippy::too_many_arguments)]
+pub mod disaggregating_router_world {
+    wit_bindgen::generate!({
+        path: "wit",
+        world: "switchyard:policy/disaggregating-router",
+        pub_export_macro: true,
+        export_macro_name: "export_disaggregating_router_world",
+        default_bindings_module: "switchyard_policy_sdk::disaggregating_router_world",
+        with: {
+            "switchyard:policy/types@0.2.0": crate::router_world::switchyard::policy::types,
+            "switchyard:policy/log@0.2.0": crate::router_world::switchyard::policy::log,
+            "switchyard:policy/config@0.2.0": crate::router_world::switchyard::policy::config,
+            "switchyard:policy/clock@0.2.0": crate::router_world::switchyard::policy::clock,
+            "switchyard:policy/tenancy@0.2.0": crate::router_world::switchyard::policy::tenancy,
+            "switchyard:policy/measured@0.2.0": crate::router_world::switchyard::policy::measured,
+            "switchyard:policy/prompt@0.2.0": crate::router_world::switchyard::policy::prompt,
+        },
     });
 }
 
@@ -84,6 +106,8 @@ pub use planner_world::switchyard::policy::planning::{IntervalStats, Pool, PoolR
 pub use router_world::switchyard::policy::types::{
     Batch, Budget, Columns, Decision, PendingTable, PolicyError, RequestInfo,
 };
+
+pub use disaggregating_router_world::switchyard::policy::disaggregation::DisaggregatedDecision;
 
 mod batches;
 mod export;

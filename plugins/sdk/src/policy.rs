@@ -6,7 +6,8 @@ use alloc::string::String;
 use alloc::vec::Vec;
 
 use crate::{
-    Batch, Budget, Columns, Decision, PendingTable, PolicyError, Pool, RequestInfo, ScaleDecision, WorkerTable,
+    Batch, Budget, Columns, Decision, DisaggregatedDecision, PendingTable, PolicyError, Pool, RequestInfo,
+    ScaleDecision, WorkerTable,
 };
 
 /// A routing policy.
@@ -25,6 +26,18 @@ pub trait Router {
 
     /// Picks a worker (an index into `workers`) for `req`.
     fn route(req: &RequestInfo, workers: &WorkerTable<'_>) -> Result<Decision, PolicyError>;
+
+    /// Picks the answering worker and, optionally, a prefill worker to compute the prompt
+    /// first (a row of [`role::PREFILL`](crate::role::PREFILL), see
+    /// [`WorkerTable::prefill_indices`]): what the host calls on a router exported with
+    /// [`disaggregating_router!`](crate::disaggregating_router), whose tables hold the prefill
+    /// workers. The default answers [`Router::route`]'s decision, never disaggregating.
+    fn route_disaggregated(req: &RequestInfo, workers: &WorkerTable<'_>) -> Result<DisaggregatedDecision, PolicyError> {
+        Self::route(req, workers).map(|decision| DisaggregatedDecision {
+            decision,
+            prefill: None,
+        })
+    }
 }
 
 /// Who queued each item of a pending table, index for index: what a batcher sharing a queue

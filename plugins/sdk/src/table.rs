@@ -181,6 +181,17 @@ impl<'a> WorkerTable<'a> {
             .map(|(i, _)| i)
     }
 
+    /// Indices of prefill workers: rows only a router exported with
+    /// [`disaggregating_router!`](crate::disaggregating_router) is given, after every other row
+    /// (empty unless the policy declared [`Columns::ROLES`]).
+    pub fn prefill_indices(&self) -> impl Iterator<Item = usize> + '_ {
+        self.roles
+            .iter()
+            .enumerate()
+            .filter(|(_, role)| **role == role::PREFILL)
+            .map(|(i, _)| i)
+    }
+
     /// The columns this view exposes: the ones the policy declared in
     /// [`crate::Router::COLUMNS`] (every column in a test's `testing::Table::view`).
     pub fn columns(&self) -> Columns {

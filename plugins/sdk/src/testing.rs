@@ -87,6 +87,18 @@ pub fn route<P: Router>(req: &RequestInfo, table: &Table) -> Result<Decision, Po
     P::route(req, &view)
 }
 
+/// As [`route`], through [`Router::route_disaggregated`]: what the gateway calls on a router
+/// exported with [`disaggregating_router!`](crate::disaggregating_router).
+pub fn route_disaggregated<P: Router>(
+    req: &RequestInfo,
+    table: &Table,
+) -> Result<crate::DisaggregatedDecision, PolicyError> {
+    P::init()?;
+    let (count, data, cost) = table.pack(P::COLUMNS);
+    let view = WorkerTable::from_packed(count, P::COLUMNS, &data, &cost, P::COLUMNS)?;
+    P::route_disaggregated(req, &view)
+}
+
 /// A small deterministic generator for a policy's differential tests (random tables
 /// replayed the same way on every run).
 pub struct Draws(pub u64);

@@ -17,7 +17,9 @@ use alloc::vec::Vec;
 
 use switchyard_policy_sdk::lanes::{F64x2, U32x4};
 use switchyard_policy_sdk::shortlist::{Least3, at_most_f64};
-use switchyard_policy_sdk::{RequestInfo, WorkerTable, config, role, scratch};
+use switchyard_policy_sdk::{Decision, PolicyError, RequestInfo, WorkerTable, config, role, scratch};
+
+pub mod disagg;
 
 /// The performance model and the weights of the cost, from the policy's config.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -148,6 +150,22 @@ impl Model {
         ((a * u + b) * u + c).max(1.0)
     }
 
+    /// Prefill tokens one step computes beside `decoders` decoding sequences: the step's
+    /// budget less theirs, at least an eighth of it (so that a worker with more decoders than
+    /// budget does not divide by ~0).
+    pub fn prefill_per_step(&self, decoders: f64) -> f64 {
+        (self.step_tokens - decoders).max(self.step_tokens / 8.0)
+    }
+
+    /// Milliseconds until the first token of `new_tokens` prompt tokens queued behind `queued`
+    /// others, beside `decoders` decoding sequences: the queue and then the prompt, in steps of
+    /// [`Model::prefill_per_step`] tokens plus the decoders' (one step at least).
+    pub fn first_token_ms(&self, queued: f64, new_tokens: f64, decoders: f64) -> f64 {
+        let per_step = self.prefill_per_step(decoders);
+        let work = queued + new_tokens;
+        (work / per_step).max(1.0) * self.prefill_ms(work.min(per_step) + decoders)
+    }
+
     /// The prediction for routing `req` to worker `i`.
     pub fn predict(&self, req: &RequestInfo, workers: &WorkerTable, i: usize) -> Prediction {
         let block_size = at(workers.block_size, i).max(1.0);
@@ -157,10 +175,9 @@ impl Model {
         let decoders = at(workers.active_requests, i);
 
         let new_tokens = (f64::from(req.prompt_tokens) - block_size * (device + self.host_credit * host)).max(0.0);
-        let per_step = (self.step_tokens - decoders).max(self.step_tokens / 8.0);
-        let work = queued + new_tokens;
-        let ttft_ms = (work / per_step).max(1.0) * self.prefill_ms(work.min(per_step) + decoders);
-        let alone_ms = (new_tokens / per_step).max(1.0) * self.prefill_ms(new_tokens.min(per_step) + decoders);
+        let per_step = self.prefill_per_step(decoders);
+        let ttft_ms = self.first_token_ms(queued, new_tokens, decoders);
+        let alone_ms = self.first_token_ms(0.0, new_tokens, decoders);
 
         let new_blocks = (f64::from(req.prompt_blocks) - device).max(0.0);
         let blocks = at(workers.active_blocks, i) + new_blocks;
@@ -791,6 +808,49 @@ pub fn shortlist_decides<T>(ranked: &[(bool, f64, usize, T)], certain_below: f64
 
 /// The SDK's tie-break hash, which `kv-aware` uses too.
 pub use switchyard_policy_sdk::mix;
+
+/// `predicted-ttft`'s choice: the LLM worker of least [`Model::predict`] cost (workers that
+/// would overflow their KV capacity last), with the next `fallbacks` as its fallbacks. Ranks
+/// only the [`shortlist`] where it decides, every worker otherwise; the answer is the same.
+///
+/// # Errors
+///
+/// When the table holds no LLM worker.
+pub fn choose(
+    model: &Model,
+    req: &RequestInfo,
+    workers: &WorkerTable,
+    fallbacks: usize,
+) -> Result<Decision, PolicyError> {
+    let rank = |workers_to_rank: &mut dyn Iterator<Item = usize>| {
+        let mut ranked: Vec<(bool, f64, usize, ())> = workers_to_rank
+            .map(|i| {
+                let prediction = model.predict(req, workers, i);
+                (prediction.overflows, prediction.cost, i, ())
+            })
+            .collect();
+        let pick = rank(&mut ranked, req.request_id);
+        (ranked, pick)
+    };
+    let decide = |ranked: &[(bool, f64, usize, ())], pick: usize| {
+        let mut decision = Decision::to(ranked[pick].2);
+        decision.fallbacks = self::fallbacks(ranked, pick, fallbacks);
+        decision
+    };
+    if model.shortlisted
+        && let Some(shortlist) = shortlist(model, req, workers)
+    {
+        let (ranked, pick) = rank(&mut shortlist.candidates.iter().map(|&i| i as usize));
+        if let Some(pick) = pick
+            && shortlist_decides(&ranked, shortlist.certain_below, fallbacks)
+        {
+            return Ok(decide(&ranked, pick));
+        }
+    }
+    let (ranked, pick) = rank(&mut workers.llm_indices());
+    let pick = pick.ok_or_else(|| PolicyError::new("no LLM worker in the table"))?;
+    Ok(decide(&ranked, pick))
+}
 
 /// Costs within this fraction of the lowest one count as equal (float noise, not preference).
 const TIE_TOLERANCE: f64 = 1e-9;

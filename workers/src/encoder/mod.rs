@@ -480,7 +480,7 @@ async fn encode(shared: &Arc<Shared>, request: Request<Incoming>) -> Result<Resp
     let accepts = |kind: MediaKind| match shared.config.role {
         Role::Vision => matches!(kind, MediaKind::Image | MediaKind::Video),
         Role::Audio => kind == MediaKind::Audio,
-        Role::Llm => false,
+        Role::Llm | Role::Prefill | Role::Decode => false,
     };
     // Per item: its features and encode time, or why not.
     let mut results: Vec<Option<Served>> = vec![None; batch.items.len()];
