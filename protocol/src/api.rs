@@ -3,6 +3,9 @@
 //! This module owns the request types (chat and text completions, including token-id prompts),
 //! the response and streaming-chunk types, the OpenAI error object, and the strict parsing that
 //! turns a request body into a typed request or a client error naming what is wrong and where.
+//! It also owns the wire types of prefill/decode disaggregation between workers: vLLM's
+//! [`KvTransferParams`], the KV export call ([`KV_EXPORT_PATH`]) and the decode worker's
+//! [`KvTransferReport`] header.
 //! It knows nothing about HTTP transport; `server` modules wrap these types in responses.
 
 use serde::{Deserialize, Serialize};
@@ -60,6 +63,10 @@ pub struct ChatCompletionRequest {
     /// (`token_ids`). The gateway asks for them to continue a broken stream elsewhere.
     #[serde(default)]
     pub return_token_ids: Option<bool>,
+    /// Prefill/decode disaggregation (vLLM's `kv_transfer_params`): asks a prefill worker to
+    /// keep the prompt's KV for a decode worker, or tells a decode worker where to pull it.
+    #[serde(default)]
+    pub kv_transfer_params: Option<KvTransferParams>,
     /// How tokens are chosen and when generation stops.
     #[serde(flatten)]
     pub sampling: SamplingOptions,
@@ -281,6 +288,9 @@ pub struct CompletionRequest {
     /// (`token_ids`). The gateway asks for them to continue a broken stream elsewhere.
     #[serde(default)]
     pub return_token_ids: Option<bool>,
+    /// Prefill/decode disaggregation (vLLM's `kv_transfer_params`), as on chat requests.
+    #[serde(default)]
+    pub kv_transfer_params: Option<KvTransferParams>,
     /// How tokens are chosen and when generation stops.
     #[serde(flatten)]
     pub sampling: SamplingOptions,
@@ -364,6 +374,14 @@ impl GenerateRequest {
         match self {
             GenerateRequest::Chat(req) => &req.sampling,
             GenerateRequest::Completion(req) => &req.sampling,
+        }
+    }
+
+    /// The request's `kv_transfer_params`, if it has them.
+    pub fn kv_transfer_params(&self) -> Option<&KvTransferParams> {
+        match self {
+            GenerateRequest::Chat(req) => req.kv_transfer_params.as_ref(),
+            GenerateRequest::Completion(req) => req.kv_transfer_params.as_ref(),
         }
     }
 }
@@ -659,6 +677,214 @@ pub fn sse_event(json: &[u8]) -> bytes::Bytes {
     event.into()
 }
 
+/// Worker: `POST` a [`KvExportRequest`] to a prefill worker (at the `remote_url` of its
+/// [`KvTransferParams`]); it answers a [`KvExportResponse`] naming the leading blocks it still
+/// holds, which a decode worker then imports.
+pub const KV_EXPORT_PATH: &str = "/v1/kv/export";
+
+/// Response header of a decode worker's answer to a request with `do_remote_prefill`: how the
+/// prompt's KV got there, a [`KvTransferReport`] (`remote; blocks=N; bytes=B; ms=T` or
+/// `local; reason=R`).
+pub const KV_TRANSFER_HEADER: &str = "x-switchyard-kv-transfer";
+
+/// vLLM's `kv_transfer_params` (the NixlConnector's fields, plus Switchyard's `remote_url` and
+/// `remote_node`), in requests and in a prefill worker's answer. Every field is optional and
+/// unknown fields are ignored, so parameters written for other connectors still parse.
+///
+/// The flow: the router sends a prefill worker the request with `max_tokens: 1` and
+/// `{"do_remote_decode": true}`; the prefill worker answers these parameters with
+/// `do_remote_prefill: true`, its address and the block hashes it holds; the router sends them
+/// unchanged to a decode worker with the original request, and the decode worker pulls the
+/// blocks it lacks from `remote_url` ([`KV_EXPORT_PATH`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KvTransferParams {
+    /// To a prefill worker: keep the prompt's KV for a decode worker and say where it is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub do_remote_decode: Option<bool>,
+    /// To a decode worker: the prompt's KV is on the prefill worker named below; pull it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub do_remote_prefill: Option<bool>,
+    /// The prefill worker's name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub remote_engine_id: Option<String>,
+    /// The prefill worker's host.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub remote_host: Option<String>,
+    /// The prefill worker's port.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub remote_port: Option<u16>,
+    /// The prefill worker's base URL (`http://host:port`), where [`KV_EXPORT_PATH`] is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub remote_url: Option<String>,
+    /// The prefill worker's machine (empty when unknown): a decode worker on the same node
+    /// moves blocks over the faster local link.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub remote_node: Option<String>,
+    /// Sequence hashes of the prompt's full blocks the prefill worker holds, in prefix order.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub remote_block_ids: Option<Vec<u64>>,
+}
+
+impl KvTransferParams {
+    /// Whether a prefill worker is asked to keep the prompt's KV for a decode worker.
+    pub fn wants_remote_decode(&self) -> bool {
+        self.do_remote_decode.unwrap_or(false)
+    }
+
+    /// Whether a decode worker is told to pull the prompt's KV.
+    pub fn wants_remote_prefill(&self) -> bool {
+        self.do_remote_prefill.unwrap_or(false)
+    }
+
+    /// The prefill worker's base URL: `remote_url`, else `http://{remote_host}:{remote_port}`
+    /// (as vLLM's parameters name it), without a trailing `/`.
+    pub fn remote_base_url(&self) -> Option<String> {
+        if let Some(url) = self.remote_url.as_deref().filter(|url| !url.is_empty()) {
+            return Some(url.trim_end_matches('/').to_string());
+        }
+        let host = self.remote_host.as_deref().filter(|host| !host.is_empty())?;
+        let port = self.remote_port?;
+        if host.contains(':') && !host.starts_with('[') {
+            // An IPv6 literal.
+            return Some(format!("http://[{host}]:{port}"));
+        }
+        Some(format!("http://{host}:{port}"))
+    }
+}
+
+/// The body of `POST` [`KV_EXPORT_PATH`]: the blocks a decode worker wants.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KvExportRequest {
+    /// Sequence hashes of the wanted blocks, in prefix order.
+    pub block_hashes: Vec<u64>,
+}
+
+/// The answer of [`KV_EXPORT_PATH`]: the leading run of the wanted blocks the worker still
+/// holds (it may have evicted the rest), in the same order.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KvExportResponse {
+    /// The held blocks' sequence hashes: a prefix of the request's.
+    pub block_hashes: Vec<u64>,
+    /// Bytes of KV cache one block takes (what moving one costs).
+    pub block_bytes: u64,
+}
+
+/// Why a decode worker prefilled a prompt itself instead of pulling its KV.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum KvTransferFailure {
+    /// The prefill worker could not be reached (or no address was given).
+    Connect,
+    /// It answered a status other than 200.
+    Status,
+    /// It did not answer within the decode worker's deadline.
+    Timeout,
+    /// Its answer did not parse, or named blocks that were not asked for.
+    Answer,
+    /// It no longer holds the first wanted block.
+    Missing,
+    /// This worker cannot take blocks in (its engine cannot import KV, its prefix cache is
+    /// off, or the request carries media).
+    Unsupported,
+}
+
+impl KvTransferFailure {
+    /// Every failure, in a fixed order (for metric labels).
+    pub const ALL: [KvTransferFailure; 6] = [
+        KvTransferFailure::Connect,
+        KvTransferFailure::Status,
+        KvTransferFailure::Timeout,
+        KvTransferFailure::Answer,
+        KvTransferFailure::Missing,
+        KvTransferFailure::Unsupported,
+    ];
+
+    /// The name in [`KV_TRANSFER_HEADER`] and in metric labels.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            KvTransferFailure::Connect => "connect",
+            KvTransferFailure::Status => "status",
+            KvTransferFailure::Timeout => "timeout",
+            KvTransferFailure::Answer => "answer",
+            KvTransferFailure::Missing => "missing",
+            KvTransferFailure::Unsupported => "unsupported",
+        }
+    }
+}
+
+/// What a decode worker reports in [`KV_TRANSFER_HEADER`].
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum KvTransferReport {
+    /// Blocks were pulled: `remote; blocks=N; bytes=B; ms=T` (N = 0 when the prompt's blocks
+    /// were all cached here already; T in milliseconds the transfer took, fractional).
+    Remote {
+        /// Blocks moved.
+        blocks: u64,
+        /// Bytes moved.
+        bytes: u64,
+        /// Milliseconds the transfer took.
+        ms: f64,
+    },
+    /// Nothing was pulled, the worker prefilled the prompt itself: `local; reason=R`.
+    Local(KvTransferFailure),
+}
+
+impl std::fmt::Display for KvTransferReport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            KvTransferReport::Remote { blocks, bytes, ms } => {
+                // Microsecond precision, trailing zeros dropped: `ms=0`, `ms=12.5`.
+                let ms = format!("{:.3}", ms.max(0.0));
+                let ms = ms.trim_end_matches('0').trim_end_matches('.');
+                write!(f, "remote; blocks={blocks}; bytes={bytes}; ms={ms}")
+            }
+            KvTransferReport::Local(reason) => write!(f, "local; reason={}", reason.as_str()),
+        }
+    }
+}
+
+impl std::str::FromStr for KvTransferReport {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<KvTransferReport, String> {
+        let mut parts = text.split(';').map(str::trim);
+        let kind = parts.next().unwrap_or_default();
+        let mut fields = std::collections::HashMap::new();
+        for part in parts {
+            let (key, value) = part
+                .split_once('=')
+                .ok_or_else(|| format!("`{part}` is not key=value"))?;
+            fields.insert(key.trim(), value.trim());
+        }
+        let field = |key: &str| {
+            fields
+                .get(key)
+                .copied()
+                .ok_or_else(|| format!("`{text}` lacks `{key}`"))
+        };
+        match kind {
+            "remote" => {
+                let number =
+                    |key: &str| -> Result<u64, String> { field(key)?.parse().map_err(|err| format!("`{key}`: {err}")) };
+                let ms: f64 = field("ms")?.parse().map_err(|err| format!("`ms`: {err}"))?;
+                Ok(KvTransferReport::Remote {
+                    blocks: number("blocks")?,
+                    bytes: number("bytes")?,
+                    ms,
+                })
+            }
+            "local" => {
+                let reason = field("reason")?;
+                KvTransferFailure::ALL
+                    .into_iter()
+                    .find(|failure| failure.as_str() == reason)
+                    .map(KvTransferReport::Local)
+                    .ok_or_else(|| format!("unknown reason `{reason}`"))
+            }
+            other => Err(format!("`{other}` is neither `remote` nor `local`")),
+        }
+    }
+}
+
 /// Token counts of one request.
 #[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
 pub struct Usage {
@@ -793,6 +1019,83 @@ mod tests {
         };
         let content = chat.messages[0].content.as_ref().expect("content");
         assert_eq!(content.text_with_media_markers(), format!("{MEDIA_MARKER}\nx "));
+    }
+
+    #[test]
+    fn kv_transfer_params_parse_with_unknown_fields_and_fall_back_to_host_and_port() {
+        let request = parse_generate_request(
+            Endpoint::Completion,
+            br#"{"model":"m","prompt":"x","kv_transfer_params":{"do_remote_prefill":true,"remote_host":"10.0.0.2","remote_port":8100,"remote_block_ids":[1,18446744073709551615],"tp_size":1}}"#,
+        )
+        .expect("valid");
+        let params = request.kv_transfer_params().expect("params");
+        assert!(params.wants_remote_prefill() && !params.wants_remote_decode());
+        assert_eq!(params.remote_block_ids.as_deref(), Some(&[1, u64::MAX][..]));
+        assert_eq!(params.remote_base_url().as_deref(), Some("http://10.0.0.2:8100"));
+        let with_url = KvTransferParams {
+            remote_url: Some("http://a:1/".into()),
+            ..params.clone()
+        };
+        assert_eq!(with_url.remote_base_url().as_deref(), Some("http://a:1"));
+        let chat = parse_generate_request(
+            Endpoint::Chat,
+            br#"{"model":"m","messages":[{"role":"user","content":"x"}],"kv_transfer_params":{"do_remote_decode":true}}"#,
+        )
+        .expect("valid");
+        assert!(
+            chat.kv_transfer_params()
+                .is_some_and(KvTransferParams::wants_remote_decode)
+        );
+        assert_eq!(
+            serde_json::to_string(&KvTransferParams {
+                do_remote_decode: Some(true),
+                ..KvTransferParams::default()
+            })
+            .expect("serializes"),
+            r#"{"do_remote_decode":true}"#
+        );
+        let err = parse_err(
+            Endpoint::Completion,
+            r#"{"model":"m","prompt":"x","kv_transfer_params":{"remote_port":"x"}}"#,
+        );
+        assert_eq!(err.param(), Some("kv_transfer_params.remote_port"));
+    }
+
+    #[test]
+    fn kv_transfer_reports_round_trip_through_their_header_text() {
+        let cases = [
+            (
+                KvTransferReport::Remote {
+                    blocks: 6,
+                    bytes: 12_582_912,
+                    ms: 12.5,
+                },
+                "remote; blocks=6; bytes=12582912; ms=12.5",
+            ),
+            (
+                KvTransferReport::Remote {
+                    blocks: 0,
+                    bytes: 0,
+                    ms: 0.0,
+                },
+                "remote; blocks=0; bytes=0; ms=0",
+            ),
+            (
+                KvTransferReport::Local(KvTransferFailure::Connect),
+                "local; reason=connect",
+            ),
+        ];
+        for (report, text) in cases {
+            assert_eq!(report.to_string(), text);
+            assert_eq!(text.parse::<KvTransferReport>(), Ok(report));
+        }
+        for failure in KvTransferFailure::ALL {
+            let report = KvTransferReport::Local(failure);
+            assert_eq!(report.to_string().parse::<KvTransferReport>(), Ok(report));
+        }
+        assert!("remote; blocks=1".parse::<KvTransferReport>().is_err());
+        assert!("local; reason=bored".parse::<KvTransferReport>().is_err());
+        assert!("elsewhere".parse::<KvTransferReport>().is_err());
     }
 
     #[test]

@@ -1,8 +1,9 @@
 //! Switchyard's worker core.
 //!
 //! The crate owns what every LLM worker behind the gateway shares: the engine core ([`engine`]:
-//! scheduler, KV block pool, sampling), the worker HTTP server ([`server`], with [`stop`]
-//! strings), the links that tell the routing layer about a worker's cache (NATS: [`kv_link`];
+//! scheduler, KV block pool, sampling, and the KV block exports and imports of prefill/decode
+//! disaggregation), the worker HTTP server ([`server`], with [`stop`] strings, serving both
+//! sides of disaggregation), the links that tell the routing layer about a worker's cache (NATS: [`kv_link`];
 //! one gateway over HTTP: [`gateway_link`]), waiting for a stop signal ([`shutdown`]) and the
 //! simulated engine ([`mocker`]). What it
 //! speaks to gateways is `switchyard-protocol`; how it tokenizes is `switchyard-tokenize`; the

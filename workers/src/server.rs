@@ -4,7 +4,9 @@
 //! `POST /v1/completions` (text or token-id prompts, sampling fields, SSE streaming or a whole
 //! answer), `GET /v1/models`, `GET /healthz` (also at `/health`), `GET /metrics` (Prometheus text),
 //! `POST /kv/reset` (drop the prefix cache's unreferenced blocks, announced as KV events),
-//! `POST /v1/features/...` (media features pushed by encoders, see [`media`]) and,
+//! `POST /v1/features/...` (media features pushed by encoders, see [`media`]),
+//! `POST /v1/kv/export` (the KV blocks a decode worker pulls: both sides of prefill/decode
+//! disaggregation are in `kv_transfer`, set up by [`KvTransferConfig`]) and,
 //! for workers linked to a gateway over HTTP, `GET /kv/dump` (the KV cache for a resync). It parses
 //! requests with [`switchyard_protocol::api`], tokenizes them with the worker's [`TextCodec`] (the mocker's
 //! byte-level prompts and made-up words, or a model's tokenizer), and turns the engine's
@@ -32,8 +34,11 @@ use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
+mod kv_transfer;
 mod media;
 mod token_ids;
+
+pub use kv_transfer::{KvTransferConfig, LLAMA3_8B_KV_BYTES_PER_TOKEN};
 
 use crate::engine::{EngineHandle, Output, SamplingParams, SubmitError};
 use crate::features::{FeatureTracker, TrackerConfig};
@@ -94,6 +99,9 @@ pub struct ServerConfig {
     /// 500 before any work, while `/healthz` stays 200 (a worker broken in a way its health
     /// check does not see).
     pub fail_every: Option<u64>,
+    /// Prefill/decode disaggregation: who this worker is to decode workers, and how fast KV
+    /// blocks move to it.
+    pub kv_transfer: KvTransferConfig,
 }
 
 impl Default for ServerConfig {
@@ -113,6 +121,7 @@ impl Default for ServerConfig {
             max_feature_bytes: 512 << 20,
             local_encode_scale: 1.0,
             fail_every: None,
+            kv_transfer: KvTransferConfig::default(),
         }
     }
 }
@@ -136,6 +145,8 @@ struct State {
     text_only: AtomicU64,
     /// Generation requests received, for [`ServerConfig::fail_every`].
     received: AtomicU64,
+    /// KV transfers to and from other workers.
+    kv: kv_transfer::Transfers,
 }
 
 /// Latency histograms of the requests this server answers, in seconds.
@@ -189,6 +200,7 @@ impl WorkerServer {
         let addr = listener.local_addr()?;
         let generated = engine.stats().generated_tokens.load(Ordering::Relaxed);
         let config_tracker = config.tracker;
+        let kv = kv_transfer::Transfers::new(&config.kv_transfer, addr);
         let state = Arc::new(State {
             config,
             engine: engine.clone(),
@@ -201,6 +213,7 @@ impl WorkerServer {
             features: Mutex::new(FeatureTracker::new(config_tracker)),
             text_only: AtomicU64::new(0),
             received: AtomicU64::new(0),
+            kv,
         });
         let task = tokio::spawn(accept_loop(listener, state.clone()));
         Ok(WorkerServer {
@@ -305,13 +318,14 @@ async fn handle(state: Arc<State>, request: Request<Incoming>) -> Response<Body>
         (Method::GET, METRICS) => Ok(metrics(&state)),
         (Method::GET, KV_DUMP) => dump(&state),
         (Method::POST, KV_RESET) => reset(&state).await,
+        (Method::POST, api::KV_EXPORT_PATH) => kv_transfer::export(&state, request).await,
         (_, api::CHAT_COMPLETIONS_PATH | api::COMPLETIONS_PATH) => {
             Err(respond::method_not_allowed(&method, &path, "POST"))
         }
         (_, api::MODELS_PATH | HEALTHZ | HEALTH | METRICS | KV_DUMP) => {
             Err(respond::method_not_allowed(&method, &path, "GET"))
         }
-        (_, KV_RESET) => Err(respond::method_not_allowed(&method, &path, "POST")),
+        (_, KV_RESET | api::KV_EXPORT_PATH) => Err(respond::method_not_allowed(&method, &path, "POST")),
         _ => Err(respond::not_found(&path)),
     };
     result.unwrap_or_else(|err| respond::error(&err))
@@ -404,8 +418,21 @@ async fn generate(
     let plan = media::plan(&parts.headers)?;
     // The prompt's ids, when asked for; a prompt with media has none to report.
     let mut prompt_ids = None;
+    let kv_params = request.kv_transfer_params();
+    // Prefill side: the prompt's block hashes, to say which of them this worker holds once the
+    // answer is ready (none named for a prompt with media).
+    let mut export_hashes = None;
+    // Decode side: how the prompt's KV got here.
+    let mut pulled = None;
     let started = match plan {
         Some(plan) if !plan.items.is_empty() && matches!(request, GenerateRequest::Chat(_)) => {
+            if kv_params.is_some_and(api::KvTransferParams::wants_remote_decode) {
+                export_hashes = Some(Vec::new());
+            }
+            if kv_params.is_some_and(api::KvTransferParams::wants_remote_prefill) {
+                // The media path builds its prompt as features arrive; it prefills itself.
+                pulled = Some(kv_transfer::unsupported(state));
+            }
             media::start(state, &request, plan, params).await?
         }
         _ => {
@@ -415,6 +442,12 @@ async fn generate(
                     .prompt_tokens(&request)
                     .map_err(|err| ApiError::invalid_request("tokenization_failed", err.to_string()))?,
             };
+            if kv_params.is_some_and(api::KvTransferParams::wants_remote_decode) {
+                export_hashes = Some(kv_transfer::prompt_hashes(&state.engine, &prompt));
+            }
+            if let Some(params) = kv_params.filter(|params| params.wants_remote_prefill()) {
+                pulled = Some(kv_transfer::pull(state, params, &prompt).await);
+            }
             let prompt_tokens = prompt.len() as u32;
             prompt_ids = request.returns_token_ids().then(|| prompt.clone());
             media::Started {
@@ -469,11 +502,21 @@ async fn generate(
             _in_flight: in_flight,
         }))
     } else {
-        whole_answer(generation, meta, &request).await?
+        let mut body = whole_answer(generation, meta, &request).await?;
+        if let Some(hashes) = export_hashes {
+            // After the answer: the prompt's blocks are in the prefix cache by now. (A streamed
+            // answer has no place for them; routers ask prefill workers for whole answers.)
+            let params = kv_transfer::answer_params(state, hashes).await;
+            body["kv_transfer_params"] = serde_json::to_value(params).unwrap_or_default();
+        }
+        respond::json(StatusCode::OK, &body)
     };
     if let Some((name, value)) = header
         && let Ok(value) = http::HeaderValue::from_str(&value)
     {
+        response.headers_mut().insert(name, value);
+    }
+    if let Some((name, value)) = pulled.and_then(kv_transfer::header) {
         response.headers_mut().insert(name, value);
     }
     Ok(response)
@@ -790,11 +833,12 @@ fn engine_failed(reason: String) -> ApiError {
     )
 }
 
+/// Waits for the whole generation and returns the answer's JSON body.
 async fn whole_answer(
     mut generation: Generation,
     meta: ResponseMeta,
     request: &GenerateRequest,
-) -> Result<Response<Body>, ApiError> {
+) -> Result<serde_json::Value, ApiError> {
     let mut text = String::new();
     let mut token_ids = Vec::new();
     loop {
@@ -828,7 +872,7 @@ async fn whole_answer(
                         token_ids.extend(ids);
                         reported.attach(&mut body, meta.endpoint, std::mem::take(&mut token_ids));
                     }
-                    return Ok(respond::json(StatusCode::OK, &body));
+                    return Ok(body);
                 }
             }
         }
@@ -1089,6 +1133,7 @@ fn metrics(state: &State) -> Response<Body> {
         counter.inc_by(value);
         registry.register(name, help, counter);
     }
+    state.kv.register_metrics(&mut registry, &state.engine);
     metrics_response(&registry)
 }
 

@@ -16,6 +16,7 @@
 //! | `planner_` | the planner's rules and its process connector |
 //! | `native_` | the native LLM worker and encoders behind the gateway |
 //! | `stream_` | streams that survive a worker: continued elsewhere from their tokens |
+//! | `pd_` | prefill/decode disaggregation: prompts computed on prefill workers, and their failures |
 //!
 //! Tests of one module run side by side and no other module's beside them, as when each file
 //! was a test binary of its own: a harness `Gateway` holds its calling file's turn.
@@ -48,6 +49,8 @@ mod media_fetch;
 mod media_multimodal;
 mod native_multimodal;
 mod native_worker;
+mod pd_disagg;
+mod pd_fallback;
 mod planner_process;
 mod planner_rules;
 mod policy_columns;

@@ -8,7 +8,7 @@ use clap::Parser;
 use switchyard_protocol::kv_events;
 use switchyard_workers::encoder::{self, EncoderConfig};
 use switchyard_workers::kv_link;
-use switchyard_workers::mocker::{self, EngineConfig, ServerConfig};
+use switchyard_workers::mocker::{self, EngineConfig, KvTransferConfig, ServerConfig};
 use switchyard_workers::shutdown::shutdown_signal;
 
 /// What the mocker simulates.
@@ -16,6 +16,12 @@ use switchyard_workers::shutdown::shutdown_signal;
 enum MockRole {
     /// LLM workers (the default).
     Llm,
+    /// LLM workers announced as prefill workers (prefill/decode disaggregation): they compute
+    /// prompts whose KV blocks decode workers pull.
+    Prefill,
+    /// LLM workers announced as decode workers: they pull a prompt's KV blocks from the
+    /// prefill worker a request names, or prefill themselves.
+    Decode,
     /// Encoders of the modality `--encodes` names.
     Encoder,
     /// Vision encoders (images and video frames).
@@ -29,8 +35,10 @@ enum MockRole {
 #[derive(Debug, Parser)]
 #[command(name = "switchyard-mocker", version)]
 struct Args {
-    /// What to run: `llm` workers, or `encoder`s (of `--encodes`; `vision` and `audio` name the
-    /// modality directly).
+    /// What to run: `llm` workers (or the same announced as `prefill` or `decode` workers), or
+    /// `encoder`s (of `--encodes`; `vision` and `audio` name the modality directly). Every LLM
+    /// worker serves both sides of prefill/decode disaggregation; the role is what it
+    /// announces.
     #[arg(long, value_enum, default_value_t = MockRole::Llm)]
     role: MockRole,
     /// Encoders: the modality they encode, `vision` or `audio`.
@@ -59,6 +67,20 @@ struct Args {
     /// The machine name announced in registrations (same-node transfers are faster).
     #[arg(long, default_value = "")]
     node: String,
+    /// Bytes of one KV block, what pulling it from a prefill worker moves (default: Llama-3-8B
+    /// at f16, 128 KiB per token × --block-size).
+    #[arg(long)]
+    kv_block_bytes: Option<u64>,
+    /// GB/s (10⁹ bytes) of KV transfers between workers of the same --node (NVLink-class).
+    #[arg(long, default_value_t = 300.0)]
+    kv_link_local_gbps: f64,
+    /// GB/s of KV transfers between nodes (25: 200 Gb/s RDMA).
+    #[arg(long, default_value_t = 25.0)]
+    kv_link_remote_gbps: f64,
+    /// How long (real time) a decode worker waits for a prefill worker's blocks before it
+    /// prefills the prompt itself.
+    #[arg(long, default_value_t = 2000)]
+    kv_transfer_timeout_ms: u64,
     /// Number of engines to run, one port each.
     #[arg(long, default_value_t = 1)]
     num_workers: usize,
@@ -173,12 +195,26 @@ async fn run() -> anyhow::Result<()> {
         "--cost must be a number of at least 0, got {}",
         args.cost
     );
-    if args.role != MockRole::Llm {
+    let role = match args.role {
+        MockRole::Llm => switchyard_protocol::Role::Llm,
+        MockRole::Prefill => switchyard_protocol::Role::Prefill,
+        MockRole::Decode => switchyard_protocol::Role::Decode,
+        MockRole::Encoder | MockRole::Vision | MockRole::Audio => {
+            anyhow::ensure!(
+                args.spot_lifetime_s.is_none(),
+                "--spot-lifetime-s simulates preemption of LLM engines only"
+            );
+            return run_encoders(args).await;
+        }
+    };
+    for (flag, gbps) in [
+        ("--kv-link-local-gbps", args.kv_link_local_gbps),
+        ("--kv-link-remote-gbps", args.kv_link_remote_gbps),
+    ] {
         anyhow::ensure!(
-            args.spot_lifetime_s.is_none(),
-            "--spot-lifetime-s simulates preemption of LLM engines only"
+            gbps.is_finite() && gbps > 0.0,
+            "{flag} must be a positive number of GB/s, got {gbps}"
         );
-        return run_encoders(args).await;
     }
     let spot_schedule = spot_schedule(&args)?;
     let engine = EngineConfig {
@@ -196,26 +232,55 @@ async fn run() -> anyhow::Result<()> {
         // LLM workers that encode media themselves take the same cost scale as encoders.
         local_encode_scale: args.cost_scale,
         fail_every: args.fail_every,
+        kv_transfer: KvTransferConfig {
+            node: args.node.clone(),
+            block_bytes: args.kv_block_bytes,
+            local_gbps: args.kv_link_local_gbps,
+            remote_gbps: args.kv_link_remote_gbps,
+            timeout: std::time::Duration::from_millis(args.kv_transfer_timeout_ms),
+            ..KvTransferConfig::default()
+        },
         ..ServerConfig::default()
     };
-    let fleet = mocker::spawn_fleet(args.num_workers, args.host, args.port, &engine, &server)
-        .await
-        .context("could not bind the mocker ports")?;
+    // Bound one by one, so that each knows its name (the port may be picked by the kernel)
+    // before it answers as a prefill worker.
+    let mut fleet = Vec::with_capacity(args.num_workers);
+    let mut names = Vec::with_capacity(args.num_workers);
+    for index in 0..args.num_workers {
+        let port = mocker::fleet_port(args.port, index)?;
+        let listener = tokio::net::TcpListener::bind(std::net::SocketAddr::new(args.host, port))
+            .await
+            .with_context(|| format!("could not bind the mocker port {}:{port}", args.host))?;
+        let addr = listener.local_addr().context("cannot read the listening address")?;
+        let name = match &args.name {
+            Some(prefix) => format!("{prefix}-{index}"),
+            None => format!("mocker-{}", addr.port()),
+        };
+        anyhow::ensure!(
+            kv_events::valid_worker_name(&name),
+            "worker name `{name}` must be letters, digits, `-` and `_`"
+        );
+        let server = ServerConfig {
+            kv_transfer: KvTransferConfig {
+                engine_id: Some(name.clone()),
+                ..server.kv_transfer.clone()
+            },
+            ..server.clone()
+        };
+        fleet.push(
+            mocker::WorkerServer::start(listener, mocker::spawn_engine(engine.clone()), server)
+                .context("could not start a mocker")?,
+        );
+        names.push(name);
+    }
     let (notice_sender, notice) = tokio::sync::watch::channel(false);
     let mut links = Vec::new();
     if let Some(url) = &args.nats {
         let client = async_nats::connect(url.as_str())
             .await
             .with_context(|| format!("cannot connect to NATS at `{url}`"))?;
-        for (index, worker) in fleet.iter().enumerate() {
-            let name = match &args.name {
-                Some(prefix) => format!("{prefix}-{index}"),
-                None => format!("mocker-{}", worker.addr().port()),
-            };
-            anyhow::ensure!(
-                kv_events::valid_worker_name(&name),
-                "worker name `{name}` must be letters, digits, `-` and `_`"
-            );
+        for (worker, name) in fleet.iter().zip(&names) {
+            let name = name.clone();
             let (sink, events) = tokio::sync::mpsc::unbounded_channel();
             worker.engine().subscribe_kv_events(sink);
             let (stop, stopped) = tokio::sync::oneshot::channel();
@@ -225,7 +290,7 @@ async fn run() -> anyhow::Result<()> {
                     worker: name,
                     url: format!("http://{}", worker.addr()),
                     model: args.model.clone(),
-                    role: switchyard_protocol::Role::Llm,
+                    role,
                     block_size: args.block_size,
                     capacity_blocks: args.num_gpu_blocks as u64,
                     capabilities: vec!["text".into()],

@@ -96,6 +96,23 @@ impl BlockManager {
             .count()
     }
 
+    /// How many leading blocks of `hashes` (sequence hashes) this pool holds, referenced or
+    /// inactive, whether or not prefix caching is on: what it can export.
+    pub fn held_run(&self, hashes: &[u64]) -> usize {
+        hashes
+            .iter()
+            .take_while(|hash| self.active.contains_key(hash) || self.inactive.contains(hash))
+            .count()
+    }
+
+    /// The number of the block holding `hash`, if it is held; does not count as a use.
+    pub fn block_of(&self, hash: u64) -> Option<BlockId> {
+        self.active
+            .get(&hash)
+            .map(|(block, _)| *block)
+            .or_else(|| self.inactive.peek(&hash).copied())
+    }
+
     /// Whether a sequence can take the cached blocks `cached` and `new_blocks` fresh ones.
     pub fn can_admit(&self, cached: &[BlockHash], new_blocks: usize) -> bool {
         let revived = cached
@@ -328,6 +345,25 @@ mod tests {
         assert_eq!(manager.clear_cache(), 1);
         assert_eq!(manager.drain_events(), vec![KvEvent::Cleared], "now the cache is empty");
         assert_eq!(manager.available(), 8);
+    }
+
+    #[test]
+    fn the_held_run_stops_at_the_first_block_not_held() {
+        let mut manager = BlockManager::new(8, true);
+        let chain = hashes(&[1, 2, 3, 4, 5, 6]);
+        let held = store(&mut manager, &chain[..2]);
+        manager.release_full(chain[0].sequence);
+        let sequences: Vec<u64> = chain.iter().map(|hash| hash.sequence).collect();
+        assert_eq!(
+            manager.held_run(&sequences),
+            2,
+            "one inactive, one referenced, then a gap"
+        );
+        assert_eq!(manager.held_run(&sequences[1..]), 1);
+        assert_eq!(manager.held_run(&sequences[2..]), 0);
+        assert_eq!(manager.block_of(chain[0].sequence), Some(held[0]));
+        assert_eq!(manager.block_of(chain[1].sequence), Some(held[1]));
+        assert_eq!(manager.block_of(chain[2].sequence), None);
     }
 
     #[test]

@@ -8,11 +8,14 @@
 //! model says and makes up tokens; the native engine (`switchyard_llm`) runs the model over the
 //! blocks the scheduler chose and samples ([`sampling`]). Because both share this core, they
 //! schedule, cache, evict and publish KV events identically, and a gateway cannot tell them
-//! apart except by speed. [`spawn_native`] runs a blocking executor on its own thread.
+//! apart except by speed. [`spawn_native`] runs a blocking executor on its own thread. For
+//! prefill/decode disaggregation an engine also exports the blocks it holds and imports blocks
+//! another engine computed as cached ones ([`transfer`]).
 
 pub mod blocks;
 pub mod sampling;
 pub mod scheduler;
+pub mod transfer;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -22,6 +25,7 @@ use tokio::sync::mpsc;
 pub use blocks::{BlockId, BlockManager, KvEvent};
 pub use sampling::{FinishReason, Sampler, SamplingError, SamplingParams};
 pub use scheduler::{Executor, StepItem};
+pub use transfer::{KvExport, KvImport, KvImported, KvMedium};
 
 /// Settings of one engine.
 #[derive(Debug, Clone)]
@@ -225,6 +229,10 @@ pub struct EngineStats {
     pub batched_sequences: AtomicU64,
     /// Nanoseconds spent executing steps.
     pub busy_nanos: AtomicU64,
+    /// KV blocks named in export answers (prefill/decode disaggregation).
+    pub exported_blocks: AtomicU64,
+    /// KV blocks taken in from other engines as cached blocks.
+    pub imported_blocks: AtomicU64,
 }
 
 impl EngineStats {
@@ -268,6 +276,12 @@ pub(crate) enum Submission {
     /// Hold the device for this long (before speed-up) for other work, such as encoding media
     /// on the LLM's own device: no step runs meanwhile. Answered when done.
     Occupy(std::time::Duration, tokio::sync::oneshot::Sender<()>),
+    /// How many leading blocks of these sequence hashes the pool holds.
+    Held(Vec<u64>, tokio::sync::oneshot::Sender<usize>),
+    /// Export the leading run of these blocks the pool holds.
+    Export(Vec<u64>, tokio::sync::oneshot::Sender<KvExport>),
+    /// Take these blocks in as cached blocks.
+    Import(KvImport, tokio::sync::oneshot::Sender<KvImported>),
 }
 
 /// How far into its prompt a request may be prefilled, raised as its inputs arrive.
@@ -327,6 +341,7 @@ pub struct EngineHandle {
     submissions: mpsc::UnboundedSender<Submission>,
     config: Arc<EngineConfig>,
     limits: ModelLimits,
+    medium: KvMedium,
     stats: Arc<EngineStats>,
     events: EventSink,
 }
@@ -336,6 +351,7 @@ impl EngineHandle {
     pub(crate) fn new(
         config: EngineConfig,
         limits: ModelLimits,
+        medium: KvMedium,
     ) -> (EngineHandle, scheduler::Scheduler, mpsc::UnboundedReceiver<Submission>) {
         let (submissions, receiver) = mpsc::unbounded_channel();
         let stats = Arc::new(EngineStats::default());
@@ -347,6 +363,7 @@ impl EngineHandle {
             submissions,
             config: Arc::new(config.clone()),
             limits,
+            medium,
             stats: stats.clone(),
             events: events.clone(),
         };
@@ -475,6 +492,57 @@ impl EngineHandle {
         }
     }
 
+    /// How many leading blocks of `hashes` (sequence hashes, prefix order) the engine holds,
+    /// referenced or cached.
+    ///
+    /// # Errors
+    ///
+    /// [`SubmitError::Stopped`] if the engine has stopped.
+    pub async fn held_blocks(&self, hashes: Vec<u64>) -> Result<usize, SubmitError> {
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        self.submissions
+            .send(Submission::Held(hashes, reply))
+            .map_err(|_| SubmitError::Stopped)?;
+        answer.await.map_err(|_| SubmitError::Stopped)
+    }
+
+    /// The leading run of `hashes` (sequence hashes, prefix order) the engine holds, with their
+    /// keys and values when its executor can copy them ([`KvMedium::Payloads`]).
+    ///
+    /// # Errors
+    ///
+    /// [`SubmitError::Stopped`] if the engine has stopped.
+    pub async fn export_kv(&self, hashes: Vec<u64>) -> Result<KvExport, SubmitError> {
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        self.submissions
+            .send(Submission::Export(hashes, reply))
+            .map_err(|_| SubmitError::Stopped)?;
+        answer.await.map_err(|_| SubmitError::Stopped)
+    }
+
+    /// Takes blocks computed elsewhere in as cached blocks, as if this engine had prefilled
+    /// them: later requests with their prefix reuse them, they are evictable once free, and
+    /// they are announced as `stored` KV events. Imports as many as fit without evicting a
+    /// block a running request holds; nothing when the prefix cache is off or the executor's
+    /// medium is [`KvMedium::Opaque`].
+    ///
+    /// # Errors
+    ///
+    /// [`SubmitError::Stopped`] if the engine has stopped.
+    pub async fn import_kv(&self, import: KvImport) -> Result<KvImported, SubmitError> {
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        self.submissions
+            .send(Submission::Import(import, reply))
+            .map_err(|_| SubmitError::Stopped)?;
+        answer.await.map_err(|_| SubmitError::Stopped)
+    }
+
+    /// What the engine's KV blocks are made of: whether it can import blocks, and whether its
+    /// exports carry keys and values.
+    pub fn kv_medium(&self) -> KvMedium {
+        self.medium
+    }
+
     /// The engine's settings.
     pub fn config(&self) -> &EngineConfig {
         &self.config
@@ -510,7 +578,7 @@ pub fn spawn_native<E: Executor + Send + 'static>(
     executor: E,
     thread_name: &str,
 ) -> std::io::Result<EngineHandle> {
-    let (handle, scheduler, receiver) = EngineHandle::new(config, limits);
+    let (handle, scheduler, receiver) = EngineHandle::new(config, limits, executor.kv_medium());
     std::thread::Builder::new()
         .name(thread_name.to_string())
         .spawn(move || scheduler.run_blocking(receiver, executor))?;

@@ -20,6 +20,7 @@ use tokio::sync::mpsc::error::TryRecvError;
 
 use crate::engine::blocks::{BlockId, BlockManager};
 use crate::engine::sampling::Sampler;
+use crate::engine::transfer::{KvExport, KvImport, KvImported, KvMedium};
 use crate::engine::{EngineConfig, EngineStats, EventSink, Output, PrefillGate, Submission};
 use switchyard_protocol::block_hash::{BlockHash, block_hashes, chain_hash, local_hash};
 
@@ -33,6 +34,34 @@ pub trait Executor {
     ///
     /// A message if the step as a whole failed; every sequence in it then fails with it.
     fn execute(&mut self, items: &mut [StepItem<'_>]) -> Result<(), String>;
+
+    /// What this executor's KV blocks are made of, for moving them between engines
+    /// ([`crate::engine::transfer`]). The default, [`KvMedium::Opaque`], exports blocks by name
+    /// only and imports none.
+    fn kv_medium(&self) -> KvMedium {
+        KvMedium::Opaque
+    }
+
+    /// Copies the keys and values of `blocks` out for an export, one payload per block in
+    /// order; called only when [`kv_medium`](Self::kv_medium) is [`KvMedium::Payloads`].
+    /// `None` (the default) exports the blocks without payloads.
+    fn export_kv(&mut self, blocks: &[BlockId]) -> Option<Vec<Vec<u8>>> {
+        let _ = blocks;
+        None
+    }
+
+    /// Writes a moved block's keys and values (`payload`, as [`export_kv`](Self::export_kv)
+    /// made it) into `block`, before the block becomes a cached block; called only when
+    /// [`kv_medium`](Self::kv_medium) is [`KvMedium::Payloads`].
+    ///
+    /// # Errors
+    ///
+    /// A message if the payload does not fit the block; the import stops there and the rest
+    /// of the prompt is prefilled. The default refuses every payload.
+    fn import_kv(&mut self, block: BlockId, payload: &[u8]) -> Result<(), String> {
+        let _ = (block, payload);
+        Err("this executor cannot import KV blocks".into())
+    }
 }
 
 /// One sequence's share of a step.
@@ -154,10 +183,14 @@ impl Scheduler {
     }
 
     /// Queues every submission already sent; returns false once every handle is gone.
-    pub(crate) fn take_submissions(&mut self, submissions: &mut mpsc::UnboundedReceiver<Submission>) -> bool {
+    pub(crate) fn take_submissions<E: Executor + ?Sized>(
+        &mut self,
+        submissions: &mut mpsc::UnboundedReceiver<Submission>,
+        executor: &mut E,
+    ) -> bool {
         loop {
             match submissions.try_recv() {
-                Ok(submission) => self.enqueue(submission),
+                Ok(submission) => self.enqueue(submission, executor),
                 Err(TryRecvError::Empty) => return true,
                 Err(TryRecvError::Disconnected) => return false,
             }
@@ -174,7 +207,7 @@ impl Scheduler {
         let mut open = true;
         loop {
             if open {
-                open = self.take_submissions(&mut submissions);
+                open = self.take_submissions(&mut submissions, &mut executor);
             }
             let plan = self.next_step();
             if plan.is_empty() {
@@ -184,7 +217,7 @@ impl Scheduler {
                     return;
                 }
                 match submissions.blocking_recv() {
-                    Some(submission) => self.enqueue(submission),
+                    Some(submission) => self.enqueue(submission, &mut executor),
                     None => open = false,
                 }
                 continue;
@@ -193,9 +226,25 @@ impl Scheduler {
         }
     }
 
-    pub(crate) fn enqueue(&mut self, submission: Submission) {
+    /// Takes one submission: queues a request, or does at once what needs no step (the
+    /// executor is at hand for block exports and imports).
+    pub(crate) fn enqueue<E: Executor + ?Sized>(&mut self, submission: Submission, executor: &mut E) {
         let submission = match submission {
             Submission::Request(request) => request,
+            Submission::Held(hashes, reply) => {
+                let _ = reply.send(self.blocks.held_run(&hashes));
+                return;
+            }
+            Submission::Export(hashes, reply) => {
+                let export = self.export(&hashes, executor);
+                let _ = reply.send(export);
+                return;
+            }
+            Submission::Import(import, reply) => {
+                let imported = self.import(import, executor);
+                let _ = reply.send(imported);
+                return;
+            }
             Submission::ClearCache(reply) => {
                 let dropped = self.blocks.clear_cache();
                 self.publish();
@@ -227,6 +276,92 @@ impl Scheduler {
             gate: submission.gate,
         });
         self.update_gauges();
+    }
+
+    /// The leading run of `hashes` this engine holds, with the blocks' keys and values when
+    /// its executor can copy them.
+    fn export<E: Executor + ?Sized>(&mut self, hashes: &[u64], executor: &mut E) -> KvExport {
+        let held = hashes[..self.blocks.held_run(hashes)].to_vec();
+        let payloads = match executor.kv_medium() {
+            KvMedium::Payloads => {
+                let blocks: Vec<BlockId> = held.iter().filter_map(|hash| self.blocks.block_of(*hash)).collect();
+                // A payload per block or none: a short list would pair blocks with the wrong
+                // contents.
+                executor
+                    .export_kv(&blocks)
+                    .filter(|payloads| payloads.len() == blocks.len())
+            }
+            KvMedium::Simulated | KvMedium::Opaque => None,
+        };
+        self.stats
+            .exported_blocks
+            .fetch_add(held.len() as u64, Ordering::Relaxed);
+        KvExport {
+            block_hashes: held,
+            payloads,
+        }
+    }
+
+    /// Takes `import`'s moved blocks in as cached blocks, as many as the pool can hold without
+    /// touching a referenced block, and announces them as `stored`.
+    fn import<E: Executor + ?Sized>(&mut self, import: KvImport, executor: &mut E) -> KvImported {
+        let mut result = KvImported::default();
+        let medium = executor.kv_medium();
+        if !self.config.enable_prefix_caching || !medium.imports() {
+            // Without the prefix cache an imported block could never be found again.
+            return result;
+        }
+        let KvImport { chain, first, payloads } = import;
+        let movable = match medium {
+            KvMedium::Payloads => first.saturating_add(payloads.as_ref().map_or(0, Vec::len)),
+            KvMedium::Simulated | KvMedium::Opaque => chain.len(),
+        };
+        // Every block of the chain is referenced while the import runs, so that allocating a
+        // block for a later one never evicts an earlier one.
+        let mut referenced = Vec::with_capacity(chain.len());
+        for (index, hash) in chain.iter().enumerate().take(movable) {
+            if self.blocks.acquire_cached(hash.sequence).is_some() {
+                referenced.push(hash.sequence);
+                result.already_cached += 1;
+                continue;
+            }
+            if index < first {
+                // A block that should be here was evicted meanwhile: what follows would hang off
+                // nothing a prefix lookup can reach.
+                break;
+            }
+            let Some(block) = self.blocks.allocate_anonymous() else {
+                // Every block is referenced by running sequences.
+                break;
+            };
+            if medium == KvMedium::Payloads {
+                let payload = payloads
+                    .as_ref()
+                    .and_then(|payloads| payloads.get(index - first))
+                    .map(Vec::as_slice)
+                    .unwrap_or_default();
+                if let Err(reason) = executor.import_kv(block, payload) {
+                    tracing::warn!(block, %reason, "could not import a KV block; the rest is prefilled");
+                    self.blocks.release_anonymous(block);
+                    break;
+                }
+            }
+            let parent = index.checked_sub(1).map(|previous| chain[previous].sequence);
+            self.blocks.promote(block, parent, *hash);
+            referenced.push(hash.sequence);
+            result.imported += 1;
+        }
+        // The tail goes back first, so it is the least recently used: eviction then eats the
+        // chain from its end and what stays cached is still a prefix.
+        for hash in referenced.into_iter().rev() {
+            self.blocks.release_full(hash);
+        }
+        self.stats
+            .imported_blocks
+            .fetch_add(result.imported as u64, Ordering::Relaxed);
+        self.update_gauges();
+        self.publish();
+        result
     }
 
     /// Plans the next step: forgets cancelled requests, schedules, and publishes the KV events

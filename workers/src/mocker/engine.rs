@@ -17,7 +17,7 @@ use tokio::time::Instant;
 pub use crate::engine::{
     EngineConfig, EngineHandle, EngineStats, FinishReason, ModelLimits, Output, SamplingParams, SubmitError,
 };
-use crate::engine::{Executor, StepItem};
+use crate::engine::{Executor, KvMedium, StepItem};
 use crate::mocker::perf;
 
 /// How far the virtual clock may fall behind real time before it is reset, so that a stall
@@ -34,18 +34,24 @@ impl Executor for MockTokens {
         }
         Ok(())
     }
+
+    fn kv_medium(&self) -> KvMedium {
+        // Simulated blocks hold nothing: they move by name, and the server simulates the time.
+        KvMedium::Simulated
+    }
 }
 
 /// Starts a simulated engine on the current tokio runtime.
 pub fn spawn_engine(config: EngineConfig) -> EngineHandle {
     let speedup = config.speedup;
-    let (handle, mut scheduler, mut submissions) = EngineHandle::new(config, ModelLimits::default());
+    let (handle, mut scheduler, mut submissions) =
+        EngineHandle::new(config, ModelLimits::default(), MockTokens.kv_medium());
     tokio::spawn(async move {
         let mut clock = Instant::now();
         let mut open = true;
         loop {
             if open {
-                open = scheduler.take_submissions(&mut submissions);
+                open = scheduler.take_submissions(&mut submissions, &mut MockTokens);
             }
             let plan = scheduler.next_step();
             if plan.is_empty() {
@@ -54,7 +60,7 @@ pub fn spawn_engine(config: EngineConfig) -> EngineHandle {
                     return;
                 }
                 match submissions.recv().await {
-                    Some(submission) => scheduler.enqueue(submission),
+                    Some(submission) => scheduler.enqueue(submission, &mut MockTokens),
                     None => open = false,
                 }
                 clock = Instant::now();

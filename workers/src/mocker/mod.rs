@@ -3,7 +3,10 @@
 //! It is a product feature, not a test stub: it runs the same scheduler and KV block pool as the
 //! native engine ([`crate::engine`]: continuous batching, prefix caching, eviction, preemption),
 //! takes as long as Dynamo's fitted perf model says ([`perf`]) divided by a speed-up factor
-//! ([`engine`]), and serves the same OpenAI endpoints as a real worker ([`crate::server`]). [`spawn_fleet`] starts many engines in one process, one port each.
+//! ([`engine`]), and serves the same OpenAI endpoints as a real worker ([`crate::server`]),
+//! prefill/decode disaggregation included (its blocks move by name, in the time the link's
+//! bandwidth gives: [`KvTransferConfig`]). [`spawn_fleet`] starts many engines in one process,
+//! one port each.
 
 pub mod engine;
 pub mod perf;
@@ -12,7 +15,7 @@ use std::net::SocketAddr;
 
 use tokio::net::TcpListener;
 
-pub use crate::server::{ServerConfig, WorkerServer};
+pub use crate::server::{KvTransferConfig, ServerConfig, WorkerServer};
 pub use engine::{EngineConfig, EngineHandle, spawn_engine};
 
 /// The port of server `index` of a fleet: 0 (ephemeral) when `base_port` is 0, else

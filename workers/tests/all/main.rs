@@ -14,5 +14,6 @@ mod encoder_http;
 mod encoder_reference;
 mod worker_drain;
 mod worker_health;
+mod worker_kv_transfer;
 mod worker_mocker_http;
 mod worker_position_map;
