@@ -135,6 +135,18 @@ pub struct CompareConfig {
     pub encoder_cost_scale: f64,
     /// The gateway's `policy.deadline_ms`.
     pub policy_deadline_ms: u64,
+    /// The latency targets goodput is judged by, if any.
+    pub goodput: Option<GoodputTargets>,
+}
+
+/// DistServe's service-level objectives: a request counts toward goodput when its time to
+/// first token and its mean inter-token latency both meet their targets.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct GoodputTargets {
+    /// Time to first token, milliseconds.
+    pub ttft_ms: f64,
+    /// Mean inter-token latency, milliseconds.
+    pub itl_ms: f64,
 }
 
 /// The outcome of one policy's runs.
@@ -152,6 +164,57 @@ pub struct PolicyRun {
     pub engines: EngineCounters,
     /// What the encoders did, summed over rounds.
     pub media: MediaCounters,
+    /// What the gateway did about prefill/decode disaggregation, summed over rounds.
+    pub disagg: DisaggCounters,
+}
+
+/// The gateway's disaggregation counters (`switchyard_disagg_*`).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct DisaggCounters {
+    /// Requests whose prompt a prefill worker computed.
+    pub remote: u64,
+    /// Requests the policy disaggregated whose answering worker prefilled after all.
+    pub local: u64,
+}
+
+impl DisaggCounters {
+    /// Adds another run's counters to these.
+    pub fn add(&mut self, other: &DisaggCounters) {
+        self.remote += other.remote;
+        self.local += other.local;
+    }
+
+    /// The counters of the gateway's Prometheus text.
+    pub fn of_gateway_metrics(text: &str) -> DisaggCounters {
+        let count = |outcome: &str| {
+            switchyard_harness::metric_sum(
+                text,
+                "switchyard_disagg_requests_total",
+                &[&format!("outcome=\"{outcome}\"")],
+            ) as u64
+        };
+        DisaggCounters {
+            remote: count("remote"),
+            local: count("local"),
+        }
+    }
+}
+
+/// Requests of `run` that met both `targets` (a one-token answer has no inter-token latency
+/// and meets that target), and goodput: those requests per second of the replay's arrivals.
+pub fn goodput(run: &PolicyRun, targets: GoodputTargets) -> (usize, f64) {
+    let records = run.rounds.iter().flat_map(|round| &round.records);
+    let met = records
+        .filter(|r| r.status == 200 && r.error.is_none())
+        .filter(|r| r.ttft_ms.is_some_and(|ttft| ttft <= targets.ttft_ms))
+        .filter(|r| r.itl_ms.is_none_or(|itl| itl <= targets.itl_ms))
+        .count();
+    let span_s: f64 = run
+        .rounds
+        .iter()
+        .map(|round| round.records.iter().map(|r| r.scheduled_ms).fold(0.0, f64::max) / 1000.0)
+        .sum();
+    (met, if span_s > 0.0 { met as f64 / span_s } else { 0.0 })
 }
 
 /// What the encoder pool did in a run: the gateway's counters and the encoders' own.
@@ -266,10 +329,17 @@ pub async fn compare(config: &CompareConfig) -> anyhow::Result<Vec<PolicyRun>> {
     std::fs::create_dir_all(&config.out_dir).with_context(|| format!("cannot create {}", config.out_dir.display()))?;
     anyhow::ensure!(config.repeats > 0, "at least one round is needed");
     // Per policy: each round's replay, its figures, and the engines' counters summed.
-    let mut rounds: Vec<(Vec<ReplayRun>, Vec<Summary>, EngineCounters, MediaCounters)> =
-        vec![Default::default(); config.policies.len()];
+    let mut rounds: Vec<(
+        Vec<ReplayRun>,
+        Vec<Summary>,
+        EngineCounters,
+        MediaCounters,
+        DisaggCounters,
+    )> = vec![Default::default(); config.policies.len()];
     for round in 1..=config.repeats {
-        for (policy, (runs, summaries, engines_total, media_total)) in config.policies.iter().zip(&mut rounds) {
+        for (policy, (runs, summaries, engines_total, media_total, disagg_total)) in
+            config.policies.iter().zip(&mut rounds)
+        {
             let of_rounds = if config.repeats > 1 {
                 format!(" (round {round} of {})", config.repeats)
             } else {
@@ -281,7 +351,7 @@ pub async fn compare(config: &CompareConfig) -> anyhow::Result<Vec<PolicyRun>> {
                 config.requests.len(),
                 config.workers
             );
-            let (run, engines, media) = run_policy(config, policy).await?;
+            let (run, engines, media, disagg) = run_policy(config, policy).await?;
             let summary = Summary::of(&run);
             eprintln!(
                 "   TTFT avg {:.1} ms, p99 {:.1} ms; E2E avg {:.1} ms; {} of {} answered",
@@ -305,12 +375,13 @@ pub async fn compare(config: &CompareConfig) -> anyhow::Result<Vec<PolicyRun>> {
             )?;
             engines_total.add(&engines);
             media_total.add(&media);
+            disagg_total.add(&disagg);
             runs.push(run);
             summaries.push(summary);
         }
     }
     let mut runs = Vec::with_capacity(rounds.len());
-    for (policy, (replays, round_summaries, engines, media)) in config.policies.iter().zip(rounds) {
+    for (policy, (replays, round_summaries, engines, media, disagg)) in config.policies.iter().zip(rounds) {
         let pooled = ReplayRun {
             records: replays.iter().flat_map(|r| r.records.iter().cloned()).collect(),
             wall_s: replays.iter().map(|r| r.wall_s).sum(),
@@ -327,6 +398,7 @@ pub async fn compare(config: &CompareConfig) -> anyhow::Result<Vec<PolicyRun>> {
             round_summaries,
             engines,
             media,
+            disagg,
         });
     }
     write_report(config, &runs)?;
@@ -415,7 +487,7 @@ fn base_config(config: &CompareConfig, policy: &PolicySpec, tls_toml: &str) -> S
 async fn run_policy(
     config: &CompareConfig,
     policy: &PolicySpec,
-) -> anyhow::Result<(ReplayRun, EngineCounters, MediaCounters)> {
+) -> anyhow::Result<(ReplayRun, EngineCounters, MediaCounters, DisaggCounters)> {
     let ca = TestCa::new()?;
     let gateway = Gateway::start(&gateway_config(config, policy, &ca.tls_toml())?)
         .with_context(|| format!("starting the gateway for `{}`", policy.name))?;
@@ -436,6 +508,7 @@ async fn run_policy(
     }
     let mut media = MediaCounters::default();
     media.add_gateway_metrics(&String::from_utf8_lossy(&metrics.body()));
+    let disagg = DisaggCounters::of_gateway_metrics(&String::from_utf8_lossy(&metrics.body()));
     for (name, addr) in &gateway.encoders {
         let text = Client::plain(*addr)
             .send("GET", "/metrics", Vec::new())
@@ -449,7 +522,7 @@ async fn run_policy(
         media.encoder_wall_s += run.wall_s;
     }
     drop(gateway);
-    Ok((run, engines, media))
+    Ok((run, engines, media, disagg))
 }
 
 fn file_stem(name: &str) -> String {
@@ -732,6 +805,9 @@ pub fn render_report(config: &CompareConfig, runs: &[PolicyRun]) -> String {
     if config.mocker.spot_workers > 0 || config.replay.ttft_target_ms.is_some() {
         cost_section(&mut out, config, runs);
     }
+    if config.goodput.is_some() || runs.iter().any(|r| r.disagg.remote + r.disagg.local > 0) {
+        goodput_section(&mut out, config, runs);
+    }
     if let Some(base) = baseline(runs) {
         let b = &base.summary;
         let _ = writeln!(
@@ -811,6 +887,45 @@ pub fn render_report(config: &CompareConfig, runs: &[PolicyRun]) -> String {
     out
 }
 
+/// Goodput, the inter-token latency's spread, and how many requests were disaggregated.
+fn goodput_section(out: &mut String, config: &CompareConfig, runs: &[PolicyRun]) {
+    let _ = writeln!(out, "\n### Goodput and disaggregation\n");
+    if let Some(targets) = config.goodput {
+        let _ = writeln!(
+            out,
+            "Goodput: requests per second (of the replay's arrival time) answered with TTFT ≤ {} ms and mean ITL ≤ {} ms (DistServe's measure, at this offered load).\n",
+            targets.ttft_ms, targets.itl_ms
+        );
+    }
+    let _ = writeln!(
+        out,
+        "| policy | goodput req/s | met both | ITL p50 ms | ITL p99 ms | prefilled remotely | fell back to local |"
+    );
+    let _ = writeln!(out, "|---|---:|---:|---:|---:|---:|---:|");
+    for r in runs {
+        let (met, rate) = config.goodput.map_or((None, None), |targets| {
+            let (met, rate) = goodput(r, targets);
+            (Some(met), Some(rate))
+        });
+        let s = &r.summary;
+        let _ = writeln!(
+            out,
+            "| {} | {} | {} | {:.1} | {:.1} | {} | {} |",
+            r.policy.name,
+            rate.map_or("n/a".into(), |rate| format!("{rate:.2}")),
+            met.map_or("n/a".into(), |met| format!(
+                "{met}/{} ({:.1} %)",
+                s.requests,
+                met as f64 * 100.0 / s.requests.max(1) as f64
+            )),
+            s.itl_ms.p50,
+            s.itl_ms.p99,
+            r.disagg.remote,
+            r.disagg.local
+        );
+    }
+}
+
 /// "N cores, CPU model" from `/proc/cpuinfo` where there is one.
 fn machine() -> String {
     let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
@@ -862,6 +977,7 @@ mod tests {
             audio_encoders: 1,
             encoder_cost_scale: 1.0,
             policy_deadline_ms: 1,
+            goodput: None,
         };
         let text = gateway_config(&config, &spec, "").expect("a config");
         let parsed: toml::Table = toml::from_str(&text).expect("the gateway config is TOML");
@@ -917,6 +1033,50 @@ mod tests {
                 prompt_tokens: 2000,
                 cached_prompt_tokens: 500
             }
+        );
+    }
+
+    #[test]
+    fn goodput_counts_requests_meeting_both_targets_per_second_of_arrivals() {
+        let record = |scheduled_ms: f64, ttft_ms: f64, itl_ms: Option<f64>, status: u16| {
+            serde_json::from_value::<crate::replay::RequestRecord>(serde_json::json!({
+                "index": 0, "scheduled_ms": scheduled_ms, "lag_ms": 0.0, "ttft_ms": ttft_ms,
+                "itl_ms": itl_ms, "e2e_ms": ttft_ms, "input_tokens": 10, "max_tokens": 5,
+                "output_tokens": 5, "prompt_tokens": null, "cached_tokens": null, "worker": null,
+                "status": status, "error": null,
+            }))
+            .expect("a record")
+        };
+        let records = vec![
+            record(0.0, 100.0, Some(10.0), 200),
+            record(1000.0, 300.0, Some(10.0), 200), // TTFT missed
+            record(2000.0, 100.0, Some(60.0), 200), // ITL missed
+            record(3000.0, 100.0, None, 200),       // one token: no ITL, met
+            record(4000.0, 100.0, Some(10.0), 502), // failed
+        ];
+        let round = ReplayRun { records, wall_s: 5.0 };
+        let run = PolicyRun {
+            policy: PolicySpec::parse("kv-aware").expect("a spec"),
+            summary: Summary::of(&round),
+            rounds: vec![round],
+            round_summaries: Vec::new(),
+            engines: EngineCounters::default(),
+            media: MediaCounters::default(),
+            disagg: DisaggCounters::default(),
+        };
+        let (met, rate) = goodput(
+            &run,
+            GoodputTargets {
+                ttft_ms: 200.0,
+                itl_ms: 50.0,
+            },
+        );
+        assert_eq!(met, 2);
+        assert!((rate - 0.5).abs() < 1e-9, "2 requests over 4 s of arrivals: {rate}");
+        let metrics = "switchyard_disagg_requests_total{outcome=\"remote\"} 7\nswitchyard_disagg_requests_total{outcome=\"local\"} 2\n";
+        assert_eq!(
+            DisaggCounters::of_gateway_metrics(metrics),
+            DisaggCounters { remote: 7, local: 2 }
         );
     }
 

@@ -135,6 +135,13 @@ pub struct EmbeddedMockers {
     pub spot_speed: f64,
     /// A spot engine's cost per token (the others cost 1).
     pub spot_cost: f64,
+    /// Prefill engines started beside the others, named `embedded-prefill-N` (role `prefill`);
+    /// when above 0, the `count` engines take role `decode`. Only a disaggregating router
+    /// sends them prompts.
+    pub prefill_count: usize,
+    /// GB/s over which a decode engine pulls a prompt's KV blocks from a prefill engine (the
+    /// engines are taken to run on separate machines; 25: 200 Gb/s RDMA).
+    pub kv_link_gbps: f64,
 }
 
 impl Default for EmbeddedMockers {
@@ -155,6 +162,8 @@ impl Default for EmbeddedMockers {
             spot_count: 0,
             spot_speed: 0.4,
             spot_cost: 0.4,
+            prefill_count: 0,
+            kv_link_gbps: 25.0,
         }
     }
 }
@@ -329,6 +338,7 @@ impl EmbeddedMockers {
             ("embedded_mockers.speedup", self.speedup),
             ("embedded_mockers.encoder_cost_scale", self.encoder_cost_scale),
             ("embedded_mockers.spot_speed", self.spot_speed),
+            ("embedded_mockers.kv_link_gbps", self.kv_link_gbps),
         ] {
             if !(value.is_finite() && value > 0.0) {
                 return Err(Invalid::new(key, format!("must be a positive number, got {value}")));

@@ -75,6 +75,10 @@ pub async fn start(config: &EmbeddedMockers) -> std::io::Result<(EmbeddedFleet, 
         default_max_tokens: config.default_max_tokens,
         overlap_prefill: config.overlap_prefill,
         local_encode_scale: config.encoder_cost_scale,
+        kv_transfer: mocker::KvTransferConfig {
+            remote_gbps: config.kv_link_gbps,
+            ..mocker::KvTransferConfig::default()
+        },
         ..ServerConfig::default()
     };
     // The regular engines cost 1 a token; spot ones are slower and cheaper.
@@ -84,9 +88,29 @@ pub async fn start(config: &EmbeddedMockers) -> std::io::Result<(EmbeddedFleet, 
     };
     let mut engines = Vec::new();
     let mut workers: Vec<WorkerConfig> = Vec::new();
-    for (count, engine, cost, spot, prefix) in [
-        (config.count, &engine, 1.0, false, "embedded-"),
-        (config.spot_count, &spot, config.spot_cost, true, "embedded-spot-"),
+    let answering = if config.prefill_count > 0 {
+        Role::Decode
+    } else {
+        Role::Llm
+    };
+    for (count, engine, cost, spot, prefix, role) in [
+        (config.count, &engine, 1.0, false, "embedded-", answering),
+        (
+            config.spot_count,
+            &spot,
+            config.spot_cost,
+            true,
+            "embedded-spot-",
+            answering,
+        ),
+        (
+            config.prefill_count,
+            &engine,
+            1.0,
+            false,
+            "embedded-prefill-",
+            Role::Prefill,
+        ),
     ] {
         for (index, mocker) in mocker::spawn_fleet(count, loopback, 0, engine, &server)
             .await?
@@ -98,7 +122,7 @@ pub async fn start(config: &EmbeddedMockers) -> std::io::Result<(EmbeddedFleet, 
                 name: Some(name.clone()),
                 url: format!("http://{}", mocker.addr()),
                 model: config.model.clone(),
-                role: Role::Llm,
+                role,
                 block_size: config.block_size,
                 capabilities: vec!["text".into()],
                 cost,

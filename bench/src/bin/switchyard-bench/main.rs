@@ -276,6 +276,13 @@ struct CompareArgs {
     /// report then gives each policy's attainment.
     #[arg(long)]
     ttft_target_ms: Option<f64>,
+    /// Goodput's TTFT target in milliseconds (with --goodput-itl-ms): the report then gives
+    /// each policy's requests per second that met both.
+    #[arg(long, requires = "goodput_itl_ms")]
+    goodput_ttft_ms: Option<f64>,
+    /// Goodput's mean inter-token latency target in milliseconds (with --goodput-ttft-ms).
+    #[arg(long, requires = "goodput_ttft_ms")]
+    goodput_itl_ms: Option<f64>,
 }
 
 #[tokio::main]
@@ -449,6 +456,10 @@ async fn compare_command(args: CompareArgs) -> anyhow::Result<()> {
         audio_encoders: args.audio_encoders,
         encoder_cost_scale: args.encoder_cost_scale,
         policy_deadline_ms: args.policy_deadline_ms,
+        goodput: args
+            .goodput_ttft_ms
+            .zip(args.goodput_itl_ms)
+            .map(|(ttft_ms, itl_ms)| compare::GoodputTargets { ttft_ms, itl_ms }),
     };
     let runs = compare::compare(&config).await?;
     print!("{}", compare::render_report(&config, &runs));
