@@ -328,14 +328,9 @@ pub async fn compare(config: &CompareConfig) -> anyhow::Result<Vec<PolicyRun>> {
     anyhow::ensure!(!config.policies.is_empty(), "name at least one policy");
     std::fs::create_dir_all(&config.out_dir).with_context(|| format!("cannot create {}", config.out_dir.display()))?;
     anyhow::ensure!(config.repeats > 0, "at least one round is needed");
-    // Per policy: each round's replay, its figures, and the engines' counters summed.
-    let mut rounds: Vec<(
-        Vec<ReplayRun>,
-        Vec<Summary>,
-        EngineCounters,
-        MediaCounters,
-        DisaggCounters,
-    )> = vec![Default::default(); config.policies.len()];
+    // Per policy: each round's replay, its figures, and the counters summed.
+    type Tally = (Vec<ReplayRun>, Vec<Summary>, EngineCounters, MediaCounters, DisaggCounters);
+    let mut rounds: Vec<Tally> = vec![Default::default(); config.policies.len()];
     for round in 1..=config.repeats {
         for (policy, (runs, summaries, engines_total, media_total, disagg_total)) in
             config.policies.iter().zip(&mut rounds)

@@ -1,6 +1,6 @@
 //! The planner's observation window: requests arriving, streams ending and load samples in any
-//! order and number (latencies of any value, NaN and infinities included), with intervals
-//! closed over any pools. Closing must never panic; it answers one interval per pool, the
+//! order and number (latencies of any value, NaN and infinities included), for any model and
+//! pool role, with intervals closed over any pools. Closing must never panic; it answers one interval per pool, the
 //! next interval starts empty, and from finite, non-negative observations every figure is
 //! finite and non-negative, each p50 at most its p90, and a pool's mean load within the range
 //! of its samples.
@@ -9,18 +9,31 @@
 
 use arbitrary::Arbitrary;
 use libfuzzer_sys::fuzz_target;
-use switchyard::fuzzing::{IntervalStats, PlannerWindow};
+use switchyard::fuzzing::{IntervalStats, PlannerWindow, PoolRole};
 
 const MODELS: [&str; 3] = ["a", "b", "c"];
+
+const ROLES: [PoolRole; 4] = [
+    PoolRole::Aggregated,
+    PoolRole::Prefill,
+    PoolRole::Decode,
+    PoolRole::Encoder,
+];
+
+fn role(byte: u8) -> PoolRole {
+    ROLES[usize::from(byte) % ROLES.len()]
+}
 
 #[derive(Debug, Arbitrary)]
 enum Observation {
     Arrived {
         model: u8,
+        role: u8,
         prompt_tokens: u32,
     },
     Ended {
         model: u8,
+        role: u8,
         ttft_ms: f64,
         itl_ms: Option<f64>,
         output_tokens: u32,
@@ -31,7 +44,7 @@ enum Observation {
         prefill_queue_tokens: f64,
     },
     Close {
-        pools: Vec<u8>,
+        pools: Vec<(u8, u8)>,
     },
 }
 
@@ -58,18 +71,27 @@ fuzz_target!(|observations: Vec<Observation>| {
     let tame_value = |value: f64| value.is_finite() && value >= 0.0 && value < 1e30;
     for observation in observations {
         match observation {
-            Observation::Arrived { model, prompt_tokens } => {
-                window.arrived(MODELS[usize::from(model) % MODELS.len()], u64::from(prompt_tokens));
+            Observation::Arrived {
+                model,
+                role: pool_role,
+                prompt_tokens,
+            } => {
+                window.arrived(
+                    MODELS[usize::from(model) % MODELS.len()],
+                    role(pool_role),
+                    u64::from(prompt_tokens),
+                );
             }
             Observation::Ended {
                 model,
+                role: pool_role,
                 ttft_ms,
                 itl_ms,
                 output_tokens,
             } => {
                 tame &= tame_value(ttft_ms) && itl_ms.is_none_or(tame_value);
                 let model = MODELS[usize::from(model) % MODELS.len()];
-                window.ended(model, ttft_ms, itl_ms, u64::from(output_tokens));
+                window.ended(model, role(pool_role), ttft_ms, itl_ms, u64::from(output_tokens));
             }
             Observation::Sample {
                 pool,
@@ -83,10 +105,10 @@ fuzz_target!(|observations: Vec<Observation>| {
                 window.sample(pool, kv_usage, prefill_queue_tokens);
             }
             Observation::Close { pools } => {
-                let names: Vec<&str> = pools
+                let names: Vec<(&str, PoolRole)> = pools
                     .iter()
                     .take(8)
-                    .map(|model| MODELS[usize::from(*model) % MODELS.len()])
+                    .map(|(model, pool_role)| (MODELS[usize::from(*model) % MODELS.len()], role(*pool_role)))
                     .collect();
                 let stats = window.close(&names);
                 assert_eq!(stats.len(), names.len());

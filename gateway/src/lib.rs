@@ -118,7 +118,7 @@ pub mod fuzzing {
     pub use crate::policy::batching::{
         Batch, Budget, PendingTable, fallback as fallback_batches, validate as check_batches,
     };
-    pub use crate::policy::planning::IntervalStats;
+    pub use crate::policy::planning::{IntervalStats, PoolRole};
     pub use crate::policy::runtime::{Pick, check_route_answer};
     pub use crate::policy::table::{Columns, WorkerTable};
 

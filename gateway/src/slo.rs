@@ -82,6 +82,12 @@ pub(crate) struct Observed {
     pub(crate) tokens: u64,
     /// Tokens generated.
     pub(crate) completion_tokens: u64,
+    /// The role of the worker that answered, and whether a prefill worker computed the
+    /// prompt: which of the model's planner pools the answer counts for (see
+    /// [`crate::planner::window::Window::answered`]).
+    pub(crate) answered_by: crate::config::Role,
+    /// See `answered_by`.
+    pub(crate) prefilled_remotely: bool,
 }
 
 type Labels = Vec<(&'static str, String)>;
@@ -120,16 +126,24 @@ struct Handles {
 const JUDGED_TARGETS: [&str; 2] = ["ttft", "itl"];
 
 impl SloMetrics {
-    /// Reports every judged answer (and, through [`SloMetrics::arrived`], every request) to
+    /// Reports every judged answer (and, through [`SloMetrics::routed`], every request) to
     /// the planner's window from now on.
     pub(crate) fn observe_into(&mut self, window: Arc<crate::planner::window::Window>) {
         self.planner = Some(window);
     }
 
-    /// A request for `model` with `prompt_tokens` arrived (for the planner, if any).
-    pub(crate) fn arrived(&self, model: &str, prompt_tokens: u64) {
+    /// A request for `model` with `prompt_tokens` was routed to a worker of role `answering`,
+    /// with its prompt sent to a prefill worker first or not (for the planner, if any).
+    pub(crate) fn routed(&self, model: &str, answering: crate::config::Role, prefill: bool, prompt_tokens: u64) {
         if let Some(window) = &self.planner {
-            window.arrived(model, prompt_tokens);
+            window.routed(model, answering, prefill, prompt_tokens);
+        }
+    }
+
+    /// A request for `model` with `prompt_tokens` found no worker (for the planner, if any).
+    pub(crate) fn unrouted(&self, model: &str, prompt_tokens: u64) {
+        if let Some(window) = &self.planner {
+            window.unrouted(model, prompt_tokens);
         }
     }
 
@@ -204,7 +218,14 @@ impl SloMetrics {
         handles.cost.inc_by(cost * observed.tokens as f64);
         handles.tokens.inc_by(observed.tokens);
         if let Some(window) = &self.planner {
-            window.ended(model, observed.ttft_ms, observed.itl_ms, observed.completion_tokens);
+            window.answered(
+                model,
+                observed.answered_by,
+                observed.prefilled_remotely,
+                observed.ttft_ms,
+                observed.itl_ms,
+                observed.completion_tokens,
+            );
         }
     }
 }
@@ -242,6 +263,7 @@ mod tests {
             itl_ms,
             tokens: 10,
             completion_tokens: 5,
+            ..Observed::default()
         };
         metrics.judge("m", "w", 0.4, targets, seen(50.0, Some(5.0)));
         metrics.judge("m", "w", 0.4, targets, seen(150.0, Some(20.0)));

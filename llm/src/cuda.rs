@@ -16,6 +16,12 @@
 //! sequences take their token from the GPU's argmax (4 bytes back per sequence); others copy
 //! their logits back and sample on the host with their own seeded sampler.
 //!
+//! The cache's blocks move between workers through host memory (prefill/decode
+//! disaggregation): an export copies each layer's rows of a block device→host into a payload
+//! of [`crate::kv::transfer`]'s format, an import checks a payload's shape and dtype and copies
+//! it host→device, both on the executor's stream, so they follow the steps before them. The
+//! layout is the CPU cache's, so payloads move between the two backends as they are.
+//!
 //! Decode steps (one new token per sequence, no media, up to [`MAX_DECODE_GRAPH_BATCH`]
 //! sequences) replay CUDA graphs, as vLLM does: one per power-of-two batch bucket, captured at
 //! its first use on buffers allocated once, the batch padded to its bucket with rows that read
@@ -44,8 +50,9 @@ use switchyard_native::cuda::Device;
 
 use crate::config::ModelConfig;
 use crate::kv::KvPrecision;
+use crate::kv::transfer::{KvBlockShape, KvPayloadError};
 use crate::model::{MediaRows, Model};
-use switchyard_workers::engine::{Executor, ModelLimits, StepItem};
+use switchyard_workers::engine::{BlockId, Executor, KvMedium, ModelLimits, StepItem};
 
 /// The kernels' CUDA C source.
 pub const KERNELS: &str = include_str!("cuda_kernels.cu");
@@ -163,6 +170,8 @@ pub struct CudaExecutor {
     layers: Vec<GpuLayer>,
     block_size: usize,
     num_blocks: usize,
+    /// What one block of the cache is made of, for moving blocks between workers.
+    block_shape: KvBlockShape,
     /// cuBLAS's workspace, ours so that cuBLAS never allocates (a capture would not allow it).
     _workspace: CudaSlice<u8>,
     /// Decode steps as CUDA graphs, allocated at the first decode step; `None` until then.
@@ -406,6 +415,7 @@ impl CudaExecutor {
             Some(head) => Some(upload(&head.to_f32())?),
             None => None,
         };
+        let block_shape = KvBlockShape::of(&config, block_size, precision);
         Ok(CudaExecutor {
             norm: upload(model.final_norm())?,
             inv_freq: upload(model.inv_freq())?,
@@ -419,6 +429,7 @@ impl CudaExecutor {
             kernels,
             block_size,
             num_blocks,
+            block_shape,
             _workspace: workspace,
             decode: None,
             decode_graphs: true,
@@ -446,6 +457,89 @@ impl CudaExecutor {
     /// How steps ran so far.
     pub fn decode_graph_stats(&self) -> DecodeGraphStats {
         self.stats
+    }
+
+    /// The range of block `block`'s values in a layer's keys or values, in the 16-bit units
+    /// the buffers are counted in (an f32 value is two).
+    fn block_units(&self, block: u32) -> Result<std::ops::Range<usize>, KvPayloadError> {
+        // The extra block past `num_blocks` is the decode graphs' padding, never the engine's.
+        if block as usize >= self.num_blocks {
+            return Err(KvPayloadError::Block {
+                block,
+                blocks: self.num_blocks,
+            });
+        }
+        let units = self.block_shape.layer_bytes() / 2;
+        let start = block as usize * units;
+        Ok(start..start + units)
+    }
+
+    /// Block `block`'s keys and values of every layer, copied device→host into a payload of
+    /// [`crate::kv::transfer`]'s format, in the precision the cache holds them.
+    ///
+    /// # Errors
+    ///
+    /// [`KvPayloadError::Block`] for a block outside the cache, [`KvPayloadError::Device`] for
+    /// a failed copy.
+    pub fn export_block(&self, block: u32) -> Result<Vec<u8>, KvPayloadError> {
+        let range = self.block_units(block)?;
+        let units = range.len();
+        let device = |err: cudarc::driver::DriverError| KvPayloadError::Device(err.to_string());
+        let mut host = vec![0u16; 2 * self.layers.len() * units];
+        let mut parts = host.chunks_exact_mut(units.max(1));
+        for layer in &self.layers {
+            for buffer in [&layer.keys, &layer.values] {
+                let (Some(part), Some(view)) = (parts.next(), buffer.try_slice(range.clone())) else {
+                    return Err(KvPayloadError::Block {
+                        block,
+                        blocks: self.num_blocks,
+                    });
+                };
+                self.stream.memcpy_dtoh(&view, part).map_err(device)?;
+            }
+        }
+        // The copies are queued behind the steps that wrote the block; the host buffer is read
+        // only once they are done.
+        self.stream.synchronize().map_err(device)?;
+        let mut payload = self.block_shape.start_payload();
+        // Little-endian 16-bit units are the device's bytes in order (CUDA devices and hosts
+        // are little-endian), so an f32 cache's values come out as f32 little-endian.
+        payload.extend(host.iter().flat_map(|unit| unit.to_le_bytes()));
+        Ok(payload)
+    }
+
+    /// Writes `payload` (as [`CudaExecutor::export_block`] or the CPU cache makes them) into
+    /// block `block`, host→device, after checking its shape and dtype; nothing is written when
+    /// they are not this cache's.
+    ///
+    /// # Errors
+    ///
+    /// [`KvPayloadError`] for a payload of another shape, dtype, format or length, a block
+    /// outside the cache, or a failed copy.
+    pub fn import_block(&mut self, block: u32, payload: &[u8]) -> Result<(), KvPayloadError> {
+        let range = self.block_units(block)?;
+        let data = self.block_shape.data(payload)?;
+        let host: Vec<u16> = data
+            .as_chunks::<2>()
+            .0
+            .iter()
+            .map(|bytes| u16::from_le_bytes(*bytes))
+            .collect();
+        let device = |err: cudarc::driver::DriverError| KvPayloadError::Device(err.to_string());
+        let mut parts = host.chunks_exact(range.len().max(1));
+        for layer in &mut self.layers {
+            for buffer in [&mut layer.keys, &mut layer.values] {
+                let (Some(part), Some(mut view)) = (parts.next(), buffer.try_slice_mut(range.clone())) else {
+                    return Err(KvPayloadError::Block {
+                        block,
+                        blocks: self.num_blocks,
+                    });
+                };
+                self.stream.memcpy_htod(part, &mut view).map_err(device)?;
+            }
+        }
+        // `host` must outlive the copies queued from it.
+        self.stream.synchronize().map_err(device)
     }
 
     /// What the model accepts.
@@ -976,6 +1070,23 @@ impl Executor for CudaExecutor {
             });
         }
         Ok(())
+    }
+
+    fn kv_medium(&self) -> KvMedium {
+        KvMedium::Payloads
+    }
+
+    fn export_kv(&mut self, blocks: &[BlockId]) -> Option<Vec<Vec<u8>>> {
+        blocks
+            .iter()
+            .map(|block| self.export_block(*block))
+            .collect::<Result<Vec<_>, _>>()
+            .inspect_err(|err| tracing::warn!(error = %err, "could not export KV blocks"))
+            .ok()
+    }
+
+    fn import_kv(&mut self, block: BlockId, payload: &[u8]) -> Result<(), String> {
+        self.import_block(block, payload).map_err(|err| err.to_string())
     }
 }
 

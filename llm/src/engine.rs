@@ -5,10 +5,15 @@
 //! out), runs each step as one [`Model::forward_batch_with_media`] over every scheduled chunk
 //! (a chunk's share of its sequence's media feature rows replacing the placeholders'
 //! embeddings), and samples the sequences that reached their end. [`spawn_cpu_engine`] starts it on its own thread.
+//! Its blocks hold keys and values that move between workers ([`KvMedium::Payloads`]): a
+//! finished prefill's blocks are copied out as payloads of the cache's own dtype and written
+//! into another engine's cache ([`crate::kv::transfer`]).
 
 use crate::kv::KvPrecision;
 use crate::model::{Chunk, Logits, MediaRows, Model, PagedKv, SequenceKv};
-use switchyard_workers::engine::{EngineConfig, EngineHandle, Executor, ModelLimits, StepItem, spawn_native};
+use switchyard_workers::engine::{
+    BlockId, EngineConfig, EngineHandle, Executor, KvMedium, ModelLimits, StepItem, spawn_native,
+};
 
 /// The CPU backend: the model and its KV cache.
 #[derive(Debug)]
@@ -84,6 +89,23 @@ impl Executor for CpuExecutor {
             }
         }
         Ok(())
+    }
+
+    fn kv_medium(&self) -> KvMedium {
+        KvMedium::Payloads
+    }
+
+    fn export_kv(&mut self, blocks: &[BlockId]) -> Option<Vec<Vec<u8>>> {
+        blocks
+            .iter()
+            .map(|block| self.kv.export_block(*block))
+            .collect::<Result<Vec<_>, _>>()
+            .inspect_err(|err| tracing::warn!(error = %err, "could not export KV blocks"))
+            .ok()
+    }
+
+    fn import_kv(&mut self, block: BlockId, payload: &[u8]) -> Result<(), String> {
+        self.kv.import_block(block, payload).map_err(|err| err.to_string())
     }
 }
 

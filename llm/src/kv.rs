@@ -1,5 +1,7 @@
 //! The paged KV cache: every layer's keys and values in fixed-size blocks of positions, kept
-//! in f32 as computed or in f16 ([`KvPrecision`]), and the reads attention makes of them.
+//! in f32 as computed or in f16 ([`KvPrecision`]), the reads attention makes of them, and the
+//! copies of whole blocks out and in that move a prefill between workers ([`transfer`]'s
+//! payloads: [`PagedKv::export_block`], [`PagedKv::import_block`]).
 //!
 //! A sequence's positions map to blocks through its block table ([`SequenceKv`]), so blocks
 //! can be shared (a cached prefix) and handed out in any order. In f16 the cache takes half the
@@ -28,6 +30,9 @@ use crate::config::ModelConfig;
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;
+pub mod transfer;
+
+use transfer::{KvBlockShape, KvPayloadError};
 
 /// How the paged cache stores keys and values.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -113,6 +118,31 @@ impl Rows {
         }
     }
 
+    /// Appends the `len` values at offset `at` to `out` as stored, little-endian.
+    fn append_le(&self, at: usize, len: usize, out: &mut Vec<u8>) {
+        match self {
+            Rows::F32(values) => out.extend(values[at..at + len].iter().flat_map(|v| v.to_le_bytes())),
+            Rows::F16(bits) => out.extend(bits[at..at + len].iter().flat_map(|v| v.to_le_bytes())),
+        }
+    }
+
+    /// Overwrites the values from offset `at` with `bytes`, values as stored, little-endian
+    /// (as many as `bytes` holds).
+    fn store_le(&mut self, at: usize, bytes: &[u8]) {
+        match self {
+            Rows::F32(values) => {
+                for (value, bytes) in values[at..].iter_mut().zip(bytes.as_chunks::<4>().0) {
+                    *value = f32::from_le_bytes(*bytes);
+                }
+            }
+            Rows::F16(bits) => {
+                for (value, bytes) in bits[at..].iter_mut().zip(bytes.as_chunks::<2>().0) {
+                    *value = u16::from_le_bytes(*bytes);
+                }
+            }
+        }
+    }
+
     /// Appends the `len` values at offset `at`, as f32, to `out`.
     fn extend_into(&self, at: usize, len: usize, out: &mut Vec<f32>) {
         match self {
@@ -145,6 +175,8 @@ pub struct PagedKv {
     pub(crate) num_blocks: usize,
     kv_width: usize,
     precision: KvPrecision,
+    /// What one block is made of (for moving blocks between workers).
+    shape: KvBlockShape,
     /// Per layer, `[num_blocks · block_size, kv_width]`.
     keys: Vec<Rows>,
     values: Vec<Rows>,
@@ -172,6 +204,7 @@ impl PagedKv {
             num_blocks,
             kv_width,
             precision,
+            shape: KvBlockShape::of(config, block_size, precision),
             keys: (0..config.num_layers)
                 .map(|_| Rows::zeroed(per_layer, precision))
                 .collect(),
@@ -194,6 +227,62 @@ impl PagedKv {
     /// Blocks per layer.
     pub fn num_blocks(&self) -> usize {
         self.num_blocks
+    }
+
+    /// What one block is made of: the shape and dtype of the payloads it exports and imports.
+    pub fn block_shape(&self) -> KvBlockShape {
+        self.shape
+    }
+
+    /// Block `block`'s keys and values of every layer, as a payload ([`transfer`]'s format),
+    /// in the precision the cache holds them.
+    ///
+    /// # Errors
+    ///
+    /// [`KvPayloadError::Block`] for a block outside the cache.
+    pub fn export_block(&self, block: u32) -> Result<Vec<u8>, KvPayloadError> {
+        let at = self.block_offset(block)?;
+        let len = self.shape.layer_values();
+        let mut payload = self.shape.start_payload();
+        for (keys, values) in self.keys.iter().zip(&self.values) {
+            keys.append_le(at, len, &mut payload);
+            values.append_le(at, len, &mut payload);
+        }
+        Ok(payload)
+    }
+
+    /// Writes `payload` (as [`PagedKv::export_block`] makes them) into block `block`, every
+    /// layer's keys and values, after checking that it is a payload of this cache's shape and
+    /// dtype. Nothing is written when it is not.
+    ///
+    /// # Errors
+    ///
+    /// [`KvPayloadError`] for a payload of another shape, dtype, format or length, or a block
+    /// outside the cache.
+    pub fn import_block(&mut self, block: u32, payload: &[u8]) -> Result<(), KvPayloadError> {
+        let at = self.block_offset(block)?;
+        let data = self.shape.data(payload)?;
+        let layer_bytes = self.shape.layer_bytes();
+        let mut parts = data.chunks_exact(layer_bytes);
+        for (keys, values) in self.keys.iter_mut().zip(self.values.iter_mut()) {
+            // `data` checked its length: two parts per layer are there.
+            if let (Some(key_bytes), Some(value_bytes)) = (parts.next(), parts.next()) {
+                keys.store_le(at, key_bytes);
+                values.store_le(at, value_bytes);
+            }
+        }
+        Ok(())
+    }
+
+    /// The offset of block `block`'s first value in a layer's buffer.
+    fn block_offset(&self, block: u32) -> Result<usize, KvPayloadError> {
+        if block as usize >= self.num_blocks {
+            return Err(KvPayloadError::Block {
+                block,
+                blocks: self.num_blocks,
+            });
+        }
+        Ok(block as usize * self.block_size * self.kv_width)
     }
 
     /// Index of position `position`'s row in a layer's buffer, through the block table.

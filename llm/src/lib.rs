@@ -6,8 +6,9 @@
 //! paged cache ([`PagedKv`], block tables in [`SequenceKv`]), so chunked prefill, decoding and
 //! shared (cached) prefix blocks all take the same path. [`engine`] puts the model behind the
 //! shared scheduler of [`switchyard_workers::engine`] (continuous batching, prefix caching with LRU
-//! eviction, preemption, sampling). Every load error names the file and, where there is one,
-//! the key or tensor.
+//! eviction, preemption, sampling), whose blocks move between workers for prefill/decode
+//! disaggregation as payloads of [`kv::transfer`]'s format. Every load error names the file and,
+//! where there is one, the key or tensor.
 
 #![deny(missing_docs, missing_debug_implementations, unsafe_op_in_unsafe_fn)]
 #![warn(unreachable_pub)]
@@ -26,6 +27,7 @@ pub mod weights;
 
 pub use config::{ModelConfig, RopeScaling};
 pub use engine::{CpuExecutor, kv_block_bytes, spawn_cpu_engine, spawn_cpu_engine_with};
+pub use kv::transfer::{KvBlockShape, KvPayloadError};
 pub use kv::{KvPrecision, PagedKv, SequenceKv};
 pub use model::{Chunk, ForwardError, Logits, Matrix, MediaRows, Model};
 pub use switchyard_workers::engine::sampling::{FinishReason, Sampler, SamplingError, SamplingParams};

@@ -679,7 +679,8 @@ pub fn sse_event(json: &[u8]) -> bytes::Bytes {
 
 /// Worker: `POST` a [`KvExportRequest`] to a prefill worker (at the `remote_url` of its
 /// [`KvTransferParams`]); it answers a [`KvExportResponse`] naming the leading blocks it still
-/// holds, which a decode worker then imports.
+/// holds, or, when asked for payloads and its engine has them, those blocks with their keys
+/// and values ([`crate::kv_blocks`]), which a decode worker then imports.
 pub const KV_EXPORT_PATH: &str = "/v1/kv/export";
 
 /// Response header of a decode worker's answer to a request with `do_remote_prefill`: how the
@@ -757,10 +758,20 @@ impl KvTransferParams {
 pub struct KvExportRequest {
     /// Sequence hashes of the wanted blocks, in prefix order.
     pub block_hashes: Vec<u64>,
+    /// Whether the asking worker needs the blocks' keys and values (its engine's blocks hold
+    /// them): a worker whose engine can copy them out then answers in the binary framing of
+    /// [`crate::kv_blocks`]; any other answers the names-only [`KvExportResponse`], which such a
+    /// worker does not import. Absent (false) for a worker that moves blocks by name.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub payloads: bool,
 }
 
-/// The answer of [`KV_EXPORT_PATH`]: the leading run of the wanted blocks the worker still
-/// holds (it may have evicted the rest), in the same order.
+fn is_false(value: &bool) -> bool {
+    !*value
+}
+
+/// The answer of [`KV_EXPORT_PATH`] without payloads: the leading run of the wanted blocks the
+/// worker still holds (it may have evicted the rest), in the same order.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct KvExportResponse {
     /// The held blocks' sequence hashes: a prefix of the request's.
@@ -785,17 +796,22 @@ pub enum KvTransferFailure {
     /// This worker cannot take blocks in (its engine cannot import KV, its prefix cache is
     /// off, or the request carries media).
     Unsupported,
+    /// The blocks came without the keys and values this worker's engine needs (the prefill
+    /// worker's blocks hold none, as a simulated engine's), or with payloads it refused (another
+    /// model's shape or dtype, a malformed body).
+    Payload,
 }
 
 impl KvTransferFailure {
     /// Every failure, in a fixed order (for metric labels).
-    pub const ALL: [KvTransferFailure; 6] = [
+    pub const ALL: [KvTransferFailure; 7] = [
         KvTransferFailure::Connect,
         KvTransferFailure::Status,
         KvTransferFailure::Timeout,
         KvTransferFailure::Answer,
         KvTransferFailure::Missing,
         KvTransferFailure::Unsupported,
+        KvTransferFailure::Payload,
     ];
 
     /// The name in [`KV_TRANSFER_HEADER`] and in metric labels.
@@ -807,6 +823,7 @@ impl KvTransferFailure {
             KvTransferFailure::Answer => "answer",
             KvTransferFailure::Missing => "missing",
             KvTransferFailure::Unsupported => "unsupported",
+            KvTransferFailure::Payload => "payload",
         }
     }
 }

@@ -2,7 +2,8 @@
 //!
 //! This crate owns the contract between the two sides and nothing of either's machinery: the
 //! OpenAI wire format ([`api`]), Dynamo-compatible KV block hashing ([`block_hash`]), the KV
-//! event, dump and registration messages ([`kv_events`]), the encode protocol between gateways,
+//! event, dump and registration messages ([`kv_events`]), the binary framing of exported KV
+//! blocks ([`kv_blocks`]), the encode protocol between gateways,
 //! encoders and LLM workers ([`encode`]), what a worker does ([`Role`]), the
 //! HTTP paths a gateway calls on workers and workers call on a gateway ([`paths`]), and the
 //! HTTP plumbing every Switchyard server shares ([`respond`] bodies and errors, [`serve`]'s
@@ -15,6 +16,7 @@
 pub mod api;
 pub mod block_hash;
 pub mod encode;
+pub mod kv_blocks;
 pub mod kv_events;
 pub mod paths;
 pub mod respond;

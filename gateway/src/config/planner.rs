@@ -71,7 +71,9 @@ pub struct ProfilePoint {
 pub struct PoolConfig {
     /// The model its workers serve.
     pub model: String,
-    /// `aggregated` (the default), `prefill`, `decode` or `encoder`.
+    /// `aggregated` (the default), `prefill`, `decode` or `encoder`: the pool owns its model's
+    /// workers of role `llm`, `prefill`, `decode`, or `vision` and `audio`, respectively, and
+    /// its figures are theirs (see [`crate::planner`]).
     #[serde(default = "default_role")]
     pub role: String,
     /// Fewest workers.
@@ -82,7 +84,8 @@ pub struct PoolConfig {
     /// GPUs one worker takes.
     #[serde(default = "default_gpus_per_worker")]
     pub gpus_per_worker: u32,
-    /// Prompt tokens one worker prefills per second at full load (for queue utilization).
+    /// Prompt tokens one worker prefills per second at full load (for a prefill pool's queue
+    /// utilization).
     #[serde(default = "default_prefill_tokens_per_s")]
     pub prefill_tokens_per_s: f64,
     /// Measured throughput within the targets, for `sla-based`.

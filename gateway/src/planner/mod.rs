@@ -1,17 +1,39 @@
 //! The planner: sizes worker pools from live load and latency targets, by asking a `planner`
 //! Wasm policy once per adjustment interval and handing its answer to a connector.
 //!
-//! Every `metric_interval_ms` the loop samples each pool's load (KV usage and pending prefill
-//! of its workers in routing) into the [`window::Window`], which the request path also feeds
-//! (arrivals, and answers as they end). Every `adjustment_interval_s` — on the one gateway
-//! replica that holds the fleet's planning lease, when there is a `[fleet]` — it closes the
-//! interval into each pool's [`IntervalStats`], keeps the last [`HISTORY`] of them, and calls
-//! [`PlannerSwitch::plan`] with the pools (off the async executor). Decisions the host accepts
-//! change the pools' desired sizes, which the [`connector::Connector`] reconciles every metric
-//! interval (`no_operation`: they are logged and exported only). A planner that fails holds
-//! every pool where it is. Every decision, its reason and the observations behind it are logged
-//! and kept for `GET /admin/planner`; metrics carry the desired and ready counts and the
-//! actions.
+//! Every `metric_interval_ms` the loop samples each pool's load into the [`window::Window`],
+//! which the request path also feeds (requests as they are routed, answers as they end).
+//! Every `adjustment_interval_s` — on the one gateway replica that holds the fleet's planning
+//! lease, when there is a `[fleet]` — it closes the interval into each pool's
+//! [`IntervalStats`], keeps the last [`HISTORY`] of them, and calls [`PlannerSwitch::plan`]
+//! with the pools (off the async executor). Decisions the host accepts change the pools' desired
+//! sizes, which the [`connector::Connector`] reconciles every metric interval (`no_operation`:
+//! they are logged and exported only). A planner that fails holds every pool where it is.
+//! Every decision, its reason and the observations behind it are logged and kept for
+//! `GET /admin/planner`; metrics carry the desired and ready counts and the actions.
+//!
+//! A pool's workers are the healthy workers of its model whose role is the pool's
+//! ([`window::pool_role_of`]: `llm` workers make aggregated pools, `prefill` and `decode`
+//! workers pools of their own role, encoders encoder pools) and that its connector manages.
+//! Its figures come from those workers and the requests they served, so a prefill pool and a
+//! decode pool of one model each see their own:
+//!
+//! - KV usage: blocks held by the active requests at the pool's workers (the gateway's
+//!   active-sequence tracker, or the engine's own report where it counts more, as routing
+//!   reads them) over their capacity. A decode worker holds a request's prompt blocks from
+//!   the moment it is routed there until its answer ends; a prefill worker holds them while it
+//!   computes the prompt.
+//! - Prefill queue: prompt tokens routed to the pool's workers and not yet computed there
+//!   (uncached tokens). For a prefill pool, the prompts queued at or being computed by its
+//!   workers, until each answers; for aggregated and decode pools, the prompts whose first
+//!   token has not come back from them (at a decode worker, also those a prefill worker is
+//!   still computing for it).
+//! - Request rate and ISL: requests routed to the pool — to its workers as the answering
+//!   worker (aggregated, decode), or with the prompt sent to one of its workers first (prefill).
+//!   Requests that found no worker at all count for the model's answering pools.
+//! - OSL, TTFT and ITL: answers that ended, for the pool of the worker that answered; a
+//!   prefill pool takes the TTFT (and OSL) of the answers whose prompt its workers computed,
+//!   and has no ITL.
 
 pub mod connector;
 pub mod kubernetes;
@@ -32,7 +54,7 @@ use crate::kv::KvState;
 use crate::policy::planning::{IntervalStats, PlannedBy, PlannerSwitch, Pool, PoolRole, ScaleDecision};
 use crate::workers::WorkerPool;
 use connector::{Connector, LogOnly, ProcessConnector};
-use window::Window;
+use window::{Window, pool_role_of};
 
 /// Intervals of history each pool carries into `plan`.
 pub const HISTORY: usize = 8;
@@ -248,14 +270,14 @@ impl Planner {
         ]
     }
 
-    /// The names of pool `index`'s workers in routing.
+    /// The names of pool `index`'s workers in routing: its model's, of its role (see the
+    /// module docs), that its connector manages.
     fn registered(&self, index: usize, pool: &PoolState) -> HashSet<String> {
-        let encoder = pool.role == PoolRole::Encoder;
         self.workers
             .workers()
             .iter()
             .filter(|w| w.model == pool.config.model && w.is_healthy())
-            .filter(|w| w.role.is_llm() != encoder)
+            .filter(|w| pool_role_of(w.role) == pool.role)
             .filter(|w| self.connector.manages(index, &pool.config, &w.name))
             .map(|w| w.name.clone())
             .collect()
@@ -297,12 +319,17 @@ impl Planner {
             let loads = self.kv.loads(members.iter().map(|w| w.kv_id));
             let (mut used, mut capacity, mut queue) = (0u64, 0u64, 0u64);
             for (worker, load) in members.iter().zip(&loads) {
-                used += u64::from(load.active_blocks);
-                capacity += if worker.capacity_blocks > 0 {
-                    worker.capacity_blocks
-                } else {
-                    DEFAULT_CAPACITY_BLOCKS
-                };
+                // As the routing table reads a worker's load: an engine that reports its own
+                // counts what other gateways and clients sent it too, and the larger stands.
+                let engine = worker.engine_load();
+                let blocks = engine
+                    .and_then(|engine| engine.capacity_blocks)
+                    .filter(|blocks| *blocks > 0)
+                    .unwrap_or(worker.capacity_blocks);
+                let blocks = if blocks > 0 { blocks } else { DEFAULT_CAPACITY_BLOCKS };
+                let engine_used = engine.and_then(|engine| engine.used_blocks(blocks)).unwrap_or(0);
+                used += u64::from(load.active_blocks).max(engine_used);
+                capacity += blocks;
                 queue += load.prefill_tokens;
             }
             let usage = if capacity > 0 {
@@ -327,9 +354,8 @@ impl Planner {
     /// The pools as `plan` sees them, closing the interval.
     fn observe(&self) -> Vec<Pool> {
         let mut pools = self.pools.lock();
-        let models: Vec<&str> = pools.iter().map(|p| p.config.model.as_str()).collect();
-        let models: Vec<String> = models.into_iter().map(str::to_string).collect();
-        let refs: Vec<&str> = models.iter().map(String::as_str).collect();
+        let keys: Vec<(String, PoolRole)> = pools.iter().map(|p| (p.config.model.clone(), p.role)).collect();
+        let refs: Vec<(&str, PoolRole)> = keys.iter().map(|(model, role)| (model.as_str(), *role)).collect();
         let closed = self.window.close(&refs);
         let interval_s = self.config.adjustment_interval_s;
         pools

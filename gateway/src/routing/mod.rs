@@ -343,6 +343,12 @@ impl Lease {
         self.overlap
     }
 
+    /// Whether the policy chose a prefill worker to compute the prompt first (and it has not
+    /// been taken yet).
+    pub fn has_prefill(&self) -> bool {
+        self.prefill.is_some()
+    }
+
     /// The prefill worker the policy chose to compute the prompt first, taken (once): the
     /// caller holds it while the prompt is computed there.
     pub fn take_prefill(&mut self) -> Option<PrefillLease> {

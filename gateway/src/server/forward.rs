@@ -83,7 +83,6 @@ pub(super) async fn forward(
     let migrating = state.forwarding.migration_limit > 0 && admitted.stream() && prepared.media_items.is_empty();
     let body_with_ids = std::cell::OnceCell::new();
     let id = router.next_request_id();
-    state.slo.arrived(model, prepared.prompt.tokens as u64);
     let affinity = router.affinity(|header| admitted.headers.get(header).map(|value| value.as_bytes().to_vec()));
     let mut attempts = router.attempts(routing::Request {
         id,
@@ -110,8 +109,20 @@ pub(super) async fn forward(
             break;
         }
         let Some(lease) = attempts.next_lease() else {
+            if attempt == 0 {
+                state.slo.unrouted(model, prepared.prompt.tokens as u64);
+            }
             break;
         };
+        if attempt == 0 {
+            // For the planner: the pools the request reached (its first choice's, once).
+            state.slo.routed(
+                model,
+                lease.worker().role,
+                lease.has_prefill(),
+                prepared.prompt.tokens as u64,
+            );
+        }
         // The worker's own count holds the request now.
         reservation.take();
         if attempt > 0 {

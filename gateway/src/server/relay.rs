@@ -103,6 +103,7 @@ pub(super) async fn finish(
         targets,
         prompt_tokens: prompt.tokens as u64,
         usage_asked: parsed.include_usage(),
+        prefilled_remotely: matches!(prefilled, Some(disagg::Prefilled::Remote { .. })),
     };
     let relay = Relay {
         state,
@@ -153,6 +154,8 @@ struct Judged<'a> {
     prompt_tokens: u64,
     /// The client asked for the usage chunk: the stream's usage can be read without a tenant.
     usage_asked: bool,
+    /// A prefill worker computed the prompt (for the planner's prefill pool).
+    prefilled_remotely: bool,
 }
 
 /// What relaying one answer needs besides the answer and its lease.
@@ -213,6 +216,7 @@ impl Relay<'_> {
             targets: judged.targets,
             ttft_ms: ttft * 1000.0,
             prompt_tokens: judged.prompt_tokens,
+            prefilled_remotely: judged.prefilled_remotely,
             chunks: 0,
             first_at: None,
             last_at: None,
@@ -286,6 +290,8 @@ impl Relay<'_> {
                 itl_ms: None,
                 tokens,
                 completion_tokens: reported.map_or(0, |usage| u64::from(usage.completion_tokens)),
+                answered_by: worker.role,
+                prefilled_remotely: judged.prefilled_remotely,
             };
             state
                 .slo
@@ -383,6 +389,8 @@ struct StreamTiming {
     targets: slo::Targets,
     ttft_ms: f64,
     prompt_tokens: u64,
+    /// A prefill worker computed the prompt (for the planner's prefill pool).
+    prefilled_remotely: bool,
     /// SSE data events seen, `[DONE]` aside.
     chunks: u64,
     first_at: Option<Instant>,
@@ -467,6 +475,8 @@ impl StreamTiming {
             itl_ms,
             tokens,
             completion_tokens: reported.map_or(self.chunks, |usage| u64::from(usage.completion_tokens)),
+            answered_by: self.worker.role,
+            prefilled_remotely: self.prefilled_remotely,
         };
         self.metrics
             .judge(&self.model, &self.worker.name, self.worker.cost, self.targets, observed);

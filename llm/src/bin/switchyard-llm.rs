@@ -1,6 +1,8 @@
 //! `switchyard-llm`: the native LLM worker. Loads a Hugging Face model directory, runs it
 //! behind the shared scheduler, serves the OpenAI endpoints, and announces itself (KV events,
-//! registration, heartbeats) over NATS.
+//! registration, heartbeats) over NATS. Every worker serves both sides of prefill/decode
+//! disaggregation (its blocks' keys and values move over HTTP between workers); `--role` is
+//! what it announces.
 
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
@@ -13,9 +15,32 @@ use switchyard_llm::{self as llm, Model};
 use switchyard_protocol::kv_events;
 use switchyard_tokenize::{ChatTemplate, JinjaTemplate, PromptEncoder};
 use switchyard_workers::engine::EngineConfig;
-use switchyard_workers::server::{ServerConfig, TextCodec, WorkerServer};
+use switchyard_workers::server::{KvTransferConfig, ServerConfig, TextCodec, WorkerServer};
 use switchyard_workers::shutdown::shutdown_signal;
 use switchyard_workers::{gateway_link, kv_link};
+
+/// What the worker announces itself as.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum WorkerRole {
+    /// An LLM worker (the default).
+    Llm,
+    /// A prefill worker (prefill/decode disaggregation): it computes prompts whose KV blocks
+    /// decode workers pull.
+    Prefill,
+    /// A decode worker: it pulls a prompt's KV blocks from the prefill worker a request names,
+    /// or prefills itself.
+    Decode,
+}
+
+impl WorkerRole {
+    fn announced(self) -> switchyard_protocol::Role {
+        match self {
+            WorkerRole::Llm => switchyard_protocol::Role::Llm,
+            WorkerRole::Prefill => switchyard_protocol::Role::Prefill,
+            WorkerRole::Decode => switchyard_protocol::Role::Decode,
+        }
+    }
+}
 
 /// A native LLM worker speaking the OpenAI API.
 #[derive(Debug, Parser)]
@@ -24,6 +49,20 @@ struct Args {
     /// Hugging Face model directory: config.json, *.safetensors, tokenizer.json.
     #[arg(long)]
     model: PathBuf,
+    /// What the worker announces in its registrations: `llm`, or `prefill` / `decode` for
+    /// prefill/decode disaggregation. Every worker serves both sides (exports its blocks'
+    /// keys and values, imports those of a prefill worker a request names); the role is what
+    /// routers use it for.
+    #[arg(long, value_enum, default_value_t = WorkerRole::Llm)]
+    role: WorkerRole,
+    /// The machine name announced in registrations and in the `kv_transfer_params` this
+    /// worker answers as a prefill worker (`remote_node`).
+    #[arg(long, default_value = "")]
+    node: String,
+    /// How long (real time) a decode worker waits for a prefill worker's blocks (the export
+    /// call and its answer, payloads included) before it prefills the prompt itself.
+    #[arg(long, default_value_t = 2000)]
+    kv_transfer_timeout_ms: u64,
     /// Where the model runs: `cpu`, or `cuda:N` (needs a build with the `cuda` feature).
     #[arg(long, default_value = "cpu")]
     device: Device,
@@ -277,6 +316,16 @@ async fn run() -> anyhow::Result<()> {
             metrics_prefix: "switchyard_worker".into(),
             owner: "switchyard-llm".into(),
             kv_log: kv_log.clone(),
+            kv_transfer: KvTransferConfig {
+                engine_id: Some(name.clone()),
+                node: args.node.clone(),
+                advertise_url: args.advertise_url.clone(),
+                // The real size, which bounds the payloads a pull reads; the transfer takes the
+                // time it takes (no simulated link).
+                block_bytes: Some(block_bytes as u64),
+                timeout: Duration::from_millis(args.kv_transfer_timeout_ms),
+                ..KvTransferConfig::default()
+            },
             ..ServerConfig::default()
         },
     )
@@ -286,12 +335,12 @@ async fn run() -> anyhow::Result<()> {
         worker: name,
         url: args.advertise_url.clone().unwrap_or_else(|| format!("http://{addr}")),
         model: served.clone(),
-        role: switchyard_protocol::Role::Llm,
+        role: args.role.announced(),
         block_size: args.block_size,
         capacity_blocks: num_blocks as u64,
         capabilities: vec!["text".into()],
         cost: args.cost,
-        node: String::new(),
+        node: args.node.clone(),
         token_budgets: Vec::new(),
         spot: false,
         preempting: false,
@@ -332,7 +381,11 @@ async fn run() -> anyhow::Result<()> {
     // (abrupt) one.
     let shutdown = shutdown_signal().context("cannot listen for SIGINT and SIGTERM")?;
     println!("worker listening on http://{addr}");
-    println!("worker ready: model `{served}` on {:?}", args.device);
+    println!(
+        "worker ready: model `{served}` on {:?}, role {}",
+        args.device,
+        args.role.announced()
+    );
 
     shutdown.await;
     tracing::info!(in_flight = server.in_flight(), "shutting down: leaving, then draining");

@@ -436,6 +436,86 @@ fn decode_graphs_give_the_eager_steps_logits() {
     assert_eq!(eager.decode_graph_stats().replays, 0);
 }
 
+/// The CPU cache's blocks of [`PROMPT`]'s first 16 positions (blocks 0..4), prefilled, and
+/// the tail's logits computed on from them.
+fn cpu_prefix_blocks(model: &Model, precision: KvPrecision) -> (Vec<Vec<u8>>, Vec<f32>) {
+    let mut kv = PagedKv::with_precision(model.config(), 4, 8, precision);
+    let mut sequence = SequenceKv {
+        blocks: vec![0, 1, 2, 3, 4],
+        computed: 0,
+    };
+    model
+        .forward_batch(
+            &mut kv,
+            &mut [Chunk {
+                sequence: &mut sequence,
+                tokens: &PROMPT[..16],
+            }],
+            Logits::Last,
+        )
+        .expect("cpu prefill");
+    let payloads = (0..4).map(|block| kv.export_block(block).expect("a block")).collect();
+    let tail = model
+        .forward_batch(
+            &mut kv,
+            &mut [Chunk {
+                sequence: &mut sequence,
+                tokens: &PROMPT[16..],
+            }],
+            Logits::Last,
+        )
+        .expect("cpu tail");
+    (payloads, tail.concat())
+}
+
+#[test]
+fn kv_blocks_move_between_the_cpu_and_gpu_caches_unchanged() {
+    let _turn = switchyard_harness::turn();
+    let model = model("tiny-llama");
+    if gpu(&model, 16).is_none() {
+        return;
+    }
+    for precision in [KvPrecision::F32, KvPrecision::F16] {
+        let mut gpu = CudaExecutor::with_precision(&model, 0, 4, 16, precision).expect("a cache");
+        let (payloads, cpu_tail) = cpu_prefix_blocks(&model, precision);
+        // Into other block numbers, host→device; back out device→host, byte for byte.
+        let blocks = [9u32, 3, 12, 6, 0];
+        for (payload, block) in payloads.iter().zip(blocks) {
+            gpu.import_block(block, payload).expect("the same shape");
+            assert_eq!(&gpu.export_block(block).expect("a block"), payload, "{precision}");
+        }
+        let gpu_tail = gpu
+            .forward(&[GpuChunk {
+                tokens: &PROMPT,
+                start: 16,
+                count: PROMPT.len() - 16,
+                blocks: &blocks,
+                media: &[],
+            }])
+            .expect("gpu tail")
+            .concat();
+        let difference = max_difference(&gpu_tail, &cpu_tail);
+        assert!(difference < 1e-3, "{precision}: max |Δlogit| {difference}");
+        // The GPU's own blocks go to the CPU cache as they are.
+        let mut cpu = PagedKv::with_precision(model.config(), 4, 8, precision);
+        cpu.import_block(5, &gpu.export_block(9).expect("a block"))
+            .expect("the same shape");
+        assert_eq!(cpu.export_block(5).expect("a block"), payloads[0]);
+        // A payload of the other dtype, or a block past the cache, is refused.
+        let other = if precision == KvPrecision::F32 {
+            KvPrecision::F16
+        } else {
+            KvPrecision::F32
+        };
+        let (foreign, _) = cpu_prefix_blocks(&model, other);
+        assert!(gpu.import_block(1, &foreign[0]).is_err());
+        assert!(
+            gpu.import_block(16, &payloads[0]).is_err(),
+            "block 16 is the graphs' padding"
+        );
+    }
+}
+
 #[test]
 fn split_attention_merges_to_the_unsplit_logits() {
     let _turn = switchyard_harness::turn();

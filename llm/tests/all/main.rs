@@ -15,6 +15,7 @@ mod hf_reference;
 mod kernel_emulation;
 mod llm_consistency;
 mod llm_engine;
+mod llm_kv_transfer;
 mod llm_media_engine;
 mod multimodal_llm_reference;
 mod real_model;

@@ -21,6 +21,12 @@
 //!   pass `max-gpus` (downs are counted first, so one pool's release can fund another's add).
 //! - Encoder pools and pools with no interval yet hold.
 //!
+//! The host fills each pool's figures from its own workers (a prefill pool's queue is the
+//! prompt tokens sent to its prefill workers and not computed yet; a decode pool's KV usage is
+//! its decode workers'), so a prefill pool and a decode pool of one model move each by its own
+//! rule, in opposite directions when the load asks (long prompts with short answers, or the
+//! converse).
+//!
 //! Every threshold is a config key of the same name.
 
 #![cfg_attr(not(test), no_std)]
@@ -256,6 +262,29 @@ mod tests {
         assert_eq!(plan(&[rising], 0), [(0, 3)]);
         let idle = pool(PoolRole::Prefill, 2, alloc::vec![interval(0.0, 100.0)]);
         assert_eq!(plan(&[idle], 0), [(0, 1)]);
+    }
+
+    #[test]
+    fn prefill_and_decode_pools_move_by_their_own_rules_in_one_plan() {
+        // Long prompts, few tokens: the prefill queue at 3 × (2 × 1000) is 1.5 and rising;
+        // the decode pool's KV usage is low — its prefill figure is not its rule's.
+        let prefill = pool(
+            PoolRole::Prefill,
+            2,
+            alloc::vec![interval(0.1, 2000.0), interval(0.1, 3000.0)],
+        );
+        let decode = pool(PoolRole::Decode, 3, alloc::vec![interval(0.2, 9000.0)]);
+        assert_eq!(plan(&[prefill, decode.clone()], 0), [(1, 2), (0, 3)]);
+        // The converse: short prompts, long streams. Decode KV usage 0.95 adds a decode
+        // worker; the prefill queue is nearly empty (its KV usage is not its rule's).
+        let idle = pool(PoolRole::Prefill, 2, alloc::vec![interval(0.99, 100.0)]);
+        let full = pool(PoolRole::Decode, 2, alloc::vec![interval(0.95, 0.0)]);
+        assert_eq!(plan(&[idle.clone(), full], 0), [(0, 1), (1, 3)]);
+        // The decode pool that just grew holds through its grace period, low usage or not,
+        // while the prefill pool keeps to its own rule.
+        let mut warming = decode;
+        warming.intervals_since_scale_up = 1;
+        assert_eq!(plan(&[idle, warming], 0), [(0, 1)]);
     }
 
     #[test]

@@ -4,16 +4,30 @@
 //!
 //! Per LLM pool with a profile (`profiled-rate` > 0: requests per second one worker serves
 //! within the pool's TTFT and ITL targets at its recent mean ISL and OSL, interpolated by the
-//! host from `switchyard-bench profile`'s measurements):
+//! host from `switchyard-bench profile`'s measurements; a prefill pool's profile is measured
+//! on its prefill workers, a decode pool's on its decode workers):
 //!
 //! - Predicted rate `λ = max(moving average of the last `window` (3) intervals, last + slope)`,
 //!   the slope a least-squares line through the last `window + 1` intervals: a rising load is
 //!   met where it is going, a noisy flat one by its average.
-//! - Correction `c`: the last interval's measured p90 TTFT over its target, and p90 ITL over
-//!   its target, the larger, clamped to `[1, max_correction]` (2): when workers miss the
-//!   targets at the profiled rate (a different prompt mix, a slower host), they are worth less
-//!   than the profile says. Below the targets the profile is trusted (c = 1).
-//! - Replicas `n = ceil(λ · headroom · c / profiled-rate)` with `headroom` (1.1).
+//! - Correction `c`, clamped to `[1, max_correction]` (2): the last interval's measured p90
+//!   latency over its target — for an aggregated pool TTFT and ITL, the larger; for a prefill
+//!   pool TTFT only (its workers make the prompt's wait, not the token gaps); for a decode pool
+//!   ITL only (the TTFT of its answers is mostly the prefill pool's) — the split of Dynamo's
+//!   later planner design (`prefill_correction = actual_ttft / expected_ttft`,
+//!   `decode_correction = actual_itl / expected_itl`). When workers miss the target at the
+//!   profiled rate (a different prompt mix, a slower host), they are worth less than the
+//!   profile says. Below the target the profile is trusted (c = 1).
+//! - Replicas `n = ceil(λ · headroom · c / profiled-rate)` with `headroom` (1.1); `λ` is the
+//!   pool's own rate (a prefill pool's: the prompts sent to its workers; a decode pool's: the
+//!   requests its workers answer).
+//! - A prefill pool also needs the capacity to compute what is queued at it within the TTFT
+//!   target: one worker prefills `profiled-rate × mean ISL` tokens a second within the
+//!   targets, so clearing the interval's mean `prefill-queue-tokens` `Q` within
+//!   `ttft-target-ms` `T` takes `ceil(Q · headroom / (profiled-rate · ISL · T))` workers; the
+//!   larger of the two counts stands. (By Little's law `Q ≈ λ · ISL · W`, with `W` the time a
+//!   prompt spends at the pool, so this is the rate term scaled by `W / T`: it reacts to a
+//!   queue building up now, before the TTFT of the answers it delays is measured.)
 //! - Up by whatever `n` asks at once; down by at most one worker per interval, and not in the
 //!   `grace_intervals` (3) after the pool grew (caches still warming; a dip is often noise).
 //! - Within `min-workers..=max-workers`, and scale-ups stop where the fleet would pass
@@ -92,17 +106,48 @@ fn ceil(x: f64) -> u32 {
     }
 }
 
-/// How much worse than its profile the pool did in the last interval (≥ 1).
+/// Measured over target (1 when either is unknown).
+fn ratio(measured: f32, target: f32) -> f64 {
+    if target > 0.0 && measured > 0.0 {
+        f64::from(measured) / f64::from(target)
+    } else {
+        1.0
+    }
+}
+
+/// How much worse than its profile the pool did in the last interval (≥ 1), by the latency
+/// its role answers for (see the module docs).
 fn correction(pool: &Pool, last: &IntervalStats, max: f64) -> f64 {
-    let ratio = |measured: f32, target: f32| {
-        if target > 0.0 && measured > 0.0 {
-            f64::from(measured) / f64::from(target)
-        } else {
-            1.0
-        }
+    let ttft = ratio(last.ttft_p90_ms, pool.ttft_target_ms);
+    let itl = ratio(last.itl_p90_ms, pool.itl_target_ms);
+    let worst = match pool.role {
+        PoolRole::Prefill => ttft,
+        PoolRole::Decode => itl,
+        PoolRole::Aggregated | PoolRole::Encoder => ttft.max(itl),
     };
-    let worst = ratio(last.ttft_p90_ms, pool.ttft_target_ms).max(ratio(last.itl_p90_ms, pool.itl_target_ms));
     if worst.is_finite() { worst.clamp(1.0, max) } else { 1.0 }
+}
+
+/// Workers (unrounded) a prefill pool needs to compute its queued prompt tokens within the
+/// TTFT target (see the module docs); 0 without a target or a measured ISL.
+fn for_the_queue(pool: &Pool, last: &IntervalStats, headroom: f64) -> f64 {
+    let per_worker_tokens_s = f64::from(pool.profiled_rate) * f64::from(last.mean_isl);
+    let target_s = f64::from(pool.ttft_target_ms) / 1000.0;
+    let queued = f64::from(last.prefill_queue_tokens);
+    if per_worker_tokens_s > 0.0 && target_s > 0.0 && queued > 0.0 {
+        queued * headroom / (per_worker_tokens_s * target_s)
+    } else {
+        0.0
+    }
+}
+
+/// `x` as a whole count of workers, rounded up; `fallback` when it is not a number.
+fn whole(x: f64, fallback: u32) -> u32 {
+    if x.is_finite() {
+        ceil(x.clamp(0.0, f64::from(u32::MAX)))
+    } else {
+        fallback
+    }
 }
 
 /// The size `pool` should have, with the reason; `None` to hold.
@@ -113,18 +158,29 @@ fn wanted(pool: &Pool, settings: &Settings) -> Option<(u32, String)> {
     let last = pool.recent.last()?;
     let rate = predicted_rate(&pool.recent, settings.window);
     let c = correction(pool, last, settings.max_correction);
-    let need = rate * settings.headroom * c / f64::from(pool.profiled_rate);
-    let need = if need.is_finite() {
-        ceil(need.clamp(0.0, f64::from(u32::MAX)))
-    } else {
-        pool.desired
+    let by_rate = whole(
+        rate * settings.headroom * c / f64::from(pool.profiled_rate),
+        pool.desired,
+    );
+    let by_queue = match pool.role {
+        PoolRole::Prefill => whole(for_the_queue(pool, last, settings.headroom), pool.desired),
+        _ => 0,
     };
-    let need = need.clamp(pool.min_workers, pool.max_workers);
+    let latency = match pool.role {
+        PoolRole::Prefill => "ttft",
+        PoolRole::Decode => "itl",
+        PoolRole::Aggregated | PoolRole::Encoder => "latency",
+    };
+    let need = by_rate.max(by_queue).clamp(pool.min_workers, pool.max_workers);
+    let why = if by_queue > by_rate {
+        format!("{:.0} queued tokens within ttft need {need}", last.prefill_queue_tokens)
+    } else {
+        format!("predicted {rate:.2} req/s x{c:.2} {latency} needs {need}")
+    };
     if need > pool.desired {
-        Some((need, format!("predicted {rate:.2} req/s x{c:.2} needs {need}")))
+        Some((need, why))
     } else if need < pool.desired {
-        (pool.intervals_since_scale_up >= settings.grace)
-            .then(|| (pool.desired - 1, format!("predicted {rate:.2} req/s needs {need}")))
+        (pool.intervals_since_scale_up >= settings.grace).then(|| (pool.desired - 1, why))
     } else {
         None
     }
@@ -259,6 +315,82 @@ mod tests {
         let mut recent = pool(6, &[2.0, 2.0, 2.0]);
         recent.intervals_since_scale_up = 1;
         assert!(plan(&[recent], 0).is_empty());
+    }
+
+    /// `pool(desired, rates)` as a pool of `role`.
+    fn of_role(role: PoolRole, desired: u32, rates: &[f32]) -> Pool {
+        Pool {
+            role,
+            ..pool(desired, rates)
+        }
+    }
+
+    /// Sets the last interval's p90 TTFT and ITL.
+    fn latencies(mut pool: Pool, ttft_p90_ms: f32, itl_p90_ms: f32) -> Pool {
+        let last = pool.recent.last_mut().expect("an interval");
+        last.ttft_p90_ms = ttft_p90_ms;
+        last.itl_p90_ms = itl_p90_ms;
+        pool
+    }
+
+    #[test]
+    fn ttft_drives_prefill_pools_and_itl_does_not() {
+        // 6 predicted req/s at 2 per worker, ×1.1: 4 workers; TTFT twice its target: 7.
+        let prefill = of_role(PoolRole::Prefill, 2, &[3.0, 4.0, 5.0]);
+        assert_eq!(plan(core::slice::from_ref(&prefill), 0), [(0, 4)]);
+        assert_eq!(plan(&[latencies(prefill.clone(), 2000.0, 12.0)], 0), [(0, 7)]);
+        assert_eq!(
+            plan(&[latencies(prefill, 500.0, 200.0)], 0),
+            [(0, 4)],
+            "ITL four times its target is the decode pool's to answer for"
+        );
+    }
+
+    #[test]
+    fn a_prefill_pool_grows_to_compute_its_queue_within_the_ttft_target() {
+        // 1 req/s needs 1 worker by rate; but 9000 tokens queued, and one worker prefills
+        // 2 req/s × 1000 tokens a second: clearing them within the 1 s target takes
+        // 9000 × 1.1 / 2000 = 4.95 → 5 workers.
+        let mut queued = of_role(PoolRole::Prefill, 2, &[1.0, 1.0, 1.0]);
+        queued.recent.last_mut().expect("an interval").prefill_queue_tokens = 9000.0;
+        assert_eq!(plan(&[queued.clone()], 0), [(0, 5)]);
+        // Without a TTFT target the queue has no deadline: sized by rate (one fewer).
+        queued.ttft_target_ms = 0.0;
+        assert_eq!(plan(&[queued.clone()], 0), [(0, 1)]);
+        // A decode pool's queue is not its measure.
+        let mut decode = of_role(PoolRole::Decode, 2, &[1.0, 1.0, 1.0]);
+        decode.recent.last_mut().expect("an interval").prefill_queue_tokens = 9000.0;
+        assert_eq!(plan(&[decode], 0), [(0, 1)]);
+    }
+
+    #[test]
+    fn itl_drives_decode_pools_and_ttft_does_not() {
+        let decode = of_role(PoolRole::Decode, 2, &[3.0, 4.0, 5.0]);
+        assert_eq!(plan(core::slice::from_ref(&decode), 0), [(0, 4)]);
+        // p90 ITL 100 ms against 50: twice → 7.
+        assert_eq!(plan(&[latencies(decode.clone(), 500.0, 100.0)], 0), [(0, 7)]);
+        assert_eq!(
+            plan(&[latencies(decode, 3000.0, 12.0)], 0),
+            [(0, 4)],
+            "TTFT three times its target is the prefill pool's to answer for"
+        );
+    }
+
+    #[test]
+    fn prefill_and_decode_pools_move_by_their_own_figures_in_one_plan() {
+        // Long prompts, few tokens: the prefill pool's queue and TTFT are high, its rate low;
+        // the decode pool's ITL is well within its target at a low rate.
+        let mut prefill = latencies(of_role(PoolRole::Prefill, 2, &[1.0, 1.0, 1.0]), 1500.0, 0.0);
+        prefill.recent.last_mut().expect("an interval").prefill_queue_tokens = 7000.0;
+        let decode = latencies(of_role(PoolRole::Decode, 3, &[1.0, 1.0, 1.0]), 1500.0, 10.0);
+        // Prefill: max(1 × 1.1 × 1.5 / 2 → 1, 7000 × 1.1 / 2000 → 4) = 4. Decode: needs 1,
+        // goes down one.
+        assert_eq!(plan(&[prefill.clone(), decode.clone()], 0), [(1, 2), (0, 4)]);
+        // The converse: short prompts, long streams with ITL over target.
+        let quiet = of_role(PoolRole::Prefill, 3, &[1.0, 1.0, 1.0]);
+        let slow = latencies(of_role(PoolRole::Decode, 2, &[3.0, 3.0, 3.0]), 100.0, 75.0);
+        // Decode: 3 × 1.1 × 1.5 / 2 = 2.475 → 3. Prefill: 1, down one.
+        assert_eq!(plan(&[quiet, slow], 0), [(0, 2), (1, 3)]);
     }
 
     #[test]

@@ -51,6 +51,8 @@ mod native_multimodal;
 mod native_worker;
 mod pd_disagg;
 mod pd_fallback;
+mod pd_native;
+mod planner_pd;
 mod planner_process;
 mod planner_rules;
 mod policy_columns;

@@ -338,11 +338,12 @@ impl Scheduler {
                 let payload = payloads
                     .as_ref()
                     .and_then(|payloads| payloads.get(index - first))
-                    .map(Vec::as_slice)
+                    .map(|payload| &payload[..])
                     .unwrap_or_default();
                 if let Err(reason) = executor.import_kv(block, payload) {
                     tracing::warn!(block, %reason, "could not import a KV block; the rest is prefilled");
                     self.blocks.release_anonymous(block);
+                    result.refused = true;
                     break;
                 }
             }

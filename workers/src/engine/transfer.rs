@@ -10,8 +10,12 @@
 //! needs its keys and values copied ([`Executor::export_kv`](crate::engine::Executor::export_kv)
 //! and [`Executor::import_kv`](crate::engine::Executor::import_kv)), or cannot move at all.
 //! The scheduler does the bookkeeping ([`crate::engine::scheduler`]); how blocks travel between
-//! workers is the server's business (`crate::server`'s `kv_transfer`).
+//! workers is the server's business (`crate::server`'s `kv_transfer`). What a payload holds is
+//! the executor's own format (the native LLM's is documented in `switchyard-llm`'s
+//! `kv::transfer`): an executor must refuse a payload it did not make the like of, and the
+//! import then stops there ([`KvImported::refused`]).
 
+use bytes::Bytes;
 use switchyard_protocol::block_hash::BlockHash;
 
 /// What an executor's KV blocks are made of, for moving them between engines.
@@ -54,8 +58,9 @@ pub struct KvImport {
     /// must be cached here already (they were when the transfer was planned).
     pub first: usize,
     /// The moved blocks' keys and values (`chain[first..]`, in order), for an executor whose
-    /// medium is [`KvMedium::Payloads`]; ignored by a simulated one.
-    pub payloads: Option<Vec<Vec<u8>>>,
+    /// medium is [`KvMedium::Payloads`]; ignored by a simulated one. `Bytes`, so that payloads
+    /// read from another worker's answer are views of its body, not copies.
+    pub payloads: Option<Vec<Bytes>>,
 }
 
 /// What an import did.
@@ -66,6 +71,9 @@ pub struct KvImported {
     pub already_cached: usize,
     /// Blocks taken in: newly cached and announced as `stored`.
     pub imported: usize,
+    /// Whether the executor refused a moved block's payload (not of its shape or dtype), which
+    /// stopped the import there; the rest of the prompt is prefilled.
+    pub refused: bool,
 }
 
 #[cfg(test)]
@@ -157,7 +165,8 @@ mod tests {
             imported,
             KvImported {
                 already_cached: 0,
-                imported: 10
+                imported: 10,
+                refused: false,
             }
         );
         assert_eq!(engine.held_blocks(sequences(&chain)).await.expect("engine runs"), 10);
@@ -180,7 +189,8 @@ mod tests {
             again,
             KvImported {
                 already_cached: 10,
-                imported: 0
+                imported: 0,
+                refused: false,
             }
         );
         assert!(stored(&mut events).is_empty());
@@ -198,7 +208,8 @@ mod tests {
             imported,
             KvImported {
                 already_cached: 2,
-                imported: 4
+                imported: 4,
+                refused: false,
             }
         );
         // Blocks said to be here but gone (first = 3 while block 2 is missing elsewhere).
@@ -355,14 +366,33 @@ mod tests {
         // Without payloads such an engine takes nothing in; with them, every block.
         let without = decode.import_kv(import(&chain, 0)).await.expect("engine runs");
         assert_eq!(without.imported, 0);
-        let with = decode
+        // A payload the executor refuses stops the import at its block.
+        let mut wrong: Vec<Bytes> = payloads.iter().cloned().map(Bytes::from).collect();
+        wrong[1] = Bytes::from_static(&[1, 2]);
+        let refused = decode
             .import_kv(KvImport {
-                payloads: Some(payloads.clone()),
+                payloads: Some(wrong),
                 ..import(&chain, 0)
             })
             .await
             .expect("engine runs");
-        assert_eq!(with.imported, 3);
+        assert_eq!(
+            refused,
+            KvImported {
+                already_cached: 0,
+                imported: 1,
+                refused: true
+            }
+        );
+        let with = decode
+            .import_kv(KvImport {
+                payloads: Some(payloads.iter().cloned().map(Bytes::from).collect()),
+                ..import(&chain, 0)
+            })
+            .await
+            .expect("engine runs");
+        assert_eq!(with.imported, 2, "the block taken in before the refusal stays");
+        assert_eq!(with.already_cached, 1);
         let mut held: Vec<Vec<u8>> = decode_blocks.lock().expect("lock").values().cloned().collect();
         held.sort();
         assert_eq!(

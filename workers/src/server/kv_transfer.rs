@@ -7,17 +7,24 @@
 //! out the leading run of the blocks a decode worker asks for that are still held ([`export`]).
 //! *Decode side*: a request with `do_remote_prefill` has its prompt's block hashes computed
 //! here, and the leading blocks not cached here already are pulled from the prefill worker
-//! ([`pull`]): the export call (under a real-time deadline), then the transfer's simulated time
-//! (bytes over the link's bandwidth: faster within a node than across nodes, divided by the
-//! engine's speed-up), then the import into the engine as cached blocks, so the request's
-//! prefill computes only the uncovered tail. A transfer that fails costs nothing but time: the
-//! worker imports what it got and prefills the rest. What happened is reported in the
-//! [`KV_TRANSFER_HEADER`] of the answer and counted in the worker's metrics.
+//! ([`pull`]): the export call (under a real-time deadline), then the import into the engine as
+//! cached blocks, so the request's prefill computes only the uncovered tail. A transfer that
+//! fails costs nothing but time: the worker imports what it got and prefills the rest. What
+//! happened is reported in the [`KV_TRANSFER_HEADER`] of the answer and counted in the
+//! worker's metrics.
 //!
-//! Blocks move by name only: the simulated engine's blocks hold no keys or values, and an
-//! engine whose blocks do ([`KvMedium::Payloads`]) will need the payloads carried by this
-//! exchange, which it does not do yet; an engine that cannot take blocks in
-//! ([`KvMedium::Opaque`], the native engines today) prefills every prompt itself.
+//! How a block moves depends on the engine's [`KvMedium`]. A simulated engine's blocks hold
+//! nothing: they move by name (the names-only JSON answer), and the transfer's time is
+//! simulated (bytes over the link's bandwidth: faster within a node than across nodes, divided
+//! by the engine's speed-up). An engine whose blocks hold keys and values
+//! ([`KvMedium::Payloads`], the native LLM) asks for them (`"payloads": true`) and takes the
+//! blocks in only with them: a prefill worker whose engine can copy its blocks out answers them
+//! in the binary framing of [`switchyard_protocol::kv_blocks`], read here under a bound of the
+//! blocks asked for times this engine's block size (with room for another dtype, to be refused
+//! by the engine, not cut off here), and the transfer takes the real time it takes. A
+//! names-only answer to such a worker (a simulated prefill worker) is never imported: the
+//! prompt is prefilled here, `local; reason=payload`. An engine that cannot take blocks in
+//! ([`KvMedium::Opaque`]) prefills every prompt itself.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -37,7 +44,8 @@ use switchyard_protocol::api::{
     ApiError, KV_EXPORT_PATH, KV_TRANSFER_HEADER, KvExportRequest, KvExportResponse, KvTransferFailure,
     KvTransferParams, KvTransferReport,
 };
-use switchyard_protocol::block_hash::block_hashes;
+use switchyard_protocol::block_hash::{BlockHash, block_hashes};
+use switchyard_protocol::kv_blocks::{self, KV_BLOCKS_CONTENT_TYPE, KvBlocks};
 use switchyard_protocol::respond::{self, Body};
 
 use super::State;
@@ -47,8 +55,13 @@ use crate::engine::{EngineHandle, KvImport, KvMedium};
 /// heads × 128 dimensions × 2 bytes (128 KiB). The simulated engine's default.
 pub const LLAMA3_8B_KV_BYTES_PER_TOKEN: u64 = 2 * 32 * 8 * 128 * 2;
 
-/// Largest export answer read (a few hundred thousand block hashes).
+/// Largest names-only export answer read (a few hundred thousand block hashes), and the room
+/// for the header of one with payloads.
 const MAX_ANSWER_BYTES: usize = 16 << 20;
+
+/// Room per block of an answer with payloads beyond its keys and values: the engine's own
+/// payload header and the block's share of the framing's JSON header.
+const PAYLOAD_SLACK_BYTES: u64 = 4096;
 
 /// How this worker moves KV blocks to and from other workers.
 #[derive(Debug, Clone, PartialEq)]
@@ -63,11 +76,14 @@ pub struct KvTransferConfig {
     /// `remote_port` from it); `None`: `http://` and the listening address.
     pub advertise_url: Option<String>,
     /// Bytes of KV cache one block takes; `None`: Llama-3-8B at f16
-    /// ([`LLAMA3_8B_KV_BYTES_PER_TOKEN`] × the engine's block size).
+    /// ([`LLAMA3_8B_KV_BYTES_PER_TOKEN`] × the engine's block size). An engine whose blocks
+    /// hold keys and values sets its own: it bounds the answers with payloads read.
     pub block_bytes: Option<u64>,
-    /// Gigabytes (10⁹ bytes) per second between workers of the same node (NVLink-class).
+    /// Gigabytes (10⁹ bytes) per second between workers of the same node (NVLink-class); a
+    /// simulated engine's transfers only.
     pub local_gbps: f64,
-    /// Gigabytes per second between nodes (200 Gb/s RDMA is 25).
+    /// Gigabytes per second between nodes (200 Gb/s RDMA is 25); a simulated engine's
+    /// transfers only.
     pub remote_gbps: f64,
     /// How long (real time) a decode worker waits for a prefill worker's export answer before
     /// prefilling the prompt itself.
@@ -270,7 +286,8 @@ pub(super) async fn answer_params(state: &State, hashes: Vec<u64>) -> KvTransfer
     }
 }
 
-/// `POST /v1/kv/export`: the leading run of the asked blocks this worker holds.
+/// `POST /v1/kv/export`: the leading run of the asked blocks this worker holds, with their
+/// keys and values when they are asked for and the engine has them.
 pub(super) async fn export(state: &State, request: Request<Incoming>) -> Result<Response<Body>, ApiError> {
     let (parts, body) = request.into_parts();
     let body = respond::read_limited(&parts.headers, body, state.config.max_body_bytes).await?;
@@ -285,15 +302,30 @@ pub(super) async fn export(state: &State, request: Request<Incoming>) -> Result<
             err.to_string(),
         )
     })?;
-    // Payloads (an engine whose blocks hold keys and values) do not travel over this call
-    // yet; the simulated engine has none.
-    Ok(respond::json(
-        StatusCode::OK,
-        &KvExportResponse {
-            block_hashes: export.block_hashes,
-            block_bytes: state.config.kv_transfer.block_bytes(state.engine.config().block_size),
-        },
-    ))
+    match export.payloads {
+        // Payloads only to a worker that asked: one that moves blocks by name has no use for
+        // megabytes it would throw away.
+        Some(payloads) if wanted.payloads => {
+            let body = kv_blocks::encode(&export.block_hashes, &payloads).map_err(|err| {
+                ApiError::new(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "server_error",
+                    "export_failed",
+                    err.to_string(),
+                )
+            })?;
+            Ok(respond::text(StatusCode::OK, KV_BLOCKS_CONTENT_TYPE, body))
+        }
+        // Without payloads (a simulated engine, or one that could not copy its blocks): the
+        // names, which an asker that needs payloads does not import.
+        _ => Ok(respond::json(
+            StatusCode::OK,
+            &KvExportResponse {
+                block_hashes: export.block_hashes,
+                block_bytes: state.config.kv_transfer.block_bytes(state.engine.config().block_size),
+            },
+        )),
+    }
 }
 
 /// A decode worker's pull of `prompt`'s blocks per `params`; never fails the request.
@@ -323,8 +355,9 @@ pub(super) fn unsupported(state: &State) -> KvTransferReport {
 
 async fn pull_blocks(state: &State, params: &KvTransferParams, prompt: &[u32]) -> KvTransferReport {
     let engine = &state.engine;
-    if engine.kv_medium() != KvMedium::Simulated || !engine.config().enable_prefix_caching {
-        // Blocks that would need payloads, or could never be found again, are not pulled.
+    let medium = engine.kv_medium();
+    if !medium.imports() || !engine.config().enable_prefix_caching {
+        // Blocks that could not be taken in, or could never be found again, are not pulled.
         return KvTransferReport::Local(KvTransferFailure::Unsupported);
     }
     let chain = block_hashes(prompt, engine.config().block_size);
@@ -342,21 +375,116 @@ async fn pull_blocks(state: &State, params: &KvTransferParams, prompt: &[u32]) -
         return KvTransferReport::Local(KvTransferFailure::Connect);
     };
     let wanted = &hashes[cached..];
-    let timeout = state.config.kv_transfer.timeout;
-    let answer = match tokio::time::timeout(timeout, ask(&state.kv.client, &base, wanted)).await {
+    let config = &state.config.kv_transfer;
+    let block_bytes = config.block_bytes(engine.config().block_size);
+    let payloads = medium == KvMedium::Payloads;
+    let limit = answer_limit(wanted.len(), payloads.then_some(block_bytes));
+    let started = Instant::now();
+    let answer = match tokio::time::timeout(config.timeout, ask(&state.kv.client, &base, wanted, payloads, limit)).await
+    {
         Ok(Ok(answer)) => answer,
         Ok(Err(failure)) => return KvTransferReport::Local(failure),
         Err(_) => return KvTransferReport::Local(KvTransferFailure::Timeout),
     };
-    let moved = answer.block_hashes.len();
-    if moved > wanted.len() || answer.block_hashes[..] != wanted[..moved] {
+    let moved = answer.block_hashes().len();
+    if moved > wanted.len() || answer.block_hashes()[..] != wanted[..moved] {
         return KvTransferReport::Local(KvTransferFailure::Answer);
     }
     if moved == 0 {
         return KvTransferReport::Local(KvTransferFailure::Missing);
     }
+    let chain = &chain[..cached + moved];
+    match (medium, answer) {
+        (KvMedium::Payloads, Answer::Blocks(blocks)) => import_payloads(state, chain, cached, blocks, started).await,
+        // Blocks without their contents would make this engine attend to whatever its cache
+        // held before: never imported.
+        (KvMedium::Payloads, Answer::Names(_)) => KvTransferReport::Local(KvTransferFailure::Payload),
+        (_, Answer::Names(answer)) => import_names(state, params, chain, cached, answer.block_bytes).await,
+        // Payloads this worker did not ask for: the answer is not one to its question.
+        (_, Answer::Blocks(_)) => KvTransferReport::Local(KvTransferFailure::Answer),
+    }
+}
+
+/// The most bytes of an export answer read for `blocks` blocks: names only (`None`), or with
+/// payloads of this engine's `block_bytes`. Twice that, so that a prefill worker caching the
+/// same model in f32 for an f16 one here is refused by the engine with a reason that says so,
+/// not cut off; still bounded by what was asked, so a peer cannot make this worker buffer more.
+fn answer_limit(blocks: usize, block_bytes: Option<u64>) -> usize {
+    let Some(block_bytes) = block_bytes else {
+        return MAX_ANSWER_BYTES;
+    };
+    let payloads = block_bytes
+        .saturating_mul(2)
+        .saturating_add(PAYLOAD_SLACK_BYTES)
+        .saturating_mul(blocks as u64);
+    usize::try_from(payloads)
+        .unwrap_or(usize::MAX)
+        .saturating_add(MAX_ANSWER_BYTES)
+}
+
+/// Takes the moved blocks (`chain[cached..]`, whose keys and values are `blocks`) into the
+/// engine; what moved, or why nothing did.
+async fn import_payloads(
+    state: &State,
+    chain: &[BlockHash],
+    cached: usize,
+    blocks: KvBlocks,
+    started: Instant,
+) -> KvTransferReport {
+    let bytes = blocks.payload_bytes();
+    let import = KvImport {
+        chain: chain.to_vec(),
+        first: cached,
+        payloads: Some(blocks.payloads),
+    };
+    let imported = match state.engine.import_kv(import).await {
+        Ok(imported) => imported,
+        Err(err) => {
+            tracing::warn!(error = %err, "could not import KV blocks");
+            return KvTransferReport::Local(KvTransferFailure::Payload);
+        }
+    };
+    // The moved blocks cached here now: taken in, or computed meanwhile by another request.
+    let landed = (imported.already_cached + imported.imported).saturating_sub(cached);
+    if imported.refused && landed == 0 {
+        return KvTransferReport::Local(KvTransferFailure::Payload);
+    }
+    if landed < chain.len() - cached {
+        // A refused payload, or a pool full of running requests' blocks: the rest is
+        // prefilled.
+        tracing::debug!(
+            ?imported,
+            moved = chain.len() - cached,
+            "imported fewer KV blocks than moved"
+        );
+    }
+    let ms = started.elapsed().as_secs_f64() * 1e3;
+    tracing::debug!(
+        blocks = landed,
+        bytes,
+        ms,
+        "pulled KV blocks with their keys and values"
+    );
+    KvTransferReport::Remote {
+        blocks: landed as u64,
+        bytes,
+        ms,
+    }
+}
+
+/// Takes the moved blocks (`chain[cached..]`) into a simulated engine by name, after the
+/// simulated time their `block_bytes` each take over the link.
+async fn import_names(
+    state: &State,
+    params: &KvTransferParams,
+    chain: &[BlockHash],
+    cached: usize,
+    block_bytes: u64,
+) -> KvTransferReport {
+    let engine = &state.engine;
+    let moved = chain.len() - cached;
     // What moves is the prefill worker's blocks, at its size (the same model's, normally).
-    let block_bytes = match answer.block_bytes {
+    let block_bytes = match block_bytes {
         0 => state.config.kv_transfer.block_bytes(engine.config().block_size),
         size => size,
     };
@@ -369,12 +497,12 @@ async fn pull_blocks(state: &State, params: &KvTransferParams, prompt: &[u32]) -
     // as with an RDMA transfer.
     tokio::time::sleep(wait).await;
     let import = KvImport {
-        chain: chain[..cached + moved].to_vec(),
+        chain: chain.to_vec(),
         first: cached,
         payloads: None,
     };
     match engine.import_kv(import).await {
-        Ok(imported) if imported.imported + imported.already_cached < cached + moved => {
+        Ok(imported) if imported.imported + imported.already_cached < chain.len() => {
             // The pool was full of running requests' blocks: the rest is prefilled.
             tracing::debug!(?imported, moved, "imported fewer KV blocks than moved");
         }
@@ -395,14 +523,36 @@ async fn pull_blocks(state: &State, params: &KvTransferParams, prompt: &[u32]) -
     }
 }
 
-/// Asks the prefill worker at `base` for `wanted`; its answer, or why there is none.
+/// A prefill worker's export answer.
+#[derive(Debug)]
+enum Answer {
+    /// The blocks by name (a simulated engine's, or without the payloads asked for).
+    Names(KvExportResponse),
+    /// The blocks with their keys and values.
+    Blocks(KvBlocks),
+}
+
+impl Answer {
+    fn block_hashes(&self) -> &[u64] {
+        match self {
+            Answer::Names(answer) => &answer.block_hashes,
+            Answer::Blocks(blocks) => &blocks.block_hashes,
+        }
+    }
+}
+
+/// Asks the prefill worker at `base` for `wanted` (with their `payloads`, if asked), reading at
+/// most `limit` bytes of answer; its answer, or why there is none.
 async fn ask(
     client: &Client<HttpConnector, Full<Bytes>>,
     base: &str,
     wanted: &[u64],
-) -> Result<KvExportResponse, KvTransferFailure> {
+    payloads: bool,
+    limit: usize,
+) -> Result<Answer, KvTransferFailure> {
     let body = serde_json::to_vec(&KvExportRequest {
         block_hashes: wanted.to_vec(),
+        payloads,
     })
     .map_err(|_| KvTransferFailure::Answer)?;
     let request = Request::post(format!("{base}{KV_EXPORT_PATH}"))
@@ -414,12 +564,25 @@ async fn ask(
     if response.status() != StatusCode::OK {
         return Err(KvTransferFailure::Status);
     }
-    let body = Limited::new(response.into_body(), MAX_ANSWER_BYTES)
+    let framed = response
+        .headers()
+        .get(http::header::CONTENT_TYPE)
+        .and_then(|value| value.to_str().ok())
+        .is_some_and(|value| value.trim().eq_ignore_ascii_case(KV_BLOCKS_CONTENT_TYPE));
+    let body = Limited::new(response.into_body(), limit)
         .collect()
         .await
         .map_err(|_| KvTransferFailure::Answer)?
         .to_bytes();
-    serde_json::from_slice(&body).map_err(|_| KvTransferFailure::Answer)
+    if framed {
+        return kv_blocks::decode(body).map(Answer::Blocks).map_err(|err| {
+            tracing::debug!(error = %err, "a KV blocks answer that does not read");
+            KvTransferFailure::Payload
+        });
+    }
+    serde_json::from_slice(&body)
+        .map(Answer::Names)
+        .map_err(|_| KvTransferFailure::Answer)
 }
 
 #[cfg(test)]
@@ -446,6 +609,16 @@ mod tests {
             ..config
         };
         assert_eq!(broken.link_time(gigabyte, "a", "b"), Duration::ZERO);
+    }
+
+    #[test]
+    fn an_answer_with_payloads_is_bounded_by_the_blocks_asked_for() {
+        assert_eq!(answer_limit(1000, None), MAX_ANSWER_BYTES);
+        assert_eq!(
+            answer_limit(3, Some(1000)),
+            MAX_ANSWER_BYTES + 3 * (2000 + PAYLOAD_SLACK_BYTES as usize)
+        );
+        assert_eq!(answer_limit(usize::MAX, Some(u64::MAX)), usize::MAX);
     }
 
     #[test]
