@@ -329,7 +329,13 @@ pub async fn compare(config: &CompareConfig) -> anyhow::Result<Vec<PolicyRun>> {
     std::fs::create_dir_all(&config.out_dir).with_context(|| format!("cannot create {}", config.out_dir.display()))?;
     anyhow::ensure!(config.repeats > 0, "at least one round is needed");
     // Per policy: each round's replay, its figures, and the counters summed.
-    type Tally = (Vec<ReplayRun>, Vec<Summary>, EngineCounters, MediaCounters, DisaggCounters);
+    type Tally = (
+        Vec<ReplayRun>,
+        Vec<Summary>,
+        EngineCounters,
+        MediaCounters,
+        DisaggCounters,
+    );
     let mut rounds: Vec<Tally> = vec![Default::default(); config.policies.len()];
     for round in 1..=config.repeats {
         for (policy, (runs, summaries, engines_total, media_total, disagg_total)) in
