@@ -1025,8 +1025,8 @@ fn concurrent_calls_never_run_with_the_timer_disarmed() {
     state.end();
 }
 
-/// Four LLM workers, then two prefill workers (as the gateway orders rows), all idle; worker 0
-/// busy with 64 streams.
+/// Four LLM workers busy with 64 streams each, then two prefill workers (as the gateway
+/// orders rows): one idle, one with a request and 6,000 prompt tokens queued.
 fn table_with_prefill_rows() -> WorkerTable {
     let mut table = table::synthetic(6);
     set(
@@ -1036,6 +1036,8 @@ fn table_with_prefill_rows() -> WorkerTable {
     );
     set(&mut table, Columns::ACTIVE_REQUESTS, &[64, 64, 64, 64, 0, 1]);
     set(&mut table, Columns::ACTIVE_BLOCKS, &[2000, 2000, 2000, 2000, 0, 0]);
+    set(&mut table, Columns::OVERLAP_DEVICE_BLOCKS, &[0; 6]);
+    set(&mut table, Columns::PREFILL_TOKENS, &[0, 0, 0, 0, 0, 6000]);
     table
 }
 
