@@ -5,8 +5,9 @@
 //! outside the host world, its `init` succeeds and a self-test call on a synthetic table
 //! answers in range — plus what an author wants to know before pushing: the columns it
 //! declared, whether its initial memory fits what the gateway resets in place (if not, every
-//! re-instantiation page-faults), and what one call costs at 8, 64 and 1,024 workers under the
-//! same sandbox (deadline and memory cap) the gateway would run it in.
+//! re-instantiation page-faults), whether it disaggregates (its tables then hold prefill
+//! workers), and what one call costs at 8, 64 and 1,024 workers under the same sandbox
+//! (deadline and memory cap) the gateway would run it in.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -35,6 +36,9 @@ pub struct PolicyCheck {
     pub initial_memory_bytes: u64,
     /// Whether that memory lies within what the gateway resets in place.
     pub fits_resident_memory: bool,
+    /// Whether it exports the `disaggregating-router` world (its calls are timed with a
+    /// quarter of each table's rows prefill workers).
+    pub disaggregates: bool,
     /// The CPU deadline each call ran under.
     pub deadline: Duration,
     /// Mean time of one `route` call, by table size: `(workers, nanoseconds)`.
@@ -56,6 +60,12 @@ impl std::fmt::Display for PolicyCheck {
                 "more than is reset in place: each re-instantiation page-faults; build with a smaller stack (see plugins/.cargo/config.toml)"
             }
         )?;
+        if self.disaggregates {
+            writeln!(
+                f,
+                "disaggregates: yes (may send prompts to prefill workers; timed with a quarter of the rows prefill workers)"
+            )?;
+        }
         for (workers, ns) in &self.ns_per_call {
             let share = ns / self.deadline.as_nanos() as f64 * 100.0;
             writeln!(
@@ -94,7 +104,14 @@ pub fn check_policy(wasm: &[u8], config: toml::Table, sandbox: RuntimeConfig) ->
     let request = table::synthetic_request();
     let mut ns_per_call = Vec::with_capacity(SIZES.len());
     for workers in SIZES {
-        let table = table::synthetic(workers).select(policy.columns() | table::fallback_columns());
+        let mut table = table::synthetic(workers).select(policy.columns() | table::fallback_columns());
+        if policy.disaggregates()
+            && let Some(roles) = table.column_mut(table::Columns::ROLES)
+        {
+            // Prefill rows come last, as the gateway orders them.
+            let first_prefill = workers - workers / 4;
+            roles[first_prefill..].fill(table::ROLE_PREFILL);
+        }
         // One call first, so that lazily touched memory and caches do not count.
         instance.route(&request, &[], &table)?;
         let started = Instant::now();
@@ -120,6 +137,7 @@ pub fn check_policy(wasm: &[u8], config: toml::Table, sandbox: RuntimeConfig) ->
         columns: format!("{:?}", policy.columns()),
         initial_memory_bytes: policy.initial_memory_bytes(),
         fits_resident_memory: policy.fits_resident_memory(),
+        disaggregates: policy.disaggregates(),
         deadline,
         ns_per_call,
     })
@@ -142,6 +160,14 @@ mod tests {
         assert!(check.ns_per_call.iter().all(|(_, ns)| *ns > 0.0));
         assert!(check.fits_resident_memory);
         assert!(check.to_string().contains("1024 workers"));
+        assert!(!check.disaggregates);
+        let wasm = crate::built_ins::router("pd-predicted").expect("built in");
+        let sandbox = RuntimeConfig {
+            deadline: Duration::from_millis(200),
+            ..RuntimeConfig::default()
+        };
+        let check = check_policy(wasm, toml::Table::new(), sandbox).expect("passes");
+        assert!(check.disaggregates && check.to_string().contains("disaggregates: yes"));
     }
 
     #[test]
