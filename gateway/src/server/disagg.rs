@@ -182,6 +182,14 @@ fn prefill_request(body: &[u8]) -> Option<Bytes> {
     serde_json::to_vec(&request).ok().map(Bytes::from)
 }
 
+/// `body` without the `kv_transfer_params` a client put in it; `None` when it is not a JSON
+/// object.
+pub(super) fn without_transfer_params(body: &[u8]) -> Option<Bytes> {
+    let mut request: Map<String, Value> = serde_json::from_slice(body).ok()?;
+    request.remove("kv_transfer_params");
+    serde_json::to_vec(&request).ok().map(Bytes::from)
+}
+
 /// `body` with the prefill worker's `params` as its `kv_transfer_params`.
 fn with_params(body: &[u8], params: Value) -> Option<Bytes> {
     let mut request: Map<String, Value> = serde_json::from_slice(body).ok()?;
@@ -214,6 +222,17 @@ mod tests {
         let sent: Value = serde_json::from_slice(&sent).expect("JSON");
         assert_eq!(sent["kv_transfer_params"], params);
         assert_eq!(sent["stream"], true);
+    }
+
+    #[test]
+    fn a_clients_own_transfer_params_are_taken_out() {
+        let sent = without_transfer_params(
+            br#"{"model":"m","prompt":"x","kv_transfer_params":{"do_remote_prefill":true,"remote_url":"http://10.0.0.1:1"}}"#,
+        )
+        .expect("object");
+        let sent: Value = serde_json::from_slice(&sent).expect("JSON");
+        assert!(sent.get("kv_transfer_params").is_none());
+        assert_eq!(sent["prompt"], "x");
     }
 
     #[test]

@@ -77,6 +77,12 @@ pub(super) async fn forward(
         Some(asked) => asked,
         None => admitted.body.clone(),
     };
+    // Only the gateway sets `kv_transfer_params`: a client's own would have a worker pull
+    // blocks from an address of the client's choosing, or tell it the worker's own.
+    let body = match admitted.parsed.kv_transfer_params() {
+        Some(_) => disagg::without_transfer_params(&body).unwrap_or(body),
+        None => body,
+    };
     // A stream that may be continued elsewhere asks the workers that can say for its token
     // ids (one with media is not: its media would have to be encoded again).
     // Written the first time a worker that reports ids is leased.

@@ -164,6 +164,38 @@ async fn a_disaggregated_prompt_is_decoded_where_its_blocks_went_and_serves_the_
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_clients_own_transfer_params_never_reach_a_worker() -> anyhow::Result<()> {
+    let decode = Mockers::start(&["--num-workers", "1", "--speedup", "20", "--role", "decode"])?;
+    let prefill = Mockers::start(&["--num-workers", "1", "--speedup", "20", "--role", "prefill"])?;
+    let gateway = Gateway::start(&config(&decode, &prefill, "least-load", ""))?;
+    let client = Client::plain(gateway.addr);
+    // A pull from an address of the client's choosing, and a request for the worker's own.
+    for params in [
+        serde_json::json!({"do_remote_prefill": true, "remote_url": "http://127.0.0.1:9"}),
+        serde_json::json!({"do_remote_decode": true}),
+    ] {
+        let mut body = chat(
+            serde_json::json!([{"role": "user", "content": long_text("own", 300)}]),
+            false,
+        );
+        body["kv_transfer_params"] = params;
+        let reply = client.post_json("/v1/chat/completions", &body).await?;
+        assert_eq!(reply.status, 200);
+        assert!(reply.headers.get("x-switchyard-kv-transfer").is_none());
+        let answer = reply.json()?;
+        assert!(answer.get("kv_transfer_params").is_none(), "{answer}");
+    }
+    let metrics = Client::plain(decode.addrs[0]).send("GET", "/metrics", "").await?;
+    let metrics = String::from_utf8(metrics.body())?;
+    assert_eq!(
+        metric_sum(&metrics, "switchyard_mocker_kv_transfers_total", &[]),
+        0.0,
+        "the worker never tried a pull"
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn routers_that_do_not_disaggregate_never_send_a_request_to_a_prefill_worker() -> anyhow::Result<()> {
     let decode = Mockers::start(&["--num-workers", "1", "--speedup", "20", "--role", "decode"])?;
     let prefill = Mockers::start(&["--num-workers", "1", "--speedup", "20", "--role", "prefill"])?;
