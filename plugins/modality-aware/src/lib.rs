@@ -95,14 +95,7 @@ fn best_encoder(
 }
 
 impl Router for ModalityAware {
-    const COLUMNS: Columns = Columns::ROLES
-        .union(Columns::BLOCK_SIZE)
-        .union(Columns::OVERLAP_DEVICE_BLOCKS)
-        .union(Columns::OVERLAP_HOST_BLOCKS)
-        .union(Columns::PREFILL_TOKENS)
-        .union(Columns::ACTIVE_REQUESTS)
-        .union(Columns::ACTIVE_BLOCKS)
-        .union(Columns::CAPACITY_BLOCKS)
+    const COLUMNS: Columns = switchyard_ttft_model::COLUMNS
         .union(Columns::NODE)
         .union(Columns::QUEUED_US)
         .union(Columns::ENCODE_US);

@@ -131,15 +131,7 @@ fn way(
 }
 
 impl Router for PdPredicted {
-    const COLUMNS: Columns = Columns::ROLES
-        .union(Columns::BLOCK_SIZE)
-        .union(Columns::OVERLAP_DEVICE_BLOCKS)
-        .union(Columns::OVERLAP_HOST_BLOCKS)
-        .union(Columns::PREFILL_TOKENS)
-        .union(Columns::ACTIVE_REQUESTS)
-        .union(Columns::ACTIVE_BLOCKS)
-        .union(Columns::CAPACITY_BLOCKS)
-        .union(Columns::NODE);
+    const COLUMNS: Columns = model::COLUMNS.union(Columns::NODE);
 
     fn route(req: &RequestInfo, workers: &WorkerTable) -> Result<Decision, PolicyError> {
         model::choose(&Model::configured(), req, workers, FALLBACKS)

@@ -95,14 +95,7 @@ use switchyard_ttft_model as model;
 pub use switchyard_ttft_model::{Model, Prediction};
 
 impl Router for PredictedTtft {
-    const COLUMNS: Columns = Columns::ROLES
-        .union(Columns::BLOCK_SIZE)
-        .union(Columns::OVERLAP_DEVICE_BLOCKS)
-        .union(Columns::OVERLAP_HOST_BLOCKS)
-        .union(Columns::PREFILL_TOKENS)
-        .union(Columns::ACTIVE_REQUESTS)
-        .union(Columns::ACTIVE_BLOCKS)
-        .union(Columns::CAPACITY_BLOCKS);
+    const COLUMNS: Columns = model::COLUMNS;
 
     fn route(req: &RequestInfo, workers: &WorkerTable) -> Result<Decision, PolicyError> {
         model::choose(&Model::configured(), req, workers, FALLBACKS)

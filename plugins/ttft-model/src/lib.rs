@@ -17,7 +17,17 @@ use alloc::vec::Vec;
 
 use switchyard_policy_sdk::lanes::{F64x2, U32x4};
 use switchyard_policy_sdk::shortlist::{Least3, at_most_f64};
-use switchyard_policy_sdk::{Decision, PolicyError, RequestInfo, WorkerTable, config, role, scratch};
+use switchyard_policy_sdk::{Columns, Decision, PolicyError, RequestInfo, WorkerTable, config, role, scratch};
+
+/// The worker-table columns [`Model::predict`] and [`choose`] read.
+pub const COLUMNS: Columns = Columns::ROLES
+    .union(Columns::BLOCK_SIZE)
+    .union(Columns::OVERLAP_DEVICE_BLOCKS)
+    .union(Columns::OVERLAP_HOST_BLOCKS)
+    .union(Columns::PREFILL_TOKENS)
+    .union(Columns::ACTIVE_REQUESTS)
+    .union(Columns::ACTIVE_BLOCKS)
+    .union(Columns::CAPACITY_BLOCKS);
 
 pub mod disagg;
 
