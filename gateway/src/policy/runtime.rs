@@ -533,32 +533,30 @@ impl RouterPolicy {
     /// Returns [`PolicyError`] if instantiation traps or `init` fails.
     pub fn instantiate(&self) -> Result<RouterInstance, PolicyError> {
         let mut store = self.runtime.armed_store(self.config.clone());
-        let (bindings, columns) = match &self.pre {
-            RouterPreOf::Disaggregating(pre) => {
-                let bindings = pre.instantiate(&mut store).map_err(PolicyError::instantiation)?;
+        // Each contract version's bindings are types of their own with the same steps:
+        // instantiate, arm the deadline, `init`.
+        macro_rules! instantiate_and_init {
+            ($pre:expr) => {{
+                let bindings = $pre.instantiate(&mut store).map_err(PolicyError::instantiation)?;
                 self.runtime.arm(&mut store);
                 let columns = bindings
                     .call_init(&mut store)
                     .map_err(PolicyError::trap)?
                     .map_err(|err| PolicyError::Refused(err.message))?;
+                (bindings, columns)
+            }};
+        }
+        let (bindings, columns) = match &self.pre {
+            RouterPreOf::Disaggregating(pre) => {
+                let (bindings, columns) = instantiate_and_init!(pre);
                 (RouterBindingsOf::Disaggregating(bindings), columns)
             }
             RouterPreOf::Current(pre) => {
-                let bindings = pre.instantiate(&mut store).map_err(PolicyError::instantiation)?;
-                self.runtime.arm(&mut store);
-                let columns = bindings
-                    .call_init(&mut store)
-                    .map_err(PolicyError::trap)?
-                    .map_err(|err| PolicyError::Refused(err.message))?;
+                let (bindings, columns) = instantiate_and_init!(pre);
                 (RouterBindingsOf::Current(bindings), columns)
             }
             RouterPreOf::V0_1(pre) => {
-                let bindings = pre.instantiate(&mut store).map_err(PolicyError::instantiation)?;
-                self.runtime.arm(&mut store);
-                let columns = bindings
-                    .call_init(&mut store)
-                    .map_err(PolicyError::trap)?
-                    .map_err(|err| PolicyError::Refused(err.message))?;
+                let (bindings, columns) = instantiate_and_init!(pre);
                 let columns = V0_1_COLUMNS
                     .iter()
                     .filter(|(_, old)| columns.contains(*old))

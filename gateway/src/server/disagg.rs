@@ -20,6 +20,7 @@ use http_body_util::{BodyExt, Full, Limited};
 use serde_json::{Map, Value};
 use switchyard_protocol::api::Endpoint;
 
+use super::edited_body;
 use crate::routing::PrefillLease;
 use crate::state::AppState;
 
@@ -159,42 +160,41 @@ async fn ask(
 }
 
 /// The prefill worker's request: the client's, generating one token, not streamed, asking
-/// for its blocks to be kept for a remote decode. `None` when the body is not a JSON object
-/// (the request path has parsed it already, so only a bug gets here).
+/// for its blocks to be kept for a remote decode. `None` when the body is not a JSON object.
 fn prefill_request(body: &[u8]) -> Option<Bytes> {
-    let mut request: Map<String, Value> = serde_json::from_slice(body).ok()?;
-    for key in [
-        "max_completion_tokens",
-        "stream_options",
-        "return_token_ids",
-        "n",
-        "logprobs",
-        "top_logprobs",
-    ] {
-        request.remove(key);
-    }
-    request.insert("max_tokens".into(), Value::from(1));
-    request.insert("stream".into(), Value::Bool(false));
-    request.insert(
-        "kv_transfer_params".into(),
-        serde_json::json!({ "do_remote_decode": true, "do_remote_prefill": false }),
-    );
-    serde_json::to_vec(&request).ok().map(Bytes::from)
+    edited_body(body, |request| {
+        for key in [
+            "max_completion_tokens",
+            "stream_options",
+            "return_token_ids",
+            "n",
+            "logprobs",
+            "top_logprobs",
+        ] {
+            request.remove(key);
+        }
+        request.insert("max_tokens".into(), Value::from(1));
+        request.insert("stream".into(), Value::Bool(false));
+        request.insert(
+            "kv_transfer_params".into(),
+            serde_json::json!({ "do_remote_decode": true, "do_remote_prefill": false }),
+        );
+    })
 }
 
 /// `body` without the `kv_transfer_params` a client put in it; `None` when it is not a JSON
 /// object.
 pub(super) fn without_transfer_params(body: &[u8]) -> Option<Bytes> {
-    let mut request: Map<String, Value> = serde_json::from_slice(body).ok()?;
-    request.remove("kv_transfer_params");
-    serde_json::to_vec(&request).ok().map(Bytes::from)
+    edited_body(body, |request| {
+        request.remove("kv_transfer_params");
+    })
 }
 
 /// `body` with the prefill worker's `params` as its `kv_transfer_params`.
 fn with_params(body: &[u8], params: Value) -> Option<Bytes> {
-    let mut request: Map<String, Value> = serde_json::from_slice(body).ok()?;
-    request.insert("kv_transfer_params".into(), params);
-    serde_json::to_vec(&request).ok().map(Bytes::from)
+    edited_body(body, |request| {
+        request.insert("kv_transfer_params".into(), params);
+    })
 }
 
 #[cfg(test)]

@@ -22,3 +22,15 @@ pub mod relay;
 mod rewind;
 pub(crate) mod routes;
 pub mod tls;
+
+/// A request body rewritten as a JSON object by `edit` (the fields a worker is asked for
+/// besides the client's); `None` when the body is not a JSON object (the request path has
+/// parsed it already, so only a bug gets here).
+fn edited_body(
+    body: &[u8],
+    edit: impl FnOnce(&mut serde_json::Map<String, serde_json::Value>),
+) -> Option<bytes::Bytes> {
+    let mut request: serde_json::Map<String, serde_json::Value> = serde_json::from_slice(body).ok()?;
+    edit(&mut request);
+    serde_json::to_vec(&request).ok().map(bytes::Bytes::from)
+}

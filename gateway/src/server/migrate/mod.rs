@@ -48,9 +48,9 @@ const TOKEN_IDS_FIELD: &str = "return_token_ids";
 /// The body of a streamed request, asking the worker for token ids; `None` if the body is not
 /// a JSON object (validation has already passed it, so this does not happen).
 pub(super) fn ask_for_token_ids(body: &[u8]) -> Option<Bytes> {
-    let mut request: Map<String, Value> = serde_json::from_slice(body).ok()?;
-    request.insert(TOKEN_IDS_FIELD.into(), Value::Bool(true));
-    serde_json::to_vec(&request).ok().map(Bytes::from)
+    super::edited_body(body, |request| {
+        request.insert(TOKEN_IDS_FIELD.into(), Value::Bool(true));
+    })
 }
 
 /// Why a stream broke, as the `reason` label of `switchyard_stream_migrations_total`.
