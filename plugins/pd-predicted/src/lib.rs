@@ -35,17 +35,13 @@ use switchyard_policy_sdk::{
     Columns, Decision, DisaggregatedDecision, PolicyError, RequestInfo, Router, WorkerTable, config,
 };
 use switchyard_ttft_model::disagg::{self, Link};
-use switchyard_ttft_model::{self as model, Model};
+use switchyard_ttft_model::{self as model, Model, at};
 
 /// The policy.
 pub struct PdPredicted;
 
 /// How many next-best decode workers the decision names as fallbacks.
 const FALLBACKS: usize = 2;
-
-fn at(column: &[u32], i: usize) -> f64 {
-    column.get(i).copied().map_or(0.0, f64::from)
-}
 
 /// The price of a millisecond of stall on the decode worker's streams, in milliseconds of
 /// this request's time to first token.
@@ -55,11 +51,10 @@ fn stall_weight() -> f64 {
 }
 
 /// The remote way's parts that do not depend on the answering worker: each prefill worker with
-/// the time to compute the prompt there, its node, and the engine time its uncached tokens take.
+/// the time to compute the prompt there and the engine time its uncached tokens take.
 struct PrefillSide {
     index: usize,
     prefill_ms: f64,
-    node: u32,
     impact_ms: f64,
 }
 
@@ -72,7 +67,6 @@ fn prefill_sides(model: &Model, req: &RequestInfo, workers: &WorkerTable) -> Vec
             PrefillSide {
                 index: p,
                 prefill_ms: model.first_token_ms(at(workers.prefill_tokens, p), uncached, 0.0),
-                node: workers.node.get(p).copied().unwrap_or(0),
                 impact_ms: uncached / model.step_tokens * full_step_ms,
             }
         })
@@ -110,14 +104,12 @@ fn way(
         - model.impact_weight * local.impact_ms
         - model.interference_weight * local.interference_ms;
     let missing = disagg::missing_blocks(req, workers, d);
-    let node = workers.node.get(d).copied().unwrap_or(0);
     let remote = prefill
         .iter()
         .map(|side| {
-            let same_node = node != 0 && node == side.node;
             let cost = staying
                 + side.prefill_ms
-                + link.transfer_ms(missing, same_node)
+                + link.transfer_ms(missing, disagg::same_node(workers, d, side.index))
                 + tail_ms
                 + model.impact_weight * side.impact_ms;
             (side.index, cost)

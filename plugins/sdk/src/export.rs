@@ -5,7 +5,9 @@
 
 use alloc::vec::Vec;
 
-use crate::{Batcher, Budget, PendingTable, Tenancy, batcher_world};
+use crate::{
+    Batcher, Budget, PendingTable, PolicyError, RequestInfo, Router, Tenancy, WorkerTable, batcher_world, router_world,
+};
 
 /// Exports a [`Planner`](crate::Planner) implementation as the component's `planner` world.
 #[macro_export]
@@ -50,12 +52,7 @@ macro_rules! router {
                 req: $crate::RequestInfo,
                 workers: $crate::router_world::switchyard::policy::types::WorkerTable,
             ) -> Result<$crate::Decision, $crate::PolicyError> {
-                let columns = <$policy as $crate::Router>::COLUMNS;
-                let (count, present) = (workers.count, workers.present);
-                let decision = $crate::WorkerTable::from_packed(count, present, &workers.data, &workers.cost, columns)
-                    .and_then(|view| <$policy as $crate::Router>::route(&req, &view));
-                $crate::__end_of_call();
-                decision
+                $crate::__route_packed::<$policy, _>(&req, &workers, <$policy as $crate::Router>::route)
             }
         }
         $crate::router_world::export_router_world!(__SwitchyardRouterExport with_types_in $crate::router_world);
@@ -86,12 +83,11 @@ macro_rules! disaggregating_router {
                 req: $crate::RequestInfo,
                 workers: $crate::router_world::switchyard::policy::types::WorkerTable,
             ) -> Result<$crate::DisaggregatedDecision, $crate::PolicyError> {
-                let columns = <$policy as $crate::Router>::COLUMNS;
-                let (count, present) = (workers.count, workers.present);
-                let decision = $crate::WorkerTable::from_packed(count, present, &workers.data, &workers.cost, columns)
-                    .and_then(|view| <$policy as $crate::Router>::route_disaggregated(&req, &view));
-                $crate::__end_of_call();
-                decision
+                $crate::__route_packed::<$policy, _>(
+                    &req,
+                    &workers,
+                    <$policy as $crate::Router>::route_disaggregated,
+                )
             }
         }
         $crate::disaggregating_router_world::export_disaggregating_router_world!(
@@ -160,6 +156,20 @@ pub fn __batcher_adapter<B: Batcher>(
             token_budget: b.token_budget,
         })
         .collect()
+}
+
+/// One routing call as both router macros export it: the packed table viewed with the
+/// columns `R` declared, `route` called on it, then the call's arena reset.
+#[doc(hidden)]
+pub fn __route_packed<R: Router, T>(
+    req: &RequestInfo,
+    workers: &router_world::switchyard::policy::types::WorkerTable,
+    route: impl FnOnce(&RequestInfo, &WorkerTable<'_>) -> Result<T, PolicyError>,
+) -> Result<T, PolicyError> {
+    let answer = WorkerTable::from_packed(workers.count, workers.present, &workers.data, &workers.cost, R::COLUMNS)
+        .and_then(|view| route(req, &view));
+    __end_of_call();
+    answer
 }
 
 #[doc(hidden)]

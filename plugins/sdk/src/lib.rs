@@ -116,7 +116,7 @@ mod table;
 
 pub use batches::pack;
 #[doc(hidden)]
-pub use export::{__Vec, __batcher_adapter, __end_of_call};
+pub use export::{__Vec, __batcher_adapter, __end_of_call, __route_packed};
 pub use policy::{Batcher, Planner, Router, Tenancy};
 pub use table::WorkerTable;
 

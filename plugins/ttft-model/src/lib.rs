@@ -106,7 +106,7 @@ pub struct Prediction {
 
 /// Element `i` of a table column, or 0 when the column is short (the host builds equal-length
 /// columns, but a short one must not trap the policy).
-fn at(column: &[u32], i: usize) -> f64 {
+pub fn at(column: &[u32], i: usize) -> f64 {
     column.get(i).copied().map(f64::from).unwrap_or(0.0)
 }
 
