@@ -38,7 +38,7 @@ macro_rules! planner {
     };
 }
 
-/// Exports a [`Router`](crate::Router) implementation as the component's `router` world.
+/// Exports a [`Router`] implementation as the component's `router` world.
 #[macro_export]
 macro_rules! router {
     ($policy:ty) => {
@@ -59,7 +59,7 @@ macro_rules! router {
     };
 }
 
-/// Exports a [`Router`](crate::Router) implementation as the component's
+/// Exports a [`Router`] implementation as the component's
 /// `disaggregating-router` world: the host calls its
 /// [`route_disaggregated`](crate::Router::route_disaggregated) with tables that hold the
 /// model's prefill workers; a gateway that predates disaggregation calls `route`, which
